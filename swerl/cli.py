@@ -1,0 +1,187 @@
+"""`swerl`: run the pipeline, start local services, serve deployments.
+
+Prefect is imported lazily, only by the commands that run flows (the library itself never imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config, load_config
+
+log = logging.getLogger("swerl")
+
+PREFECT_DEFAULTS = {
+    # The ephemeral API migrates its database on first use; 20 s (Prefect's default) is too short on 2 cores.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "swerl",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+}
+
+
+def _prefect_env() -> None:
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _load(args: argparse.Namespace) -> PipelineConfig:
+    return load_config(args.config, args.set or [])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_env()
+    from flows.pipeline import pipeline
+
+    t0 = time.monotonic()
+    summary = pipeline(config=cfg, force=args.force or [])
+    summary["wall_s"] = round(time.monotonic() - t0, 2)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _s3_credentials(path: Path) -> tuple[str, str]:
+    """Credentials of the local S3 server: made once, kept in a 0600 file, never printed or logged."""
+    if path.exists():
+        values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        return values["export AWS_ACCESS_KEY_ID"], values["export AWS_SECRET_ACCESS_KEY"]
+    access, secret = "swerl-" + secrets.token_hex(6), secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"export AWS_ACCESS_KEY_ID={access}\nexport AWS_SECRET_ACCESS_KEY={secret}\n")
+    return access, secret
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from swerl import services
+
+    cfg = _load(args)
+    sc = cfg.services
+    root = Path(args.data_dir).resolve()
+    env_file = root / "s3.env"
+    access, secret = _s3_credentials(env_file)
+    started: list[services.Service] = []
+
+    def stop_all(*_: Any) -> None:
+        for svc in reversed(started):
+            svc.stop()
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        weed_ports = services.SeaweedPorts(
+            s3=sc.s3_port, master=sc.seaweed_master_port, volume=sc.seaweed_volume_port,
+            filer=sc.seaweed_filer_port, webdav=services.free_port(sc.host), admin=services.free_port(sc.host),
+        )
+        for svc in (
+            services.seaweedfs(root / "seaweedfs", weed_ports, host=sc.host, access_key=access, secret_key=secret,
+                               startup_timeout_s=sc.startup_timeout_s),
+            services.mlflow_server(root / "mlflow", sc.mlflow_port, host=sc.host,
+                                   startup_timeout_s=sc.startup_timeout_s),
+            services.prefect_server(root / "prefect", sc.prefect_port, host=sc.host,
+                                    startup_timeout_s=sc.startup_timeout_s),
+        ):
+            svc.start()
+            started.append(svc)
+        print(
+            "\nLocal services are up (Ctrl-C stops them):\n"
+            f"  Prefect UI   http://{sc.host}:{sc.prefect_port}\n"
+            f"  MLflow UI    http://{sc.host}:{sc.mlflow_port}\n"
+            f"  S3 endpoint  http://{sc.host}:{sc.s3_port} (bucket 'swerl')\n\n"
+            "To use them from another shell:\n"
+            f"  export PREFECT_API_URL=http://{sc.host}:{sc.prefect_port}/api\n"
+            f"  source {env_file}   # S3 credentials\n"
+            f"  swerl run configs/local.yaml --set tracking.uri=http://{sc.host}:{sc.mlflow_port} "
+            f"--set storage.root=s3://swerl/store --set storage.s3_endpoint_url=http://{sc.host}:{sc.s3_port}\n",
+            flush=True,
+        )
+        while all(s.proc is not None and s.proc.poll() is None for s in started):
+            time.sleep(1)
+        dead = [s.name for s in started if s.proc is not None and s.proc.poll() is not None]
+        print(f"service(s) exited: {', '.join(dead)}; stopping the rest", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping services...", flush=True)
+        return 0
+    finally:
+        stop_all()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_env()
+    from prefect import serve
+
+    from flows.evaluate import evaluate
+    from flows.pipeline import pipeline
+
+    params = {"config": cfg.model_dump(mode="json", by_alias=True)}
+    deployments = [
+        pipeline.to_deployment(name=f"{cfg.run.name}-pipeline", parameters=params, tags=["swerl"]),
+        evaluate.to_deployment(
+            name=f"{cfg.run.name}-evaluate", parameters=params, tags=["swerl", "evaluation"],
+            cron=cfg.serve.eval_cron,
+        ),
+    ]
+    serve(*deployments, limit=cfg.serve.max_concurrent_runs)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(dump_config(_load(args)), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+
+    p_run = sub.add_parser("run", help="run the pipeline (finished stages are skipped)")
+    with_config(p_run)
+    p_run.add_argument("--force", action="append", choices=STAGES, help="rerun this stage and all after it")
+    p_run.set_defaults(func=cmd_run)
+
+    p_up = sub.add_parser("up", help="start Prefect server, MLflow UI and SeaweedFS on loopback until Ctrl-C")
+    with_config(p_up)
+    p_up.add_argument("--data-dir", default="runs/services", help="where the services keep their data")
+    p_up.set_defaults(func=cmd_up)
+
+    p_serve = sub.add_parser("serve", help="register and serve the pipeline and the scheduled evaluation")
+    with_config(p_serve)
+    p_serve.set_defaults(func=cmd_serve)
+
+    p_cfg = sub.add_parser("config", help="print the resolved config")
+    with_config(p_cfg)
+    p_cfg.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"swerl: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""A pipeline run: its store, its MLflow parent run, its resolved config; and which stages to force.
+
+The Prefect flow (flows/pipeline.py) opens a PipelineSession and hands it to each stage task; this module holds
+the logic so that it is testable without Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config
+from swerl.stage import Manifest, StageFn, StageOutcome, run_stage
+from swerl.storage import Store, open_store
+from swerl.tracking import StageRun, Tracker
+
+log = logging.getLogger("swerl.pipeline")
+
+
+def stages_to_force(force: list[str]) -> set[str]:
+    """`--force STAGE` reruns that stage and every stage after it."""
+    unknown = [s for s in force if s not in STAGES]
+    if unknown:
+        raise ConfigError(f"--force: unknown stage(s) {unknown}; stages are {list(STAGES)}")
+    if not force:
+        return set()
+    first = min(STAGES.index(s) for s in force)
+    return set(STAGES[first:])
+
+
+def store_for(cfg: PipelineConfig) -> Store:
+    s = cfg.storage
+    return open_store(s.root, s3_endpoint_url=s.s3_endpoint_url, s3_region=s.s3_region,
+                      connect_timeout_s=s.connect_timeout_s, read_timeout_s=s.read_timeout_s,
+                      max_attempts=s.max_attempts, max_pool_connections=s.max_pool_connections)
+
+
+@dataclass
+class PipelineSession:
+    """State shared by the stages of one pipeline run."""
+
+    cfg: PipelineConfig
+    store: Store
+    tracker: Tracker
+    parent: StageRun
+    run_id: str
+    forced: set[str]
+    outcomes: dict[str, StageOutcome] = field(default_factory=dict)
+
+    def run_stage(self, stage: str, fn: StageFn, stage_cfg: BaseModel,
+                  inputs: list[Manifest] | None = None) -> StageOutcome:
+        outcome = run_stage(stage, fn, stage_cfg, store=self.store, tracker=self.tracker, parent=self.parent,
+                            inputs=inputs, force=stage in self.forced, seed=self.cfg.run.seed,
+                            log=logging.getLogger(f"swerl.{stage}"))
+        self.outcomes[stage] = outcome
+        self.parent.set_tags({f"swerl.stage.{stage}": "skipped" if outcome.skipped else "ran",
+                              f"swerl.stage.{stage}.manifest": outcome.manifest.uri})
+        return outcome
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "mlflow_run_id": self.parent.run_id,
+            "store": self.store.root_uri,
+            "stages": {
+                name: {"skipped": o.skipped, "manifest": o.manifest.uri, "metrics": o.manifest.metrics}
+                for name, o in self.outcomes.items()
+            },
+        }
+
+
+@contextmanager
+def open_session(cfg: PipelineConfig, *, force: list[str] | None = None,
+                 flow_run_id: str | None = None) -> Iterator[PipelineSession]:
+    """Open the store and the MLflow parent run; save the resolved config with the run."""
+    forced = stages_to_force(force or [])
+    store = store_for(cfg)
+    tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment)
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.run.name}"
+    tags = {"swerl.run_id": run_id, "swerl.store": store.root_uri}
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    t0 = time.monotonic()
+    with tracker.run(f"{cfg.run.name}-pipeline", tags=tags) as parent:
+        resolved = dump_config(cfg)
+        store.write_bytes(f"pipelines/{run_id}/config.yaml", resolved.encode())
+        parent.log_text(resolved, "config.yaml")
+        parent.log_params(cfg.model_dump(mode="json", by_alias=True))
+        parent.log_params({"forced_stages": sorted(forced)})
+        session = PipelineSession(cfg, store, tracker, parent, run_id, forced)
+        yield session
+        parent.log_metrics({"pipeline_duration_s": time.monotonic() - t0})
+        store.write_json(f"pipelines/{run_id}/summary.json", session.summary())
+
+
+CHECKPOINT_STAGES = ("sft", "grpo")
+
+
+def pending_checkpoints(store: Store) -> list[str]:
+    """Manifest URIs of checkpoint-producing stages that no evaluation manifest lists as its input."""
+    evaluated: set[str] = set()
+    for key_dir in store.list("stages/evaluate"):
+        rel = f"{key_dir}/manifest.json"
+        if store.exists(rel):
+            evaluated.update(ref.uri for ref in Manifest.model_validate_json(store.read_bytes(rel)).inputs)
+    pending = []
+    for stage in CHECKPOINT_STAGES:
+        for key_dir in store.list(f"stages/{stage}"):
+            rel = f"{key_dir}/manifest.json"
+            if store.exists(rel) and store.uri(rel) not in evaluated:
+                pending.append(store.uri(rel))
+    return pending

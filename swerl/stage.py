@@ -1,0 +1,208 @@
+"""Checkpointed stages: a stage is done when its manifest exists.
+
+A stage is a plain function `fn(stage_config, ctx) -> StageResult`. `run_stage` computes the stage's key from its
+config hash and the fingerprints of its input manifests; if `stages/NAME/KEY/manifest.json` exists the stage is
+skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced rerun never
+overwrites the artifacts a published manifest points to, and the manifest is written last, atomically. A failed
+stage leaves no manifest, and the next run resumes there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from swerl.config import config_hash
+from swerl.storage import Artifact, Store
+from swerl.tracking import StageRun, Tracker
+
+MANIFEST_VERSION = 1
+
+
+class ArtifactRecord(BaseModel):
+    name: str
+    uri: str
+    sha256: str
+    size: int
+
+
+class InputRef(BaseModel):
+    stage: str
+    key: str
+    fingerprint: str
+    uri: str
+
+
+class Manifest(BaseModel):
+    """What a stage wrote: artifacts with hashes, its config hash, its inputs, its MLflow run, its timings."""
+
+    version: int = MANIFEST_VERSION
+    stage: str
+    key: str
+    attempt: str
+    config_hash: str
+    inputs: list[InputRef] = Field(default_factory=list)
+    artifacts: dict[str, ArtifactRecord] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    mlflow_run_id: str | None = None
+    started_at: str
+    finished_at: str
+    duration_s: float
+    uri: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the stage's output: its key and the content hashes of what it wrote."""
+        body = json.dumps(
+            {"stage": self.stage, "key": self.key, "artifacts": {k: a.sha256 for k, a in self.artifacts.items()}},
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    def artifact(self, name: str) -> ArtifactRecord:
+        if name not in self.artifacts:
+            raise KeyError(f"stage {self.stage} manifest has no artifact {name!r}; has {sorted(self.artifacts)}")
+        return self.artifacts[name]
+
+    def as_input(self) -> InputRef:
+        return InputRef(stage=self.stage, key=self.key, fingerprint=self.fingerprint, uri=self.uri)
+
+
+@dataclass
+class StageResult:
+    """What a stage function returns besides its artifacts (which it writes through the context)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    markdown: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+
+
+@dataclass
+class StageContext:
+    """Everything a stage function may touch: its output folder in the store, scratch space, tracking."""
+
+    stage: str
+    store: Store
+    prefix: str
+    workdir: Path
+    inputs: dict[str, Manifest]
+    run: StageRun
+    log: logging.Logger
+    seed: int = 0
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+
+    def write_artifact(self, name: str, data: bytes) -> Artifact:
+        art = self.store.write_bytes(f"{self.prefix}/{name}", data, name=name)
+        self.artifacts[name] = art
+        return art
+
+    def put_artifact(self, name: str, local: Path) -> Artifact:
+        art = self.store.put_file(local, f"{self.prefix}/{name}", name=name)
+        self.artifacts[name] = art
+        return art
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.run.log_metrics(metrics, step=step)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self.run.log_params(params)
+
+
+@dataclass
+class StageOutcome:
+    manifest: Manifest
+    skipped: bool
+    result: StageResult | None = None
+
+
+def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest]) -> str:
+    """Checkpoint key: the stage's config hash plus its inputs' fingerprints."""
+    body = json.dumps(
+        {"stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs]}, sort_keys=True
+    )
+    return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+
+def manifest_path(stage: str, key: str) -> str:
+    return f"stages/{stage}/{key}/manifest.json"
+
+
+def load_manifest(store: Store, stage: str, key: str) -> Manifest | None:
+    rel = manifest_path(stage, key)
+    if not store.exists(rel):
+        return None
+    return Manifest.model_validate_json(store.read_bytes(rel))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+StageFn = Callable[[Any, StageContext], StageResult]
+
+
+def run_stage(
+    stage: str,
+    fn: StageFn,
+    cfg: BaseModel,
+    *,
+    store: Store,
+    tracker: Tracker,
+    parent: StageRun | None,
+    inputs: list[Manifest] | None = None,
+    force: bool = False,
+    seed: int = 0,
+    log: logging.Logger | None = None,
+) -> StageOutcome:
+    """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow."""
+    log = log or logging.getLogger(f"swerl.{stage}")
+    inputs = inputs or []
+    key = stage_key(stage, cfg, inputs)
+    if not force:
+        existing = load_manifest(store, stage, key)
+        if existing is not None:
+            log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
+            return StageOutcome(manifest=existing, skipped=True)
+
+    attempt = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    prefix = f"stages/{stage}/{key}/{attempt}"
+    started, t0 = _now(), time.monotonic()
+    log.info("stage %s: running (key %s%s) -> %s", stage, key, ", forced" if force else "", store.uri(prefix))
+    workdir = Path(tempfile.mkdtemp(prefix=f"swerl-{stage}-"))
+    try:
+        with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
+            run.log_params(cfg.model_dump(mode="json", by_alias=True))
+            ctx = StageContext(stage=stage, store=store, prefix=prefix, workdir=workdir,
+                               inputs={m.stage: m for m in inputs}, run=run, log=log, seed=seed)
+            result = fn(cfg, ctx)
+            duration = time.monotonic() - t0
+            manifest = Manifest(
+                stage=stage, key=key, attempt=attempt, config_hash=config_hash(cfg),
+                inputs=[m.as_input() for m in inputs],
+                artifacts={n: ArtifactRecord(**a.to_dict()) for n, a in ctx.artifacts.items()},
+                metrics=result.metrics, mlflow_run_id=run.run_id, started_at=started, finished_at=_now(),
+                duration_s=round(duration, 3), uri=store.uri(manifest_path(stage, key)),
+            )
+            run.log_metrics({**result.metrics, "stage_duration_s": duration})
+            run.log_dict(manifest.model_dump(mode="json"), "manifest.json")
+            for title, text in result.markdown.items():
+                run.log_text(text, f"{title}.md")
+            # Written last: the stage counts as done only once this object exists.
+            store.write_bytes(manifest_path(stage, key), manifest.model_dump_json(indent=2).encode())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    log.info("stage %s: done in %.1fs (%s)", stage, manifest.duration_s, result.summary or "no summary")
+    return StageOutcome(manifest=manifest, skipped=False, result=result)

@@ -1,0 +1,1 @@
+"""Prefect tasks: one checkpointed task per pipeline stage, each a thin wrapper over swerl."""

@@ -1,0 +1,52 @@
+"""Stage tasks. Each runs a swerl stage through the session (skip/force by manifest) and publishes its report.
+
+Checkpointing is swerl's manifest, not Prefect's result persistence, so caching is off here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from swerl.pipeline import PipelineSession
+from swerl.stage import Manifest, StageOutcome
+
+
+def _artifact_key(*parts: str) -> str:
+    # Prefect artifact keys: lowercase letters, digits and dashes only.
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def publish_outcome(stage: str, outcome: StageOutcome) -> None:
+    """Log what happened and publish the stage's tables and markdown as Prefect artifacts."""
+    logger = get_run_logger()
+    m = outcome.manifest
+    if outcome.skipped:
+        logger.info("%s skipped: already done (manifest %s)", stage, m.uri)
+        create_markdown_artifact(
+            key=_artifact_key(stage, "status"),
+            markdown=f"**{stage}** skipped: manifest `{m.uri}` exists (key `{m.key}`).",
+            description=f"{stage}: skipped",
+        )
+        return
+    result = outcome.result
+    if result is None:
+        return
+    for name, rows in result.tables.items():
+        if rows:
+            create_table_artifact(key=_artifact_key(stage, name), table=rows, description=f"{stage}: {name}")
+    for name, text in result.markdown.items():
+        create_markdown_artifact(key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}")
+
+
+@task(name="curate-tasks", cache_policy=NO_CACHE, retries=0)
+def curate_tasks(session: PipelineSession) -> Manifest:
+    """Synthesize, validate, decontaminate and split SWE-smith-style tasks."""
+    from swerl.stages.curate import run_curate
+
+    outcome = session.run_stage("curate", run_curate, session.cfg.curate)
+    publish_outcome("curate", outcome)
+    return outcome.manifest
