@@ -23,7 +23,9 @@ def pipeline(config: PipelineConfig | None = None, force: list[StageName] | None
     with open_session(config, force=list(force or []), flow_run_id=flow_run.get_id()) as session:
         curate_tasks(session)
         not_built = [s for s in STAGES if s not in BUILT_STAGES]
-        logger.warning("pipeline stops after %s: stages not built yet: %s", BUILT_STAGES[-1], ", ".join(not_built))
+        logger.warning(
+            "pipeline stops after %s: stages not built yet: %s", BUILT_STAGES[-1], ", ".join(not_built)
+        )
         summary = session.summary()
         summary["not_built"] = not_built
         return summary

@@ -81,16 +81,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         weed_ports = services.SeaweedPorts(
-            s3=sc.s3_port, master=sc.seaweed_master_port, volume=sc.seaweed_volume_port,
-            filer=sc.seaweed_filer_port, webdav=services.free_port(sc.host), admin=services.free_port(sc.host),
+            s3=sc.s3_port,
+            master=sc.seaweed_master_port,
+            volume=sc.seaweed_volume_port,
+            filer=sc.seaweed_filer_port,
+            webdav=services.free_port(sc.host),
+            admin=services.free_port(sc.host),
         )
         for svc in (
-            services.seaweedfs(root / "seaweedfs", weed_ports, host=sc.host, access_key=access, secret_key=secret,
-                               startup_timeout_s=sc.startup_timeout_s),
-            services.mlflow_server(root / "mlflow", sc.mlflow_port, host=sc.host,
-                                   startup_timeout_s=sc.startup_timeout_s),
-            services.prefect_server(root / "prefect", sc.prefect_port, host=sc.host,
-                                    startup_timeout_s=sc.startup_timeout_s),
+            services.seaweedfs(
+                root / "seaweedfs",
+                weed_ports,
+                host=sc.host,
+                access_key=access,
+                secret_key=secret,
+                startup_timeout_s=sc.startup_timeout_s,
+            ),
+            services.mlflow_server(
+                root / "mlflow", sc.mlflow_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s
+            ),
+            services.prefect_server(
+                root / "prefect", sc.prefect_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s
+            ),
         ):
             svc.start()
             started.append(svc)
@@ -118,23 +130,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         stop_all()
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    _prefect_env()
-    from prefect import serve
+def build_deployments(cfg: PipelineConfig) -> list[Any]:
+    """The deployments `swerl serve` registers: the pipeline (run on demand) and the scheduled evaluation."""
+    from prefect.schedules import Cron
 
     from flows.evaluate import evaluate
     from flows.pipeline import pipeline
 
     params = {"config": cfg.model_dump(mode="json", by_alias=True)}
-    deployments = [
+    return [
         pipeline.to_deployment(name=f"{cfg.run.name}-pipeline", parameters=params, tags=["swerl"]),
         evaluate.to_deployment(
-            name=f"{cfg.run.name}-evaluate", parameters=params, tags=["swerl", "evaluation"],
-            cron=cfg.serve.eval_cron,
+            name=f"{cfg.run.name}-evaluate",
+            parameters=params,
+            tags=["swerl", "evaluation"],
+            schedule=Cron(cfg.serve.eval_cron, timezone=cfg.serve.timezone),
         ),
     ]
-    serve(*deployments, limit=cfg.serve.max_concurrent_runs)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_env()
+    from prefect import serve
+
+    serve(*build_deployments(cfg), limit=cfg.serve.max_concurrent_runs)
     return 0
 
 
@@ -150,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+        p.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
+        )
 
     p_run = sub.add_parser("run", help="run the pipeline (finished stages are skipped)")
     with_config(p_run)
@@ -174,8 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args))
     except ConfigError as exc:

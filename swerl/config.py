@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -89,6 +91,14 @@ class SandboxLimits(StrictModel):
     """Size of the sandbox's private /tmp."""
     file_size_mb: int = Field(256, ge=1, le=1_048_576)
     """Largest file a sandboxed process may write."""
+    max_open_files: int = Field(1024, ge=16, le=1_048_576)
+    """Open-file limit (RLIMIT_NOFILE) per sandboxed process."""
+    max_output_bytes: int = Field(1_000_000, ge=1024, le=1 << 30)
+    """Output kept from one command (head and tail); the rest is cut, never buffered without bound."""
+    start_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """How long starting a sandbox (copying the workspace, applying the patch) may take."""
+    python: str | None = None
+    """Interpreter run inside sandboxes (None: the one running swerl); its install prefix is bound read-only."""
 
 
 class DatasetSource(StrictModel):
@@ -123,17 +133,44 @@ class CurateConfig(StrictModel):
     """Evaluation datasets whose problem statements must not appear among training tasks."""
     validation_workers: int = Field(2, ge=1, le=4096)
     """Sandboxes running test suites at once during validation."""
+    clean_runs: int = Field(2, ge=1, le=10)
+    """Times the clean suite runs; a test must pass in every run (flaky tests never become F2P/P2P)."""
+    bugged_timeout_factor: float = Field(5.0, ge=1.0, le=1000.0)
+    """A bugged suite may run this many times the slowest clean run (a bug that loops costs seconds) ..."""
+    min_bugged_timeout_s: float = Field(10.0, gt=0, le=86400)
+    """... but never less than this, and never more than sandbox.timeout_s."""
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of each validation sandbox."""
     strict_rows: bool = False
     """Raise on the first malformed dataset row instead of rejecting and counting it."""
 
 
+CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$|^[A-Za-z]{3}(-[A-Za-z]{3})?$")
+
+
 class ServeConfig(StrictModel):
     eval_cron: str = Field("0 3 * * *", min_length=9)
-    """Cron schedule of the evaluation deployment registered by `swerl serve`."""
+    """Cron schedule (5 fields) of the evaluation deployment registered by `swerl serve`."""
     timezone: str = "UTC"
-    """Time zone of the cron schedule."""
+    """IANA time zone of the cron schedule."""
+
+    @field_validator("eval_cron")
+    @classmethod
+    def _five_cron_fields(cls, v: str) -> str:
+        fields = v.split()
+        if len(fields) != 5 or not all(CRON_FIELD.match(f) for f in fields):
+            raise ValueError(f"{v!r} is not a 5-field cron expression (minute hour day month weekday)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {v!r}") from exc
+        return v
+
     max_concurrent_runs: int = Field(1, ge=1, le=1000)
     """Flow runs the serving process executes at once (Prefect runner limit)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,9 +38,15 @@ def stages_to_force(force: list[str]) -> set[str]:
 
 def store_for(cfg: PipelineConfig) -> Store:
     s = cfg.storage
-    return open_store(s.root, s3_endpoint_url=s.s3_endpoint_url, s3_region=s.s3_region,
-                      connect_timeout_s=s.connect_timeout_s, read_timeout_s=s.read_timeout_s,
-                      max_attempts=s.max_attempts, max_pool_connections=s.max_pool_connections)
+    return open_store(
+        s.root,
+        s3_endpoint_url=s.s3_endpoint_url,
+        s3_region=s.s3_region,
+        connect_timeout_s=s.connect_timeout_s,
+        read_timeout_s=s.read_timeout_s,
+        max_attempts=s.max_attempts,
+        max_pool_connections=s.max_pool_connections,
+    )
 
 
 @dataclass
@@ -54,14 +61,28 @@ class PipelineSession:
     forced: set[str]
     outcomes: dict[str, StageOutcome] = field(default_factory=dict)
 
-    def run_stage(self, stage: str, fn: StageFn, stage_cfg: BaseModel,
-                  inputs: list[Manifest] | None = None) -> StageOutcome:
-        outcome = run_stage(stage, fn, stage_cfg, store=self.store, tracker=self.tracker, parent=self.parent,
-                            inputs=inputs, force=stage in self.forced, seed=self.cfg.run.seed,
-                            log=logging.getLogger(f"swerl.{stage}"))
+    def run_stage(
+        self, stage: str, fn: StageFn, stage_cfg: BaseModel, inputs: list[Manifest] | None = None
+    ) -> StageOutcome:
+        outcome = run_stage(
+            stage,
+            fn,
+            stage_cfg,
+            store=self.store,
+            tracker=self.tracker,
+            parent=self.parent,
+            inputs=inputs,
+            force=stage in self.forced,
+            seed=self.cfg.run.seed,
+            log=logging.getLogger(f"swerl.{stage}"),
+        )
         self.outcomes[stage] = outcome
-        self.parent.set_tags({f"swerl.stage.{stage}": "skipped" if outcome.skipped else "ran",
-                              f"swerl.stage.{stage}.manifest": outcome.manifest.uri})
+        self.parent.set_tags(
+            {
+                f"swerl.stage.{stage}": "skipped" if outcome.skipped else "ran",
+                f"swerl.stage.{stage}.manifest": outcome.manifest.uri,
+            }
+        )
         return outcome
 
     def summary(self) -> dict[str, Any]:
@@ -77,13 +98,15 @@ class PipelineSession:
 
 
 @contextmanager
-def open_session(cfg: PipelineConfig, *, force: list[str] | None = None,
-                 flow_run_id: str | None = None) -> Iterator[PipelineSession]:
+def open_session(
+    cfg: PipelineConfig, *, force: list[str] | None = None, flow_run_id: str | None = None
+) -> Iterator[PipelineSession]:
     """Open the store and the MLflow parent run; save the resolved config with the run."""
     forced = stages_to_force(force or [])
     store = store_for(cfg)
     tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment)
-    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.run.name}"
+    # The random suffix keeps two runs started in the same second (a scheduler, --limit 2) apart.
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.run.name}-{uuid.uuid4().hex[:6]}"
     tags = {"swerl.run_id": run_id, "swerl.store": store.root_uri}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id

@@ -6,6 +6,7 @@ group: MLflow and Prefect spawn workers). `swerl up` and the test fixtures both 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -58,8 +59,13 @@ class Service:
         env = {**os.environ, **self.env}
         log.info("starting %s: %s (log %s)", self.name, " ".join(self.argv), self.log_path)
         self.proc = subprocess.Popen(
-            self.argv, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=self.cwd, start_new_session=True,
+            self.argv,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
         )
         logfile.close()
         self.wait_healthy()
@@ -97,10 +103,8 @@ class Service:
             log.warning("%s did not stop in %ss, killing", self.name, self.stop_timeout_s)
         except ProcessLookupError:
             pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)  # stragglers of the group (workers) go too
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
 
     def __enter__(self) -> Service:
@@ -139,40 +143,86 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
-def seaweedfs(data_dir: Path, ports: SeaweedPorts, *, host: str = "127.0.0.1", bucket: str = "swerl",
-              access_key: str, secret_key: str, startup_timeout_s: float = 120.0) -> Service:
+def seaweedfs(
+    data_dir: Path,
+    ports: SeaweedPorts,
+    *,
+    host: str = "127.0.0.1",
+    bucket: str = "swerl",
+    access_key: str,
+    secret_key: str,
+    startup_timeout_s: float = 120.0,
+) -> Service:
     """SeaweedFS `weed mini` with every port explicit, telemetry off, S3 credentials from arguments."""
     data_dir.mkdir(parents=True, exist_ok=True)
     g = 10000  # grpc port offset
     argv = [
-        _bin("weed"), "mini", f"-dir={data_dir}", f"-ip={host}", f"-ip.bind={host}",
-        f"-master.port={ports.master}", f"-master.port.grpc={ports.master + g}",
-        f"-volume.port={ports.volume}", f"-volume.port.grpc={ports.volume + g}",
-        f"-filer.port={ports.filer}", f"-filer.port.grpc={ports.filer + g}",
-        f"-s3.port={ports.s3}", f"-s3.port.grpc={ports.s3 + g}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-        f"-webdav.port={ports.webdav}", f"-admin.port={ports.admin}", f"-admin.port.grpc={ports.admin + g}",
-        "-admin.ui=false", "-master.telemetry=false", f"-bucket={bucket}",
+        _bin("weed"),
+        "mini",
+        f"-dir={data_dir}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
+        f"-master.port={ports.master}",
+        f"-master.port.grpc={ports.master + g}",
+        f"-volume.port={ports.volume}",
+        f"-volume.port.grpc={ports.volume + g}",
+        f"-filer.port={ports.filer}",
+        f"-filer.port.grpc={ports.filer + g}",
+        f"-s3.port={ports.s3}",
+        f"-s3.port.grpc={ports.s3 + g}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-webdav.port={ports.webdav}",
+        f"-admin.port={ports.admin}",
+        f"-admin.port.grpc={ports.admin + g}",
+        "-admin.ui=false",
+        "-master.telemetry=false",
+        f"-bucket={bucket}",
     ]
     env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    return Service("seaweedfs", argv, f"http://{host}:{ports.s3}/healthz", data_dir / "weed.log", env=env,
-                   startup_timeout_s=startup_timeout_s, stop_timeout_s=30.0)
+    return Service(
+        "seaweedfs",
+        argv,
+        f"http://{host}:{ports.s3}/healthz",
+        data_dir / "weed.log",
+        env=env,
+        startup_timeout_s=startup_timeout_s,
+        stop_timeout_s=30.0,
+    )
 
 
-def mlflow_server(data_dir: Path, port: int, *, host: str = "127.0.0.1", workers: int = 1,
-                  startup_timeout_s: float = 120.0) -> Service:
+def mlflow_server(
+    data_dir: Path, port: int, *, host: str = "127.0.0.1", workers: int = 1, startup_timeout_s: float = 120.0
+) -> Service:
     """An `mlflow server` with a sqlite backend and a local artifact root under data_dir."""
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [
-        _bin("mlflow"), "server", "--host", host, "--port", str(port), "--workers", str(workers),
-        "--backend-store-uri", f"sqlite:///{(data_dir / 'mlflow.db').resolve()}",
-        "--artifacts-destination", str((data_dir / "artifacts").resolve()),
+        _bin("mlflow"),
+        "server",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--backend-store-uri",
+        f"sqlite:///{(data_dir / 'mlflow.db').resolve()}",
+        "--artifacts-destination",
+        str((data_dir / "artifacts").resolve()),
     ]
-    return Service("mlflow", argv, f"http://{host}:{port}/health", data_dir / "mlflow-server.log",
-                   env={"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
-                   startup_timeout_s=startup_timeout_s)
+    return Service(
+        "mlflow",
+        argv,
+        f"http://{host}:{port}/health",
+        data_dir / "mlflow-server.log",
+        env={"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
+        startup_timeout_s=startup_timeout_s,
+    )
 
 
-def prefect_server(home: Path, port: int, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> Service:
+def prefect_server(
+    home: Path, port: int, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0
+) -> Service:
     """`prefect server start` with its own PREFECT_HOME (sqlite database inside it), analytics off."""
     home.mkdir(parents=True, exist_ok=True)
     argv = [_bin("prefect"), "server", "start", "--host", host, "--port", str(port)]
@@ -182,5 +232,11 @@ def prefect_server(home: Path, port: int, *, host: str = "127.0.0.1", startup_ti
         "PREFECT_UI_ENABLED": "true",
         "PREFECT_API_URL": f"http://{host}:{port}/api",
     }
-    return Service("prefect", argv, f"http://{host}:{port}/api/health", home / "prefect-server.log", env=env,
-                   startup_timeout_s=startup_timeout_s)
+    return Service(
+        "prefect",
+        argv,
+        f"http://{host}:{port}/api/health",
+        home / "prefect-server.log",
+        env=env,
+        startup_timeout_s=startup_timeout_s,
+    )

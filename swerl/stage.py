@@ -1,8 +1,8 @@
 """Checkpointed stages: a stage is done when its manifest exists.
 
 A stage is a plain function `fn(stage_config, ctx) -> StageResult`. `run_stage` computes the stage's key from its
-config hash and the fingerprints of its input manifests; if `stages/NAME/KEY/manifest.json` exists the stage is
-skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced rerun never
+config hash, the fingerprints of its input manifests and the run seed; if `stages/NAME/KEY/manifest.json` exists
+the stage is skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced rerun never
 overwrites the artifacts a published manifest points to, and the manifest is written last, atomically. A failed
 stage leaves no manifest, and the next run resumes there.
 """
@@ -66,14 +66,20 @@ class Manifest(BaseModel):
     def fingerprint(self) -> str:
         """Identity of the stage's output: its key and the content hashes of what it wrote."""
         body = json.dumps(
-            {"stage": self.stage, "key": self.key, "artifacts": {k: a.sha256 for k, a in self.artifacts.items()}},
+            {
+                "stage": self.stage,
+                "key": self.key,
+                "artifacts": {k: a.sha256 for k, a in self.artifacts.items()},
+            },
             sort_keys=True,
         )
         return hashlib.sha256(body.encode()).hexdigest()
 
     def artifact(self, name: str) -> ArtifactRecord:
         if name not in self.artifacts:
-            raise KeyError(f"stage {self.stage} manifest has no artifact {name!r}; has {sorted(self.artifacts)}")
+            raise KeyError(
+                f"stage {self.stage} manifest has no artifact {name!r}; has {sorted(self.artifacts)}"
+            )
         return self.artifacts[name]
 
     def as_input(self) -> InputRef:
@@ -128,10 +134,11 @@ class StageOutcome:
     result: StageResult | None = None
 
 
-def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest]) -> str:
-    """Checkpoint key: the stage's config hash plus its inputs' fingerprints."""
+def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest], seed: int = 0) -> str:
+    """Checkpoint key: the stage's config hash, its inputs' fingerprints and the run seed (stages derive theirs)."""
     body = json.dumps(
-        {"stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs]}, sort_keys=True
+        {"stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs], "seed": seed},
+        sort_keys=True,
     )
     return hashlib.sha256(body.encode()).hexdigest()[:20]
 
@@ -170,7 +177,7 @@ def run_stage(
     """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow."""
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
-    key = stage_key(stage, cfg, inputs)
+    key = stage_key(stage, cfg, inputs, seed)
     if not force:
         existing = load_manifest(store, stage, key)
         if existing is not None:
@@ -185,16 +192,31 @@ def run_stage(
     try:
         with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
-            ctx = StageContext(stage=stage, store=store, prefix=prefix, workdir=workdir,
-                               inputs={m.stage: m for m in inputs}, run=run, log=log, seed=seed)
+            ctx = StageContext(
+                stage=stage,
+                store=store,
+                prefix=prefix,
+                workdir=workdir,
+                inputs={m.stage: m for m in inputs},
+                run=run,
+                log=log,
+                seed=seed,
+            )
             result = fn(cfg, ctx)
             duration = time.monotonic() - t0
             manifest = Manifest(
-                stage=stage, key=key, attempt=attempt, config_hash=config_hash(cfg),
+                stage=stage,
+                key=key,
+                attempt=attempt,
+                config_hash=config_hash(cfg),
                 inputs=[m.as_input() for m in inputs],
                 artifacts={n: ArtifactRecord(**a.to_dict()) for n, a in ctx.artifacts.items()},
-                metrics=result.metrics, mlflow_run_id=run.run_id, started_at=started, finished_at=_now(),
-                duration_s=round(duration, 3), uri=store.uri(manifest_path(stage, key)),
+                metrics=result.metrics,
+                mlflow_run_id=run.run_id,
+                started_at=started,
+                finished_at=_now(),
+                duration_s=round(duration, 3),
+                uri=store.uri(manifest_path(stage, key)),
             )
             run.log_metrics({**result.metrics, "stage_duration_s": duration})
             run.log_dict(manifest.model_dump(mode="json"), "manifest.json")

@@ -156,12 +156,24 @@ class Store:
         except Exception as exc:  # noqa: BLE001
             raise InfraError("storage", f"listing {self.uri(rel)} failed: {exc}") from exc
         root = self.root + "/"
-        return sorted(str(e)[len(root) :] if str(e).startswith(root) else str(e) for e in entries)
+        # A writer killed mid-copy leaves a `.tmp-` sibling behind; it was never published, so it is not listed.
+        return sorted(
+            str(e)[len(root) :] if str(e).startswith(root) else str(e)
+            for e in entries
+            if ".tmp-" not in str(e)
+        )
 
 
-def open_store(root: str, *, s3_endpoint_url: str | None = None, s3_region: str | None = None,
-               connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, max_attempts: int = 5,
-               max_pool_connections: int = 16) -> Store:
+def open_store(
+    root: str,
+    *,
+    s3_endpoint_url: str | None = None,
+    s3_region: str | None = None,
+    connect_timeout_s: float = 10.0,
+    read_timeout_s: float = 60.0,
+    max_attempts: int = 5,
+    max_pool_connections: int = 16,
+) -> Store:
     """Build a Store; S3 credentials come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)."""
     options: dict[str, Any] = {}
     if root.startswith("s3://"):
@@ -180,6 +192,9 @@ def open_store(root: str, *, s3_endpoint_url: str | None = None, s3_region: str 
             },
             # A fresh instance per store: fsspec's instance cache would share clients across event loops.
             "skip_instance_cache": True,
+            # No listings cache: another process (a pipeline run, `swerl serve`) writes manifests while this
+            # store is open, and a cached listing would hide them (a stale "not done" or "nothing pending").
+            "use_listings_cache": False,
         }
     elif root.startswith("file://"):
         root = "file://" + str(Path(root[len("file://") :]).expanduser().resolve())

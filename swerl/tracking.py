@@ -16,8 +16,11 @@ from typing import Any
 
 from swerl.errors import InfraError
 
-# Keys that look like secrets never go to MLflow, whatever their value.
-SECRET_KEY_PATTERN = re.compile(r"(secret|password|passwd|token|api[_-]?key|access[_-]?key|credential)", re.I)
+# Keys that look like secrets never go to MLflow, whatever their value. "token" counts only as a whole last word
+# (hf_token, github.token): caps such as max_tokens or trajectory_token_cap and a tokenizer must still be logged.
+SECRET_KEY_PATTERN = re.compile(
+    r"(secret|password|passwd|api[_-]?key|access[_-]?key|credential|(^|[._-])token$)", re.I
+)
 MLFLOW_PARAM_VALUE_MAX = 6000
 
 
@@ -38,9 +41,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
     """Params fit for MLflow: flattened, secret-looking keys dropped, values truncated to MLflow's limit."""
     flat = flatten(params)
-    return {
-        k: str(v)[:MLFLOW_PARAM_VALUE_MAX] for k, v in flat.items() if not SECRET_KEY_PATTERN.search(k)
-    }
+    return {k: str(v)[:MLFLOW_PARAM_VALUE_MAX] for k, v in flat.items() if not SECRET_KEY_PATTERN.search(k)}
 
 
 def _prepare_uri(uri: str) -> str:
@@ -120,8 +121,9 @@ class Tracker:
         return StageRun(self.client, run.info.run_id)
 
     @contextmanager
-    def run(self, name: str, tags: Mapping[str, Any] | None = None,
-            parent: StageRun | None = None) -> Iterator[StageRun]:
+    def run(
+        self, name: str, tags: Mapping[str, Any] | None = None, parent: StageRun | None = None
+    ) -> Iterator[StageRun]:
         """A run that ends FINISHED, or FAILED if the body raises (and KILLED on KeyboardInterrupt)."""
         handle = self._start(name, tags or {}, parent)
         status = "FAILED"
@@ -133,4 +135,3 @@ class Tracker:
             raise
         finally:
             self.client.set_terminated(handle.run_id, status=status)
-

@@ -39,7 +39,9 @@ def publish_outcome(stage: str, outcome: StageOutcome) -> None:
         if rows:
             create_table_artifact(key=_artifact_key(stage, name), table=rows, description=f"{stage}: {name}")
     for name, text in result.markdown.items():
-        create_markdown_artifact(key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}")
+        create_markdown_artifact(
+            key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}"
+        )
 
 
 @task(name="curate-tasks", cache_policy=NO_CACHE, retries=0)
