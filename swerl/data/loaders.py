@@ -1,0 +1,191 @@
+"""Loading published task datasets (SWE-smith and SWE-bench schemas) into TaskInstances.
+
+Rows come through `datasets`: a hub id (`datasets.load_dataset(id, split=...)`) or a local parquet / jsonl /
+json file. A row the published schema allows is accepted (test lists as lists or JSON strings, a missing
+PASS_TO_PASS, SWE-smith's often empty problem statement); anything else is rejected with the row's id and the
+offending field, collected into a report, or raised at once in strict mode.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from swerl.data.schema import TaskInstance
+
+Schema = Literal["swesmith", "swebench"]
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "swesmith": ("instance_id", "repo", "patch", "FAIL_TO_PASS"),
+    "swebench": ("instance_id", "repo", "base_commit", "patch", "problem_statement", "FAIL_TO_PASS"),
+}
+"""Columns a row must have (non-null) under each schema."""
+
+_LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one row was not loaded."""
+
+    row: int
+    instance_id: str | None
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"row {self.row} ({self.instance_id or 'no instance_id'}): {self.field}: {self.reason}"
+
+
+class RowError(ValueError):
+    """A malformed dataset row: which row, which field, what is wrong."""
+
+    def __init__(self, row: int, instance_id: str | None, field_name: str, reason: str) -> None:
+        self.rejection = Rejection(row, instance_id, field_name, reason)
+        super().__init__(str(self.rejection))
+
+
+@dataclass
+class LoadReport:
+    """Rows read, accepted and rejected from one source."""
+
+    source: str
+    schema: str
+    rows: int = 0
+    accepted: int = 0
+    rejected: list[Rejection] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "schema": self.schema,
+            "rows": self.rows,
+            "accepted": self.accepted,
+            "rejected": len(self.rejected),
+            "rejections": [str(r) for r in self.rejected[:100]],
+        }
+
+
+def swebench_image(instance_id: str) -> str:
+    """The SWE-bench harness's per-instance image name ('__' is spelled '_1776_' in image names)."""
+    return f"swebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_').lower()}:latest"
+
+
+def _swesmith_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    repo = str(row["repo"])
+    commit = row.get("base_commit")
+    if not commit:  # older SWE-smith releases encode the commit only in the repo name
+        match = re.search(r"\.([0-9a-f]{7,40})$", repo)
+        commit = match.group(1) if match else ""
+    return {
+        "base_commit": commit,
+        "problem_statement": row.get("problem_statement") or "",
+        "patch_kind": "bug",
+        "test_patch": "",
+        "image": row.get("image_name") or "",
+        "difficulty": None,
+    }
+
+
+def _swebench_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "base_commit": row["base_commit"],
+        "problem_statement": row["problem_statement"],
+        "patch_kind": "fix",
+        "test_patch": row.get("test_patch") or "",
+        "image": swebench_image(str(row["instance_id"])),
+        "difficulty": row.get("difficulty") or None,
+    }
+
+
+def row_to_task(
+    row: Mapping[str, Any], schema: Schema, source: str, split: str | None, index: int
+) -> TaskInstance:
+    """One row -> TaskInstance, or RowError naming the row and field."""
+    if schema not in REQUIRED:
+        raise ValueError(f"unknown dataset schema {schema!r}; known: {sorted(REQUIRED)}")
+    raw_id = row.get("instance_id")
+    instance_id = str(raw_id) if raw_id else None
+    for name in REQUIRED[schema]:
+        if row.get(name) is None or (isinstance(row.get(name), str) and not row[name].strip()):
+            raise RowError(index, instance_id, name, f"missing or empty (required by the {schema} schema)")
+    fields = _swesmith_fields(row) if schema == "swesmith" else _swebench_fields(row)
+    try:
+        return TaskInstance(
+            instance_id=str(instance_id),
+            repo=str(row["repo"]),
+            patch=row["patch"],
+            FAIL_TO_PASS=row["FAIL_TO_PASS"],
+            PASS_TO_PASS=row.get("PASS_TO_PASS") or [],
+            source=source,
+            split=split,
+            **fields,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field_name = ".".join(str(p) for p in first["loc"]) or "<row>"
+        raise RowError(index, instance_id, field_name, first["msg"]) from None
+
+
+def rows_to_tasks(
+    rows: Iterable[Mapping[str, Any]],
+    schema: Schema,
+    source: str,
+    split: str | None = None,
+    strict: bool = False,
+) -> tuple[list[TaskInstance], LoadReport]:
+    """Convert rows, rejecting malformed and duplicate ones into the report (or raising RowError if strict)."""
+    report = LoadReport(source=source, schema=schema)
+    tasks: list[TaskInstance] = []
+    seen: set[str] = set()
+    for index, row in enumerate(rows):
+        report.rows += 1
+        try:
+            task = row_to_task(row, schema, source, split, index)
+            if task.instance_id in seen:
+                raise RowError(index, task.instance_id, "instance_id", "duplicate of an earlier row")
+        except RowError as exc:
+            if strict:
+                raise
+            report.rejected.append(exc.rejection)
+            continue
+        seen.add(task.instance_id)
+        tasks.append(task)
+    report.accepted = len(tasks)
+    return tasks, report
+
+
+def read_rows(path: str, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
+    """Rows of a local parquet/jsonl/json file or directory, or of a hub dataset, through `datasets`."""
+    import datasets
+
+    local = Path(path).expanduser()
+    if local.is_file():
+        builder = _LOCAL_BUILDERS.get(local.suffix.lower())
+        if builder is None:
+            raise ValueError(f"unsupported dataset file {path}: use one of {sorted(_LOCAL_BUILDERS)}")
+        # A local file is one split, which `datasets` always names 'train'.
+        dataset = datasets.load_dataset(builder, data_files=str(local), split="train")
+    elif local.is_dir():
+        dataset = datasets.load_dataset(str(local), split=split)
+    elif re.fullmatch(r"[\w.-]+/[\w.-]+", path):
+        dataset = datasets.load_dataset(path, split=split)
+    else:
+        raise ValueError(
+            f"dataset {path!r} is neither an existing file or directory nor a hub id (owner/name)"
+        )
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    return [dict(row) for row in dataset]
+
+
+def load_tasks(
+    path: str, schema: Schema, split: str = "train", limit: int | None = None, strict: bool = False
+) -> tuple[list[TaskInstance], LoadReport]:
+    """Load and validate a dataset's task instances."""
+    return rows_to_tasks(read_rows(path, split, limit), schema, source=path, split=split, strict=strict)

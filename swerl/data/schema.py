@@ -1,0 +1,84 @@
+"""TaskInstance: one software-engineering task, in the SWE-smith / SWE-bench shape.
+
+`patch` follows the source's convention and `patch_kind` says which it is: SWE-smith rows (and swerl's own
+synthesized tasks) carry the BUG diff, applied to the clean repository to set the task up; SWE-bench rows carry
+the reference FIX, and the repository at `base_commit` is already broken.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PatchKind = Literal["bug", "fix"]
+
+
+def parse_test_list(value: Any) -> list[str]:
+    """A list of test ids from a list or a JSON-encoded list (as the hub publishes them); None -> []."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return []
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list of test ids: {text[:80]!r} ({exc.msg})") from None
+    if hasattr(value, "tolist"):  # numpy / pyarrow arrays read from parquet
+        value = value.tolist()
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list of test ids, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"test ids must be non-empty strings, got {item!r}")
+    return list(value)
+
+
+class TaskInstance(BaseModel):
+    """One task: a repository state, a problem statement, and the tests that decide success."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    """Unique id, e.g. 'owner__repo.abc123.func_pm_ctrl_invert_if__x1y2' or 'django__django-11099'."""
+    repo: str = Field(min_length=1)
+    """Repository as published: 'owner/name' (SWE-bench) or 'swesmith/owner__name.commit' (SWE-smith)."""
+    base_commit: str
+    """Commit (or content hash, for swerl's shipped repos) of the repository the patch applies to."""
+    problem_statement: str
+    """The issue text the agent sees; never mentions the patch."""
+    patch: str = Field(min_length=1)
+    """Unified diff; the bug (patch_kind='bug') or the reference fix (patch_kind='fix')."""
+    patch_kind: PatchKind
+    """Which of the two `patch` is: SWE-smith and swerl tasks carry the bug, SWE-bench the fix."""
+    test_patch: str = ""
+    """Diff adding/updating the tests that decide the task (SWE-bench); empty when the tests are in the repo."""
+    FAIL_TO_PASS: list[str] = Field(min_length=1)
+    """Tests failing at the task's start and passing once solved."""
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    """Tests passing before and after; a solution must not break them."""
+    image: str = ""
+    """Environment reference: a docker image name or local://repos/NAME for shipped repositories."""
+    difficulty: str | None = None
+    """Difficulty bucket where the source publishes one (SWE-bench Verified: '<15 min fix', ...)."""
+    source: str = Field(min_length=1)
+    """Where the task came from: 'swerl-synth', a hub id, or a local file path."""
+    split: str | None = None
+    """Split the task was read from or assigned to (train / eval)."""
+    modifier: str | None = None
+    """Procedural modifier that made the bug (synthesized tasks only)."""
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _test_list(cls, value: Any) -> list[str]:
+        return parse_test_list(value)
+
+    @property
+    def repo_key(self) -> str:
+        """Normalised 'owner/name' (lowercase) whatever the source's repo spelling."""
+        from swerl.data.decontam import normalize_repo
+
+        return normalize_repo(self.repo)

@@ -1,0 +1,248 @@
+"""Synthesize SWE-smith-style tasks from a Python repository with a pytest suite.
+
+The clean suite runs first (a repository without tests, or whose clean suite fails, is skipped with the reason
+recorded); then every sampled bug candidate runs the suite in a fresh sandbox with the bug applied. A candidate
+becomes a task when it breaks at least one test that passed cleanly (FAIL_TO_PASS) and leaves at least one
+passing (PASS_TO_PASS). The problem statement is written from the failing tests alone, never from the patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from swerl.data.bugs import MODIFIERS, BugCandidate, candidates
+from swerl.data.repos import RepoSpec, has_tests, source_files, tree_hash
+from swerl.data.schema import TaskInstance
+from swerl.data.testrun import TestOutcome, TestStatus, passing, run_pytest, split_fail_pass
+from swerl.errors import InfraError
+from swerl.sandbox.base import SandboxProvider
+
+SOURCE = "swerl-synth"
+
+
+@dataclass
+class RepoReport:
+    """What synthesis did with one repository."""
+
+    name: str
+    skipped: str | None = None
+    clean_tests: int = 0
+    clean_passing: int = 0
+    bugged_timeout_s: float = 0.0
+    sites: dict[str, int] = field(default_factory=dict)
+    candidates: dict[str, int] = field(default_factory=dict)
+    valid: dict[str, int] = field(default_factory=dict)
+    rejections: Counter[str] = field(default_factory=Counter)
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "skipped": self.skipped,
+            "clean_tests": self.clean_tests,
+            "clean_passing": self.clean_passing,
+            "bugged_timeout_s": round(self.bugged_timeout_s, 3),
+            "sites": dict(self.sites),
+            "candidates": dict(self.candidates),
+            "valid": dict(self.valid),
+            "rejections": dict(self.rejections),
+            "duration_s": round(self.duration_s, 3),
+        }
+
+
+def sample_candidates(
+    by_modifier: Mapping[str, Sequence[BugCandidate]], max_candidates: int, seed: int, salt: str = ""
+) -> list[BugCandidate]:
+    """Up to `max_candidates`, shuffled per modifier by seed and dealt round-robin so every modifier is tried."""
+    queues = []
+    for modifier in sorted(by_modifier):
+        pool = list(by_modifier[modifier])
+        random.Random(f"{seed}:{salt}:{modifier}").shuffle(pool)
+        queues.append(pool)
+    picked: list[BugCandidate] = []
+    while len(picked) < max_candidates and any(queues):
+        for queue in queues:
+            if queue and len(picked) < max_candidates:
+                picked.append(queue.pop(0))
+    return picked
+
+
+def problem_statement(
+    repo: str, failing: Mapping[str, TestOutcome], total_failing: int, max_listed: int = 5
+) -> str:
+    """An issue-style description of what breaks: failing test ids and pytest's one-line reasons only."""
+    lines = [
+        f"Some behaviour of `{repo}` is broken: {total_failing} test(s) in its suite fail.",
+        "",
+        "Failing tests and the errors they report:",
+    ]
+    for node in sorted(failing)[:max_listed]:
+        message = failing[node].message or "(the test did not run: its module could not be collected)"
+        lines.append(f"- `{node}`: {message}")
+    if total_failing > max_listed:
+        lines.append(f"- ... and {total_failing - max_listed} more")
+    lines += [
+        "",
+        "Fix the library code so that these tests pass again without breaking the tests that pass now.",
+    ]
+    return "\n".join(lines)
+
+
+def _instance_id(name: str, base_commit: str, candidate: BugCandidate) -> str:
+    digest = hashlib.sha256(candidate.bug_patch.encode()).hexdigest()[:8]
+    return f"{name}.{base_commit[:8]}.{candidate.modifier}__{digest}"
+
+
+async def synthesize_repo(
+    spec: RepoSpec,
+    provider: SandboxProvider,
+    *,
+    modifiers: Sequence[str],
+    max_candidates: int,
+    max_tasks: int,
+    seed: int,
+    workers: int,
+    test_timeout_s: float,
+    clean_runs: int = 2,
+    bugged_timeout_factor: float = 5.0,
+    min_bugged_timeout_s: float = 10.0,
+    python: str = "python",
+    pytest_args: Sequence[str] = (),
+) -> tuple[list[TaskInstance], RepoReport]:
+    """Validated tasks from one repository, and a report of what was tried and why candidates were rejected.
+
+    A bugged suite gets `bugged_timeout_factor` times the slowest clean run (at least `min_bugged_timeout_s`,
+    at most `test_timeout_s`): a bug that loops forever is rejected in seconds, not after the full limit.
+    """
+    unknown = sorted(set(modifiers) - set(MODIFIERS))
+    if unknown:
+        raise ValueError(f"unknown bug modifiers {unknown}; known: {sorted(MODIFIERS)}")
+    if workers < 1 or clean_runs < 1:
+        raise ValueError(f"workers ({workers}) and clean_runs ({clean_runs}) must be >= 1")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    report = RepoReport(name=spec.name)
+    if not has_tests(spec.path):
+        report.skipped = "no_tests"
+        return [], report
+
+    clean: list[dict[str, TestOutcome]] = []
+    slowest_clean_s = 0.0
+    for _ in range(clean_runs):
+        sandbox = await provider.start(spec.path)
+        try:
+            result, outcomes = await run_pytest(sandbox, test_timeout_s, python, extra_args=pytest_args)
+        finally:
+            await sandbox.close()
+        if result.timed_out:
+            report.skipped = "clean_suite_timeout"
+        elif not outcomes:
+            report.skipped = "no_tests_collected"
+        elif len(passing(outcomes)) < len(outcomes) - _not_run(outcomes):
+            report.skipped = "clean_suite_fails"
+        if report.skipped:
+            report.duration_s = loop.time() - started
+            return [], report
+        clean.append(outcomes)
+        slowest_clean_s = max(slowest_clean_s, result.duration_s)
+    bugged_timeout_s = min(test_timeout_s, max(min_bugged_timeout_s, bugged_timeout_factor * slowest_clean_s))
+    report.bugged_timeout_s = bugged_timeout_s
+    report.clean_tests = len(clean[0])
+    report.clean_passing = len(set.intersection(*(passing(c) for c in clean)))
+
+    base_commit = tree_hash(spec.path)
+    by_modifier: dict[str, list[BugCandidate]] = {m: [] for m in modifiers}
+    for rel in source_files(spec.path):
+        text = (spec.path / rel).read_text(encoding="utf-8", errors="surrogateescape")
+        for modifier in modifiers:
+            try:
+                by_modifier[modifier] += candidates(modifier, rel.as_posix(), text)
+            except ValueError:
+                report.rejections["unparseable_source"] += 1
+                break
+    report.sites = {m: len(c) for m, c in by_modifier.items()}
+    sampled = sample_candidates(by_modifier, max_candidates, seed, salt=spec.name)
+    report.candidates = dict(Counter(c.modifier for c in sampled))
+
+    gate = asyncio.Semaphore(workers)
+
+    async def validate(candidate: BugCandidate) -> TaskInstance | str:
+        async with gate:
+            try:
+                sandbox = await provider.start(spec.path, candidate.bug_patch)
+                try:
+                    result, bugged = await run_pytest(
+                        sandbox, bugged_timeout_s, python, extra_args=pytest_args
+                    )
+                finally:
+                    await sandbox.close()
+            except InfraError as exc:
+                # One broken sandbox costs one candidate, counted by cause, not the whole repository.
+                return f"infra_error:{exc.cause}"
+        if result.timed_out:
+            return "bugged_suite_timeout"
+        fail_to_pass, pass_to_pass = split_fail_pass(clean, bugged)
+        if not fail_to_pass:
+            return "no_fail_to_pass"
+        if not pass_to_pass:
+            return "no_pass_to_pass"
+        failing = {t: bugged.get(t, TestOutcome(TestStatus.ERROR)) for t in fail_to_pass}
+        return TaskInstance(
+            instance_id=_instance_id(spec.name, base_commit, candidate),
+            repo=spec.repo,
+            base_commit=base_commit,
+            problem_statement=problem_statement(spec.repo, failing, len(fail_to_pass)),
+            patch=candidate.bug_patch,
+            patch_kind="bug",
+            FAIL_TO_PASS=fail_to_pass,
+            PASS_TO_PASS=pass_to_pass,
+            image=spec.image,
+            source=SOURCE,
+            modifier=candidate.modifier,
+        )
+
+    validated = await asyncio.gather(*(validate(c) for c in sampled))
+    tasks: list[TaskInstance] = []
+    for outcome in validated:
+        if isinstance(outcome, str):
+            report.rejections[outcome] += 1
+        elif len(tasks) >= max_tasks:
+            report.rejections["over_max_tasks"] += 1
+        else:
+            tasks.append(outcome)
+    report.valid = dict(Counter(t.modifier or "" for t in tasks))
+    report.duration_s = loop.time() - started
+    return tasks, report
+
+
+def _not_run(outcomes: Mapping[str, TestOutcome]) -> int:
+    """Tests that neither passed nor failed (skipped, expected failures): not evidence of a broken suite."""
+    return sum(o.status in (TestStatus.SKIPPED, TestStatus.XFAIL) for o in outcomes.values())
+
+
+def summarize(reports: Sequence[RepoReport]) -> dict[str, Any]:
+    """Totals across repositories: candidates, valid, by modifier, by repo, rejection reasons, skipped repos."""
+    candidates_by_modifier: Counter[str] = Counter()
+    valid_by_modifier: Counter[str] = Counter()
+    rejections: Counter[str] = Counter()
+    for r in reports:
+        candidates_by_modifier.update(r.candidates)
+        valid_by_modifier.update(r.valid)
+        rejections.update(r.rejections)
+    return {
+        "candidates": sum(candidates_by_modifier.values()),
+        "valid": sum(valid_by_modifier.values()),
+        "by_modifier": {
+            m: {"candidates": candidates_by_modifier[m], "valid": valid_by_modifier[m]}
+            for m in sorted(candidates_by_modifier)
+        },
+        "by_repo": {r.name: r.to_dict() for r in reports},
+        "rejections": dict(sorted(rejections.items())),
+        "skipped_repos": {r.name: r.skipped for r in reports if r.skipped},
+    }

@@ -1,0 +1,380 @@
+"""Local sandboxes under bubblewrap: private workspace, no network, no host secrets, resource limits.
+
+Every command runs in a fresh bubblewrap instance over the sandbox's workspace (a private copy of the task's
+repository, bound read-write at /workspace). The rest of the file system is the host's /usr (read-only), a
+minimal /etc, the interpreter's own prefix directories (read-only) and a bounded tmpfs /tmp that lasts one
+command; state persists only under /workspace. Processes run as a per-sandbox unprivileged uid with no
+capabilities, which is what makes the process limit bite (the kernel never applies RLIMIT_NPROC to root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from swerl.errors import InfraError
+from swerl.sandbox.base import WORKSPACE, ExecResult
+from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
+from swerl.sandbox.process import BoundedOutput, kill_group, read_status
+
+_ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf")
+"""Host /etc entries a sandbox sees (dynamic linker and locale plumbing; nothing with credentials)."""
+
+_COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+
+MiB = 1024 * 1024
+
+
+class LocalSandbox:
+    """One sandbox: a workspace directory on the host, commands run under bubblewrap as `uid`."""
+
+    def __init__(
+        self,
+        root: Path,
+        uid: int,
+        bwrap_args: list[str],
+        prlimit_args: list[str],
+        setpriv_args: list[str],
+        max_output_bytes: int,
+        kill_grace_s: float,
+    ) -> None:
+        self.root = root
+        self.workspace = root / "workspace"
+        self.uid = uid
+        self._bwrap_args = bwrap_args
+        self._prlimit_args = prlimit_args
+        self._setpriv_args = setpriv_args
+        self._max_output_bytes = max_output_bytes
+        self._kill_grace_s = kill_grace_s
+        self._running: set[asyncio.subprocess.Process] = set()
+        self._closed = False
+
+    async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
+        """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree."""
+        return await self._run(["/bin/bash", "-c", cmd], timeout, cwd or WORKSPACE, stdin=None)
+
+    async def read_file(self, path: str) -> str:
+        """Read a file as the sandbox sees it (so a symlink cannot reach outside it)."""
+        result = await self._run(["/bin/cat", "--", self._abs(path)], 60.0, WORKSPACE, stdin=None)
+        if result.exit_code != 0:
+            raise FileNotFoundError(f"cannot read {path} in sandbox: {result.output.strip()}")
+        return result.output
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a file under /workspace from inside the sandbox, creating parent directories."""
+        target = self._abs(path)
+        if not (target == WORKSPACE or target.startswith(WORKSPACE + "/")):
+            raise ValueError(f"write_file({path!r}): only paths under {WORKSPACE} are writable")
+        script = f"mkdir -p -- {shlex.quote(os.path.dirname(target))} && cat > {shlex.quote(target)}"
+        result = await self._run(["/bin/bash", "-c", script], 60.0, WORKSPACE, stdin=content.encode())
+        if result.exit_code != 0:
+            raise OSError(f"cannot write {path} in sandbox: {result.output.strip()}")
+
+    async def close(self) -> None:
+        """Kill every running command and delete the workspace."""
+        self._closed = True
+        for proc in list(self._running):
+            kill_group(proc)
+        for proc in list(self._running):
+            with contextlib.suppress(TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(proc.wait(), self._kill_grace_s)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+    @staticmethod
+    def _abs(path: str) -> str:
+        return os.path.normpath(path if path.startswith("/") else f"{WORKSPACE}/{path}")
+
+    async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
+        if self._closed:
+            raise InfraError("sandbox_died", f"sandbox {self.root} is closed")
+        status_read, status_write = os.pipe()
+        command = [
+            *self._prlimit_args,
+            *self._bwrap_args,
+            "--chdir",
+            cwd,
+            "--json-status-fd",
+            str(status_write),
+            "--",
+            *self._setpriv_args,
+            *argv,
+        ]
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(status_write,),
+                start_new_session=True,  # one process group to kill: prlimit execs bwrap, bwrap holds the rest
+            )
+        except OSError as exc:
+            os.close(status_read)
+            raise InfraError("start_failed", f"cannot spawn bubblewrap: {exc}") from exc
+        finally:
+            os.close(status_write)
+        self._running.add(proc)
+        output = BoundedOutput(self._max_output_bytes)
+        timed_out = False
+        try:
+            collect = asyncio.ensure_future(self._collect(proc, stdin, output))
+            try:
+                await asyncio.wait_for(asyncio.shield(collect), timeout)
+            except TimeoutError:
+                timed_out = True
+                kill_group(proc)
+                try:
+                    await asyncio.wait_for(collect, self._kill_grace_s)
+                except TimeoutError as exc:
+                    collect.cancel()
+                    raise InfraError(
+                        "exec_unresponsive",
+                        f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}",
+                    ) from exc
+            except asyncio.CancelledError:
+                kill_group(proc)
+                collect.cancel()
+                raise
+        finally:
+            self._running.discard(proc)
+            status = read_status(status_read)
+        duration = time.monotonic() - started
+        if self._closed:
+            raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
+        if "child-pid" not in status and not timed_out:
+            # bubblewrap itself failed before running anything: never the policy's doing.
+            raise InfraError(
+                "start_failed", f"bubblewrap failed (exit {proc.returncode}): {output.text().strip()}"
+            )
+        # 124 for a timeout follows timeout(1); otherwise the sandboxed command's own status, not bwrap's.
+        exit_code = 124 if timed_out else int(status.get("exit-code", proc.returncode or 0))
+        return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
+
+    @staticmethod
+    async def _collect(proc: asyncio.subprocess.Process, stdin: bytes | None, output: BoundedOutput) -> None:
+        if stdin is not None and proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            proc.stdin.close()
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(65536):
+            output.add(chunk)
+        await proc.wait()
+
+
+class LocalSandboxProvider:
+    """Starts LocalSandboxes: copies the environment directory, applies the setup patch, checks it runs."""
+
+    def __init__(
+        self,
+        python_executable: str | os.PathLike[str] = sys.executable,
+        *,
+        memory_mb: int = 1024,
+        max_processes: int = 256,
+        cpu_time_s: int = 120,
+        file_size_mb: int = 256,
+        tmp_size_mb: int = 256,
+        max_open_files: int = 1024,
+        max_output_bytes: int = 1_000_000,
+        start_timeout_s: float = 60.0,
+        kill_grace_s: float = 10.0,
+        extra_env: Mapping[str, str] | None = None,
+        git_baseline: bool = False,
+        root_dir: str | os.PathLike[str] | None = None,
+        uid_range: tuple[int, int] = (200_000, 1_200_000),
+        bwrap: str = "bwrap",
+    ) -> None:
+        self.python_executable = os.path.abspath(python_executable)
+        self.memory_mb = memory_mb
+        self.max_processes = max_processes
+        self.cpu_time_s = cpu_time_s
+        self.file_size_mb = file_size_mb
+        self.tmp_size_mb = tmp_size_mb
+        self.max_open_files = max_open_files
+        self.max_output_bytes = max_output_bytes
+        self.start_timeout_s = start_timeout_s
+        self.kill_grace_s = kill_grace_s
+        self.extra_env = dict(extra_env or {})
+        self.git_baseline = git_baseline
+        self.root_dir = Path(root_dir) if root_dir is not None else None
+        self.uid_range = uid_range
+        self.bwrap = bwrap
+        self._tools: dict[str, str] | None = None
+        self._python_dirs: list[str] | None = None
+
+    def limits(self) -> dict[str, int | float]:
+        """Every limit this provider enforces, for logging at start."""
+        return {
+            "memory_mb": self.memory_mb,
+            "max_processes": self.max_processes,
+            "cpu_time_s": self.cpu_time_s,
+            "file_size_mb": self.file_size_mb,
+            "tmp_size_mb": self.tmp_size_mb,
+            "max_open_files": self.max_open_files,
+            "max_output_bytes": self.max_output_bytes,
+            "start_timeout_s": self.start_timeout_s,
+        }
+
+    async def start(
+        self, env_dir: Path, setup_patch: str | None = None, env: Mapping[str, str] | None = None
+    ) -> LocalSandbox:
+        """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied."""
+        if self._tools is None:
+            self._tools = require_tools(self.bwrap)
+        if self._python_dirs is None:
+            self._python_dirs = await asyncio.to_thread(interpreter_dirs, self.python_executable)
+        env_dir = Path(env_dir)
+        if not env_dir.is_dir():
+            raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
+        if self.root_dir is not None:
+            self.root_dir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="swerl-sbx-", dir=self.root_dir))
+        try:
+            uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
+            await asyncio.to_thread(self._prepare, root, env_dir, uid, setup_patch)
+            sandbox = LocalSandbox(
+                root=root,
+                uid=uid,
+                bwrap_args=self._bwrap_args(root, env or {}),
+                prlimit_args=self._prlimit_args(),
+                setpriv_args=[
+                    self._tools["setpriv"],
+                    f"--reuid={uid}",
+                    f"--regid={uid}",
+                    "--clear-groups",
+                    "--inh-caps=-all",
+                    "--bounding-set=-all",
+                    "--",
+                ],
+                max_output_bytes=self.max_output_bytes,
+                kill_grace_s=self.kill_grace_s,
+            )
+            probe = await sandbox.exec("test -w /workspace && python -c 'pass'", timeout=self.start_timeout_s)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        if probe.timed_out:
+            await sandbox.close()
+            raise InfraError("start_timeout", f"sandbox did not start within {self.start_timeout_s}s")
+        if probe.exit_code != 0:
+            await sandbox.close()
+            raise InfraError("start_failed", f"sandbox start check failed: {probe.output.strip()}")
+        return sandbox
+
+    def _prepare(self, root: Path, env_dir: Path, uid: int, setup_patch: str | None) -> None:
+        """Copy the environment, apply the setup patch, write /etc/passwd, hand the workspace to `uid`."""
+
+        workspace = root / "workspace"
+        shutil.copytree(env_dir, workspace, symlinks=True, ignore=_COPY_IGNORE)
+        if setup_patch:
+            applied = subprocess.run(
+                ["git", "apply", "--whitespace=nowarn", "-"],
+                input=setup_patch,
+                cwd=workspace,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if applied.returncode != 0:
+                raise InfraError(
+                    "start_failed", f"setup patch does not apply to {env_dir}: {applied.stderr.strip()}"
+                )
+        if self.git_baseline:
+            # The agent's patch is later `git diff` against this commit: the task's starting state.
+            git = [
+                "git",
+                "-c",
+                "user.name=swerl",
+                "-c",
+                "user.email=swerl@localhost",
+                "-c",
+                "init.defaultBranch=main",
+            ]
+            for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"]):
+                subprocess.run([*git, *args], cwd=workspace, check=True, capture_output=True, timeout=120)
+        etc = root / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash\n"
+        )
+        (etc / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\n")
+        for dirpath, dirnames, filenames in os.walk(workspace):
+            os.lchown(dirpath, uid, uid)
+            for name in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, name), uid, uid)
+
+    def _prlimit_args(self) -> list[str]:
+        assert self._tools is not None
+        return [
+            self._tools["prlimit"],
+            f"--as={self.memory_mb * MiB}",
+            f"--nproc={self.max_processes}",
+            f"--cpu={self.cpu_time_s}",
+            f"--fsize={self.file_size_mb * MiB}",
+            f"--nofile={self.max_open_files}",
+            "--core=0",
+            "--",
+        ]
+
+    def _bwrap_args(self, root: Path, env: Mapping[str, str]) -> list[str]:
+        assert self._tools is not None and self._python_dirs is not None
+        args = [
+            self._tools[self.bwrap],
+            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr",
+        ]  # fmt: skip
+        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / link
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{link}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{link}"]
+        args += ["--perms", "0755", "--dir", "/etc"]
+        for name in _ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += [
+            "--ro-bind",
+            str(root / "etc/passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(root / "etc/group"),
+            "/etc/group",
+        ]
+        made: set[str] = {"/usr", "/etc"}
+        for prefix in self._python_dirs:
+            for parent in ancestors(prefix):
+                if parent not in made:
+                    args += ["--perms", "0755", "--dir", parent]
+                    made.add(parent)
+            args += ["--ro-bind", prefix, prefix]
+        args += [
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(self.tmp_size_mb * MiB), "--tmpfs", "/tmp",
+            "--bind", str(root / "workspace"), WORKSPACE,
+            "--clearenv",
+        ]  # fmt: skip
+        python_bin = str(Path(self.python_executable).parent)
+        base_env = {
+            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "USER": "sandbox",
+        }
+        for key, value in {**base_env, **self.extra_env, **env}.items():
+            args += ["--setenv", key, value]
+        return args

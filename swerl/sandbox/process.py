@@ -1,0 +1,64 @@
+"""Process plumbing for the bubblewrap sandbox: bounded output capture, status pipe, group kill."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+
+
+class BoundedOutput:
+    """Collects command output, keeping the head and the tail when it exceeds its budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.half = max(1, max_bytes // 2)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > self.half:
+            self.dropped += len(self.tail) - self.half
+            del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        marker = f"\n[... {self.dropped} bytes of output omitted ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + marker + self.tail).decode("utf-8", errors="replace")
+
+
+def kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the command's process group; bubblewrap's death takes its PID namespace with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def read_status(fd: int) -> dict[str, int]:
+    """Merge the JSON documents bubblewrap wrote to its status pipe (child-pid, exit-code)."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    os.close(fd)
+    merged: dict[str, int] = {}
+    decoder, text, pos = json.JSONDecoder(), data.decode(errors="replace"), 0
+    while (pos := _skip_space(text, pos)) < len(text):
+        try:
+            doc, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        merged.update({k: v for k, v in doc.items() if isinstance(v, int)})
+    return merged
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos

@@ -1,0 +1,231 @@
+"""The curate stage: synthesize and load tasks, decontaminate, split train/eval by repository, write them.
+
+Artifacts: train.parquet and eval.parquet (TaskInstance rows) and curate_report.json (yield by repository and
+modifier, rejection reasons, dataset row rejections, decontamination counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from swerl.config import CurateConfig, DatasetSource
+from swerl.data.decontam import decontaminate, normalize_repo
+from swerl.data.loaders import LoadReport, load_tasks
+from swerl.data.repos import RepoSpec, resolve_repos
+from swerl.data.schema import TaskInstance
+from swerl.data.synth import RepoReport, summarize, synthesize_repo
+from swerl.data.taskio import tasks_to_parquet
+from swerl.sandbox.local import LocalSandboxProvider
+from swerl.stage import StageContext, StageResult
+
+T = TypeVar("T")
+
+
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion, on a helper thread if this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="swerl-curate")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def build_provider(cfg: CurateConfig) -> LocalSandboxProvider:
+    """The validation sandbox provider, from the stage's limits."""
+    limits = cfg.sandbox
+    return LocalSandboxProvider(
+        limits.python or sys.executable,
+        memory_mb=limits.memory_mb,
+        max_processes=limits.max_processes,
+        cpu_time_s=limits.cpu_time_s,
+        file_size_mb=limits.file_size_mb,
+        tmp_size_mb=limits.tmp_size_mb,
+        max_open_files=limits.max_open_files,
+        max_output_bytes=limits.max_output_bytes,
+        start_timeout_s=limits.start_timeout_s,
+    )
+
+
+async def _synthesize_all(
+    cfg: CurateConfig, specs: Sequence[RepoSpec], seed: int, provider: LocalSandboxProvider
+) -> tuple[list[TaskInstance], list[RepoReport]]:
+    tasks: list[TaskInstance] = []
+    reports: list[RepoReport] = []
+    for spec in specs:
+        repo_tasks, report = await synthesize_repo(
+            spec,
+            provider,
+            modifiers=list(cfg.modifiers),
+            max_candidates=cfg.max_candidates_per_repo,
+            max_tasks=cfg.max_tasks_per_repo,
+            seed=seed,
+            workers=cfg.validation_workers,
+            test_timeout_s=cfg.sandbox.timeout_s,
+            clean_runs=cfg.clean_runs,
+            bugged_timeout_factor=cfg.bugged_timeout_factor,
+            min_bugged_timeout_s=cfg.min_bugged_timeout_s,
+        )
+        tasks += repo_tasks
+        reports.append(report)
+    return tasks, reports
+
+
+def _load_sources(
+    sources: Sequence[DatasetSource], strict: bool
+) -> tuple[list[TaskInstance], list[LoadReport]]:
+    tasks: list[TaskInstance] = []
+    reports = []
+    for source in sources:
+        loaded, report = load_tasks(source.path, source.schema_name, source.split, source.limit, strict)
+        tasks += loaded
+        reports.append(report)
+    return tasks, reports
+
+
+def split_by_repo(
+    tasks: Sequence[TaskInstance], eval_repos: Sequence[str]
+) -> tuple[list[TaskInstance], list[TaskInstance], list[str]]:
+    """(train, eval, unmatched eval entries): a task is eval when its repository is listed (by full name or name)."""
+    wanted = {normalize_repo(r) for r in eval_repos}
+    train: list[TaskInstance] = []
+    held_out: list[TaskInstance] = []
+    matched: set[str] = set()
+    for task in tasks:
+        repo = normalize_repo(task.repo)
+        keys = {repo, repo.rsplit("/", 1)[-1]} & wanted
+        if keys:
+            matched |= keys
+            held_out.append(task.model_copy(update={"split": "eval"}))
+        else:
+            train.append(task.model_copy(update={"split": "train"}))
+    return train, held_out, sorted(wanted - matched)
+
+
+def yield_table(reports: Sequence[RepoReport]) -> list[dict[str, Any]]:
+    """One row per (repository, modifier): sites found, candidates validated, valid tasks."""
+    rows = []
+    for report in reports:
+        for modifier in sorted(report.sites):
+            rows.append(
+                {
+                    "repo": report.name,
+                    "modifier": modifier,
+                    "sites": report.sites[modifier],
+                    "candidates": report.candidates.get(modifier, 0),
+                    "valid": report.valid.get(modifier, 0),
+                }
+            )
+        if report.skipped:
+            rows.append({"repo": report.name, "modifier": f"(skipped: {report.skipped})", "sites": 0,
+                         "candidates": 0, "valid": 0})  # fmt: skip
+    return rows
+
+
+def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
+    """Synthesize and load tasks, decontaminate, split by repository and write train/eval parquet files."""
+    specs = resolve_repos(cfg.repos)
+    provider = build_provider(cfg)
+    # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
+    limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
+    ctx.log_params(limits | {"enforced_limits.python": cfg.sandbox.python or sys.executable})
+    ctx.log.info("curate: sandbox limits %s", limits)
+    ctx.log.info("curate: synthesizing from %d repositories: %s", len(specs), [s.name for s in specs])
+    synthesized, repo_reports = (
+        _run_async(_synthesize_all(cfg, specs, ctx.seed, provider)) if specs else ([], [])
+    )
+    loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
+    tasks = synthesized + loaded
+
+    eval_tasks_ext, eval_load_reports = _load_sources(cfg.decontamination_sets, cfg.strict_rows)
+    train, held_out, unmatched = split_by_repo(tasks, cfg.eval_repos)
+    if unmatched:
+        ctx.log.warning("curate: eval_repos matched no task: %s", unmatched)
+    decontam_report: dict[str, Any] = {"enabled": cfg.decontaminate}
+    if cfg.decontaminate:
+        # Training tasks must not share a statement with any evaluation task, ours or an external set's.
+        statements = [t.problem_statement for t in eval_tasks_ext + held_out]
+        train, train_report = decontaminate(train, statements)
+        held_out, eval_report = decontaminate(held_out, [t.problem_statement for t in eval_tasks_ext])
+        decontam_report |= {"train": train_report.to_dict(), "eval": eval_report.to_dict()}
+
+    ctx.write_artifact("train.parquet", tasks_to_parquet(train))
+    ctx.write_artifact("eval.parquet", tasks_to_parquet(held_out))
+    synth = summarize(repo_reports)
+    report: dict[str, Any] = {
+        "synthesis": synth,
+        "datasets": [r.to_dict() for r in load_reports],
+        "decontamination_sets": [r.to_dict() for r in eval_load_reports],
+        "decontamination": decontam_report,
+        "split": {
+            "train": len(train),
+            "eval": len(held_out),
+            "eval_repos": cfg.eval_repos,
+            "unmatched": unmatched,
+        },
+    }
+    ctx.write_artifact("curate_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+
+    metrics: dict[str, float] = {
+        "candidates": synth["candidates"],
+        "valid": synth["valid"],
+        "repos_skipped": len(synth["skipped_repos"]),
+        "dataset_rows_rejected": sum(len(r.rejected) for r in load_reports),
+        "dataset_tasks": len(loaded),
+        "train_tasks": len(train),
+        "eval_tasks": len(held_out),
+    }
+    for modifier, counts in synth["by_modifier"].items():
+        metrics[f"candidates.{modifier}"] = counts["candidates"]
+        metrics[f"valid.{modifier}"] = counts["valid"]
+    for name, repo in synth["by_repo"].items():
+        metrics[f"valid_repo.{name}"] = sum(repo["valid"].values())
+    for part in ("train", "eval"):
+        if part in decontam_report:
+            metrics[f"decontam_dropped_repo.{part}"] = decontam_report[part]["dropped_repo"]
+            metrics[f"decontam_dropped_statement.{part}"] = decontam_report[part]["dropped_statement"]
+    ctx.log_metrics(metrics)
+    summary = (
+        f"{synth['valid']}/{synth['candidates']} candidates valid; "
+        f"{len(train)} train, {len(held_out)} eval tasks"
+    )
+    markdown = _markdown(synth, report["split"], decontam_report)
+    return StageResult(metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown},
+                       summary=summary)  # fmt: skip
+
+
+def _markdown(synth: dict[str, Any], split: dict[str, Any], decontam: dict[str, Any]) -> str:
+    lines = [
+        "# Curation",
+        "",
+        f"- candidates validated: {synth['candidates']}, valid tasks: {synth['valid']}",
+        f"- train: {split['train']}, eval: {split['eval']} (held-out repos: {split['eval_repos'] or 'none'})",
+        f"- skipped repositories: {synth['skipped_repos'] or 'none'}",
+        f"- rejection reasons: {synth['rejections'] or 'none'}",
+    ]
+    if decontam.get("enabled") and "train" in decontam:
+        t = decontam["train"]
+        lines.append(
+            f"- decontamination (train): dropped {t['dropped_repo']} by repo, {t['dropped_statement']} by statement"
+        )
+    lines += ["", "| modifier | candidates | valid |", "| --- | --- | --- |"]
+    for modifier, counts in synth["by_modifier"].items():
+        lines.append(f"| {modifier} | {counts['candidates']} | {counts['valid']} |")
+    return "\n".join(lines) + "\n"
