@@ -1,0 +1,273 @@
+"""The real Prefect flow against the session's Prefect server, with a literal curate stage (curation has its own tests).
+
+The store is a tmp folder and MLflow a tmp sqlite file; only `run_curate` is replaced, everything else is real:
+the flow, the task, the manifest checkpoints, the MLflow runs and the Prefect server's records.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from swerl.config import STAGES, PipelineConfig, dump_config
+from swerl.stage import StageContext, StageResult, load_manifest, stage_key
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class FakeCurate:
+    """A literal curate stage; `fail` injects a failure after it has written an artifact."""
+
+    calls: int = 0
+    fail: bool = False
+
+    def __call__(self, cfg: Any, ctx: StageContext) -> StageResult:
+        self.calls += 1
+        ctx.write_artifact(
+            "train.json", json.dumps({"repos": cfg.repos, "n": cfg.max_candidates_per_repo}).encode()
+        )
+        if self.fail:
+            raise RuntimeError("injected curate failure")
+        rows = [{"repo": "toy", "tasks": 2}]
+        return StageResult(
+            metrics={"tasks": 2.0},
+            tables={"yield": rows},
+            markdown={"report": "# 2 tasks"},
+            summary="2 tasks",
+        )
+
+
+@pytest.fixture
+def fake_curate(monkeypatch: pytest.MonkeyPatch) -> FakeCurate:
+    fake = FakeCurate()
+    try:
+        import swerl.stages.curate as curate_module
+    except ImportError:  # the stage is not written yet: provide the module the task imports from
+        curate_module = types.ModuleType("swerl.stages.curate")
+        monkeypatch.setitem(sys.modules, "swerl.stages.curate", curate_module)
+    monkeypatch.setattr(curate_module, "run_curate", fake, raising=False)
+    return fake
+
+
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # One sqlite file for the module: MLflow migrates a new database for ~10 s.
+    return f"sqlite:///{tmp_path_factory.mktemp('flow-mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, mlflow_db: str) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "run": {"name": "flowtest", "seed": 1},
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "tracking": {"uri": mlflow_db, "experiment": f"flow-{uuid.uuid4().hex[:8]}"},
+            "curate": {"repos": ["builtin:toy"], "max_candidates_per_repo": 3},
+        }
+    )
+
+
+def _run(cfg: PipelineConfig, **kw: Any):  # type: ignore[no-untyped-def]
+    from flows.pipeline import pipeline
+
+    return pipeline(config=cfg, return_state=True, **kw)
+
+
+def _client():  # type: ignore[no-untyped-def]
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def _parent_runs(cfg: PipelineConfig) -> list[Any]:
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], "tags.`swerl.run_id` != ''", order_by=["start_time ASC"])
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+
+
+def _children(cfg: PipelineConfig, parent_id: str) -> list[Any]:
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert exp is not None
+    return client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def test_pipeline_runs_then_skips_curate(
+    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate
+) -> None:
+    state = _run(cfg)
+    assert state.is_completed(), state
+    summary = state.result()
+    flow_run_id = state.state_details.flow_run_id
+    assert fake_curate.calls == 1
+    assert summary["stages"]["curate"]["skipped"] is False
+    assert summary["not_built"] == [s for s in STAGES if s != "curate"]
+
+    # The flow run is on the session's server (not an ephemeral API), with its task run and artifacts.
+    with _client() as client:
+        assert str(client.api_url).rstrip("/") == prefect_api
+        flow_run = client.read_flow_run(flow_run_id)
+        assert flow_run.state is not None and flow_run.state.is_completed()
+        assert flow_run.parameters["config"]["run"]["name"] == "flowtest"
+        task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(flow_run_id))
+        assert [t.name.rsplit("-", 1)[0] for t in task_runs] == ["curate-tasks"]
+        assert task_runs[0].state is not None and task_runs[0].state.is_completed()
+        keys = {a.key for a in client.read_artifacts(flow_run_filter=_flow_run_filter(flow_run_id))}
+        assert {"curate-yield", "curate-report"} <= keys
+
+    # One MLflow parent run tagged with the Prefect flow-run id, and a nested curate run.
+    (parent,) = _parent_runs(cfg)
+    assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert parent.info.run_id == summary["mlflow_run_id"]
+    assert parent.data.tags["swerl.stage.curate"] == "ran"
+    assert parent.info.status == "FINISHED"
+    (child,) = _children(cfg, parent.info.run_id)
+    assert child.data.tags["swerl.stage"] == "curate"
+    assert child.info.status == "FINISHED"
+    assert child.data.metrics["tasks"] == 2.0
+
+    # The resolved config is saved with the run, and the manifest is where the summary says.
+    from swerl.pipeline import store_for
+
+    store = store_for(cfg)
+    saved = store.read_bytes(f"pipelines/{summary['run_id']}/config.yaml").decode()
+    assert saved == dump_config(cfg)
+    assert PipelineConfig.model_validate(yaml.safe_load(saved)) == cfg
+    manifest = load_manifest(store, "curate", stage_key("curate", cfg.curate, [], seed=cfg.run.seed))
+    assert manifest is not None and manifest.uri == summary["stages"]["curate"]["manifest"]
+    assert manifest.mlflow_run_id == child.info.run_id
+    assert store.read_json(store.rel_of(manifest.artifact("train.json").uri)) == {
+        "repos": ["builtin:toy"],
+        "n": 3,
+    }
+
+    # Second run: curate is skipped (the function is not called) and says so.
+    state2 = _run(cfg)
+    assert state2.is_completed()
+    summary2 = state2.result()
+    assert fake_curate.calls == 1
+    assert summary2["stages"]["curate"] == {**summary["stages"]["curate"], "skipped": True}
+    assert "curate skipped: already done" in "\n".join(_flow_run_logs(state2.state_details.flow_run_id))
+    second_parent = _parent_runs(cfg)[-1]
+    assert second_parent.data.tags["prefect.flow_run_id"] == str(state2.state_details.flow_run_id)
+    assert second_parent.data.tags["swerl.stage.curate"] == "skipped"
+    assert _children(cfg, second_parent.info.run_id) == []
+    with _client() as client:
+        status = client.read_artifacts(flow_run_filter=_flow_run_filter(state2.state_details.flow_run_id))
+        assert [a.key for a in status] == ["curate-status"]
+        assert "skipped" in str(status[0].data)
+
+
+def test_failed_stage_fails_the_flow_and_the_next_run_resumes(
+    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate
+) -> None:
+    from swerl.pipeline import store_for
+
+    store = store_for(cfg)
+    key = stage_key("curate", cfg.curate, [], seed=cfg.run.seed)
+    fake_curate.fail = True
+    state = _run(cfg)
+    assert state.is_failed()
+    with pytest.raises(RuntimeError, match="injected curate failure"):
+        state.result()
+    assert fake_curate.calls == 1
+    assert load_manifest(store, "curate", key) is None
+    (parent,) = _parent_runs(cfg)
+    assert parent.info.status == "FAILED"
+    assert [c.info.status for c in _children(cfg, parent.info.run_id)] == ["FAILED"]
+    with _client() as client:
+        flow_run = client.read_flow_run(state.state_details.flow_run_id)
+        assert flow_run.state is not None and flow_run.state.is_failed()
+
+    fake_curate.fail = False
+    state2 = _run(cfg)
+    assert state2.is_completed()
+    assert fake_curate.calls == 2
+    assert state2.result()["stages"]["curate"]["skipped"] is False
+    assert load_manifest(store, "curate", key) is not None
+
+
+def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate) -> None:
+    first = _run(cfg).result()
+    forced = _run(cfg, force=["curate"])
+    assert forced.is_completed()
+    summary = forced.result()
+    assert fake_curate.calls == 2
+    assert summary["stages"]["curate"]["skipped"] is False
+    assert summary["stages"]["curate"]["manifest"] == first["stages"]["curate"]["manifest"]  # same key
+    parent = _parent_runs(cfg)[-1]
+    assert json.loads(parent.data.params["forced_stages"]) == sorted(STAGES)
+
+
+def _flow_run_logs(flow_run_id: UUID) -> list[str]:
+    """What the Prefect UI shows for a flow run (its logs as the server stored them)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)  # logs are sent in batches by a background worker
+    with _client() as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+def _flow_run_filter(flow_run_id: UUID):  # type: ignore[no-untyped-def]
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+
+
+def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp_path: Path) -> None:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from swerl.cli import build_deployments
+    from swerl.config import load_config
+
+    repo = Path(__file__).resolve().parent.parent
+    cfg = load_config(
+        repo / "configs" / "local.yaml", ["serve.eval_cron=15 4 * * 1", "serve.timezone=Europe/Paris"]
+    )
+    ids = {d.name: d.apply() for d in build_deployments(cfg)}
+    assert set(ids) == {"local-pipeline", "local-evaluate"}
+
+    with _client() as client:
+        evaluate = client.read_deployment(ids["local-evaluate"])
+        pipeline = client.read_deployment(ids["local-pipeline"])
+        found = client.read_deployments(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=list(ids.values())))
+        )
+        assert {d.name for d in found} == {"local-pipeline", "local-evaluate"}
+
+    # The evaluation runs on the configured cron, in the configured time zone; the pipeline runs on demand.
+    assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in evaluate.schedules] == [
+        ("15 4 * * 1", "Europe/Paris", True)
+    ]
+    assert pipeline.schedules == []
+    assert set(evaluate.tags) == {"swerl", "evaluation"}
+    # Both carry the resolved config as their default parameters.
+    assert pipeline.parameters["config"] == cfg.model_dump(mode="json", by_alias=True)
+    assert PipelineConfig.model_validate(evaluate.parameters["config"]) == cfg
+
+    # The pipeline's parameter schema describes the config model, so the UI renders a form for it.
+    schema = pipeline.parameter_openapi_schema
+    assert set(schema["properties"]) == {"config", "force"}
+    definitions = schema.get("definitions") or schema.get("$defs")
+    config_ref = json.dumps(schema["properties"]["config"])
+    assert "PipelineConfig" in config_ref
+    fields = set(definitions["PipelineConfig"]["properties"])
+    assert fields == set(PipelineConfig.model_fields)
+    curate_fields = set(definitions["CurateConfig"]["properties"])
+    assert {"repos", "modifiers", "validation_workers", "sandbox"} <= curate_fields
+    assert set(json.dumps(schema["properties"]["force"]).split('"')) >= set(STAGES)

@@ -1,0 +1,214 @@
+"""The bubblewrap sandbox for real: exec, timeouts, files, close, isolation (network, env, file system)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swerl.errors import InfraError
+from swerl.sandbox import ExecResult, LocalSandbox, LocalSandboxProvider, Sandbox, SandboxProvider
+
+
+@pytest.fixture
+def env_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "env"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "mod.py").write_text("def answer():\n    return 41\n")
+    return root
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> LocalSandboxProvider:
+    return LocalSandboxProvider(
+        sys.executable, max_processes=64, memory_mb=1024, root_dir=tmp_path / "sandboxes"
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_protocols(provider: LocalSandboxProvider):
+    assert isinstance(provider, SandboxProvider)
+
+
+def test_exec_files_and_setup_patch(provider: LocalSandboxProvider, env_dir: Path):
+    patch = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
+
+    async def body() -> None:
+        sandbox = await provider.start(env_dir, patch)
+        assert isinstance(sandbox, Sandbox)
+        try:
+            result = await sandbox.exec(
+                "python -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30
+            )
+            assert result == ExecResult(0, "42\nerr\n", False, result.duration_s)
+            assert (await sandbox.exec("exit 3", 10)).exit_code == 3
+            await sandbox.write_file("notes/a.txt", "héllo\n")
+            assert await sandbox.read_file("/workspace/notes/a.txt") == "héllo\n"
+            assert (await sandbox.exec("cat a.txt", 10, cwd="/workspace/notes")).output == "héllo\n"
+            with pytest.raises(FileNotFoundError):
+                await sandbox.read_file("missing.txt")
+            with pytest.raises(ValueError, match="only paths under /workspace"):
+                await sandbox.write_file("/etc/x", "no")
+        finally:
+            await sandbox.close()
+        assert not sandbox.root.exists()
+        with pytest.raises(InfraError) as info:
+            await sandbox.exec("true", 5)
+        assert info.value.cause == "sandbox_died"
+
+    run(body())
+    assert "return 41" in (env_dir / "pkg" / "mod.py").read_text()  # the environment itself is untouched
+
+
+def test_timeout_kills_the_process_tree(provider: LocalSandboxProvider, env_dir: Path):
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        try:
+            t0 = time.monotonic()
+            result = await sandbox.exec("(sleep 30; touch late) & sleep 30", timeout=1)
+            assert result.timed_out and result.exit_code == 124 and time.monotonic() - t0 < 10
+            await asyncio.sleep(0.5)
+            assert (await sandbox.exec("ls", 5)).output.split() == ["pkg"]
+        finally:
+            await sandbox.close()
+
+    run(body())
+
+
+def test_close_kills_running_commands(provider: LocalSandboxProvider, env_dir: Path):
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        running = asyncio.ensure_future(sandbox.exec("sleep 60 & sleep 60 & wait", timeout=120))
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        await sandbox.close()
+        with pytest.raises(InfraError) as info:
+            await running
+        assert info.value.cause == "sandbox_died" and time.monotonic() - t0 < 10
+
+    run(body())
+
+
+def test_no_network_no_secrets_no_host_files(
+    provider: LocalSandboxProvider, env_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
+    (tmp_path / "host-secret.txt").write_text("host only")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('CONNECTED')"
+
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        try:
+            net = await sandbox.exec(f'python -c "{connect}"', 20)
+            assert net.exit_code != 0 and "CONNECTED" not in net.output
+            env = await sandbox.exec("env", 10)
+            assert "very-secret-value" not in env.output and "AWS_SECRET_ACCESS_KEY" not in env.output
+            assert (await sandbox.exec(f"cat {tmp_path / 'host-secret.txt'}", 10)).exit_code != 0
+            assert (await sandbox.exec("ls -A /root", 10)).output.split() == [
+                ".pyenv"
+            ] or sys.prefix.startswith("/usr")
+            assert (await sandbox.exec("cat /root/.bashrc /root/.ssh/id_rsa", 10)).exit_code != 0
+            assert (await sandbox.exec("ls /work/main/runs", 10)).exit_code != 0
+            for outside in ("/usr/evil", "/etc/evil", f"{sys.prefix}/evil"):
+                assert (await sandbox.exec(f"touch {outside}", 10)).exit_code != 0, outside
+            assert (await sandbox.exec("id -u", 10)).output.strip() != "0"
+        finally:
+            await sandbox.close()
+
+    try:
+        run(body())
+    finally:
+        listener.close()
+
+
+def test_process_and_file_size_limits(tmp_path: Path, env_dir: Path):
+    provider = LocalSandboxProvider(sys.executable, max_processes=16, file_size_mb=8, tmp_size_mb=4)
+
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        try:
+            forks = await sandbox.exec("for i in $(seq 40); do sleep 1 & done; wait", 30)
+            assert "fork" in forks.output and "Resource temporarily unavailable" in forks.output
+            big = await sandbox.exec("head -c 10000000 /dev/zero > big.bin", 10)
+            assert big.exit_code != 0 and "File size limit exceeded" in big.output
+            tmp = await sandbox.exec("head -c 6000000 /dev/zero > /tmp/x", 10)
+            assert tmp.exit_code != 0 and "No space left" in tmp.output
+        finally:
+            await sandbox.close()
+
+    run(body())
+
+
+def test_missing_bwrap_is_a_clear_start_error(env_dir: Path):
+    provider = LocalSandboxProvider(sys.executable, bwrap="bwrap-not-installed")
+    with pytest.raises(InfraError) as info:
+        run(provider.start(env_dir))
+    assert info.value.cause == "start_failed" and "install bubblewrap" in str(info.value)
+
+
+def test_bad_environment_and_patch(provider: LocalSandboxProvider, env_dir: Path, tmp_path: Path):
+    with pytest.raises(InfraError) as missing:
+        run(provider.start(tmp_path / "nope"))
+    assert missing.value.cause == "image_missing"
+    with pytest.raises(InfraError) as bad_patch:
+        run(provider.start(env_dir, "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"))
+    assert bad_patch.value.cause == "start_failed" and "setup patch" in str(bad_patch.value)
+    assert not any((tmp_path / "sandboxes").iterdir())  # a failed start leaves nothing behind
+
+
+def test_output_is_bounded(tmp_path: Path, env_dir: Path):
+    provider = LocalSandboxProvider(sys.executable, max_output_bytes=1000)
+
+    async def body() -> ExecResult:
+        sandbox = await provider.start(env_dir)
+        try:
+            return await sandbox.exec("seq 1 100000", 30)
+        finally:
+            await sandbox.close()
+
+    result = run(body())
+    assert (
+        len(result.output) < 1200
+        and result.output.startswith("1\n2\n")
+        and result.output.endswith("100000\n")
+    )
+    assert "bytes of output omitted" in result.output
+
+
+def test_git_baseline(env_dir: Path):
+    provider = LocalSandboxProvider(sys.executable, git_baseline=True)
+
+    async def body() -> str:
+        sandbox = await provider.start(env_dir)
+        try:
+            await sandbox.exec("echo 'x = 1' >> pkg/mod.py", 10)
+            return (await sandbox.exec("git diff", 10)).output
+        finally:
+            await sandbox.close()
+
+    assert "+x = 1" in run(body())
+
+
+def test_sandboxes_are_private_to_each_other(provider: LocalSandboxProvider, env_dir: Path):
+    async def body() -> None:
+        a, b = await provider.start(env_dir), await provider.start(env_dir)
+        try:
+            assert isinstance(a, LocalSandbox) and a.uid != b.uid
+            await a.write_file("only-a.txt", "a")
+            assert (await b.exec("ls", 10)).output.split() == ["pkg"]
+        finally:
+            await a.close()
+            await b.close()
+
+    run(body())

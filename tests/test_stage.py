@@ -1,0 +1,342 @@
+"""Checkpointed stages: run once, skip when done, rerun on change or force, never publish a failed stage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from pydantic import BaseModel
+
+from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
+from swerl.pipeline import open_session, pending_checkpoints, stages_to_force
+from swerl.stage import (
+    Manifest,
+    StageContext,
+    StageResult,
+    load_manifest,
+    manifest_path,
+    run_stage,
+    stage_key,
+)
+from swerl.storage import Store, open_store
+from swerl.tracking import Tracker
+
+
+class ToyConfig(BaseModel):
+    n: int = 3
+    label: str = "a"
+
+
+@dataclass
+class ToyStage:
+    """A literal stage: writes tasks.json (its content depends on the config) and reports a metric."""
+
+    fail: bool = False
+    calls: int = 0
+    seen_workdirs: list[Path] = field(default_factory=list)
+    during: list[Manifest | None] = field(default_factory=list)  # the published manifest while running
+
+    def __call__(self, cfg: ToyConfig, ctx: StageContext) -> StageResult:
+        self.calls += 1
+        assert ctx.workdir.is_dir()
+        self.seen_workdirs.append(ctx.workdir)
+        self.during.append(load_manifest(ctx.store, ctx.stage, ctx.prefix.split("/")[2]))
+        ctx.write_artifact("tasks.json", _content(cfg))
+        scratch = ctx.workdir / "big.txt"
+        scratch.write_text("x" * 1000)
+        ctx.put_artifact("scratch.txt", scratch)
+        for step in range(3):
+            ctx.log_metrics({"progress": step / 2}, step=step)
+        time.sleep(0.05)
+        if self.fail:
+            raise RuntimeError("stage exploded")
+        return StageResult(metrics={"n_tasks": float(cfg.n)}, markdown={"report": "# done"}, summary="ok")
+
+
+def _content(cfg: ToyConfig) -> bytes:
+    return json.dumps({"n": cfg.n, "label": cfg.label}).encode()
+
+
+@pytest.fixture(scope="module")
+def tracker(mlflow_server: str) -> Tracker:
+    return Tracker(mlflow_server, f"stage-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return open_store(f"file://{tmp_path}/store")
+
+
+def _run(stage: ToyStage, cfg: ToyConfig, store: Store, tracker: Tracker, **kw):  # type: ignore[no-untyped-def]
+    return run_stage("toy", stage, cfg, store=store, tracker=tracker, parent=None, **kw)
+
+
+def test_first_run_writes_a_complete_manifest(store: Store, tracker: Tracker) -> None:
+    fn, cfg = ToyStage(), ToyConfig(n=4)
+    before = datetime.now().astimezone()
+    out = _run(fn, cfg, store, tracker)
+    assert not out.skipped and fn.calls == 1
+    m = out.manifest
+    assert m.key == stage_key("toy", cfg, [])
+    assert m.config_hash == config_hash(cfg)
+    assert m.uri == store.uri(manifest_path("toy", m.key))
+    assert load_manifest(store, "toy", m.key) == m  # what was published is what was returned
+    # every artifact's hash is the hash of the bytes stored under its URI, in this attempt's folder
+    tasks = m.artifact("tasks.json")
+    stored = store.read_bytes(store.rel_of(tasks.uri))
+    assert stored == _content(cfg)
+    assert tasks.sha256 == hashlib.sha256(_content(cfg)).hexdigest() and tasks.size == len(stored)
+    assert tasks.uri == store.uri(f"stages/toy/{m.key}/{m.attempt}/tasks.json")
+    assert m.artifact("scratch.txt").sha256 == hashlib.sha256(b"x" * 1000).hexdigest()
+    with pytest.raises(KeyError, match="no artifact"):
+        m.artifact("missing")
+    assert m.metrics == {"n_tasks": 4.0}
+    # timings
+    started, finished = datetime.fromisoformat(m.started_at), datetime.fromisoformat(m.finished_at)
+    assert before.replace(microsecond=0) <= started <= finished
+    assert 0.05 <= m.duration_s < 60
+    # the scratch folder is gone
+    assert not fn.seen_workdirs[0].exists()
+    # the MLflow run of the stage
+    run = MlflowClient(tracking_uri=tracker.uri).get_run(m.mlflow_run_id or "")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["swerl.stage"] == "toy" and run.data.tags["swerl.key"] == m.key
+    assert run.data.params == {"n": "4", "label": "a"}
+    assert run.data.metrics["n_tasks"] == 4.0 and run.data.metrics["stage_duration_s"] > 0
+    history = MlflowClient(tracking_uri=tracker.uri).get_metric_history(run.info.run_id, "progress")
+    assert sorted(h.step for h in history) == [0, 1, 2]
+    artifacts = {a.path for a in MlflowClient(tracking_uri=tracker.uri).list_artifacts(run.info.run_id)}
+    assert artifacts == {"manifest.json", "report.md"}
+
+
+def test_same_config_is_skipped_without_calling_the_stage(
+    store: Store, tracker: Tracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    fn, cfg = ToyStage(), ToyConfig()
+    first = _run(fn, cfg, store, tracker)
+    caplog.set_level("INFO", logger="swerl.toy")
+    second = _run(fn, ToyConfig(), store, tracker)  # an equal config, another object
+    assert second.skipped and fn.calls == 1
+    assert second.result is None
+    assert second.manifest == first.manifest
+    assert any("skipped" in r.getMessage() for r in caplog.records if r.name == "swerl.toy")
+
+
+def test_changed_config_runs_under_a_new_key(store: Store, tracker: Tracker) -> None:
+    fn = ToyStage()
+    a = _run(fn, ToyConfig(n=1), store, tracker)
+    b = _run(fn, ToyConfig(n=2), store, tracker)
+    assert fn.calls == 2 and not b.skipped
+    assert a.manifest.key != b.manifest.key
+    assert load_manifest(store, "toy", a.manifest.key) == a.manifest  # the old checkpoint stays valid
+    assert store.read_bytes(store.rel_of(b.manifest.artifact("tasks.json").uri)) == _content(ToyConfig(n=2))
+    # and going back to the first config is a skip
+    assert _run(fn, ToyConfig(n=1), store, tracker).skipped and fn.calls == 2
+
+
+def test_seed_is_part_of_the_key(store: Store, tracker: Tracker) -> None:
+    """A stage derives its seeds from the run seed, so another seed is another result."""
+    fn, cfg = ToyStage(), ToyConfig()
+    a = _run(fn, cfg, store, tracker, seed=0)
+    b = _run(fn, cfg, store, tracker, seed=1)
+    assert fn.calls == 2 and not b.skipped and a.manifest.key != b.manifest.key
+    assert _run(fn, cfg, store, tracker, seed=1).skipped
+
+
+def test_force_reruns_and_keeps_the_old_attempt_until_the_new_manifest(
+    store: Store, tracker: Tracker
+) -> None:
+    fn, cfg = ToyStage(), ToyConfig()
+    old = _run(fn, cfg, store, tracker).manifest
+    new_out = _run(fn, cfg, store, tracker, force=True)
+    new = new_out.manifest
+    assert not new_out.skipped and fn.calls == 2
+    # while the forced run worked, the old manifest was still the published one
+    assert fn.during == [None, old]
+    assert new.key == old.key and new.attempt != old.attempt
+    assert load_manifest(store, "toy", new.key) == new
+    # the old attempt's artifacts are untouched, in their own folder
+    old_tasks = old.artifact("tasks.json")
+    assert store.read_bytes(store.rel_of(old_tasks.uri)) == _content(cfg)
+    assert old_tasks.uri != new.artifact("tasks.json").uri
+    assert new.mlflow_run_id != old.mlflow_run_id
+    # the same content: the output's identity (what downstream keys use) is unchanged
+    assert new.fingerprint == old.fingerprint
+
+
+def test_failed_stage_publishes_nothing_and_the_rerun_runs(store: Store, tracker: Tracker) -> None:
+    cfg = ToyConfig(label="fails")
+    broken = ToyStage(fail=True)
+    with pytest.raises(RuntimeError, match="exploded"):
+        _run(broken, cfg, store, tracker)
+    key = stage_key("toy", cfg, [])
+    assert load_manifest(store, "toy", key) is None
+    assert not store.exists(manifest_path("toy", key))
+    assert not broken.seen_workdirs[0].exists()
+    client = MlflowClient(tracking_uri=tracker.uri)
+    failed = client.search_runs([tracker.experiment_id], f"tags.`swerl.key` = '{key}'")
+    assert [r.info.status for r in failed] == ["FAILED"]
+
+    fixed = ToyStage()
+    out = _run(fixed, cfg, store, tracker)
+    assert not out.skipped and fixed.calls == 1
+    assert load_manifest(store, "toy", key) == out.manifest
+
+
+def test_failed_forced_rerun_keeps_the_published_checkpoint(store: Store, tracker: Tracker) -> None:
+    cfg = ToyConfig(label="keep")
+    good = _run(ToyStage(), cfg, store, tracker).manifest
+    with pytest.raises(RuntimeError):
+        _run(ToyStage(fail=True), cfg, store, tracker, force=True)
+    assert load_manifest(store, "toy", good.key) == good
+    assert store.read_bytes(store.rel_of(good.artifact("tasks.json").uri)) == _content(cfg)
+
+
+def test_inputs_fingerprints_change_the_key(store: Store, tracker: Tracker) -> None:
+    up_a = _run(ToyStage(), ToyConfig(n=1), store, tracker).manifest
+    up_b = _run(ToyStage(), ToyConfig(n=2), store, tracker).manifest
+    down = ToyStage()
+
+    def downstream(inputs: list[Manifest]):  # type: ignore[no-untyped-def]
+        return run_stage("down", down, ToyConfig(), store=store, tracker=tracker, parent=None, inputs=inputs)
+
+    on_a = downstream([up_a])
+    assert on_a.manifest.inputs == [up_a.as_input()]
+    assert on_a.manifest.inputs[0].fingerprint == up_a.fingerprint
+    on_b = downstream([up_b])
+    assert down.calls == 2 and on_a.manifest.key != on_b.manifest.key
+    assert downstream([up_a]).skipped and down.calls == 2
+    # an upstream forced rerun with the same content does not invalidate downstream work
+    up_a_again = _run(ToyStage(), ToyConfig(n=1), store, tracker, force=True).manifest
+    assert up_a_again.attempt != up_a.attempt
+    assert downstream([up_a_again]).skipped and down.calls == 2
+    # the downstream stage sees its inputs by stage name
+    assert on_a.manifest.inputs[0].stage == "toy"
+
+
+def test_nested_under_a_parent_run(store: Store, tracker: Tracker) -> None:
+    with tracker.run("pipe") as parent:
+        out = run_stage("toy", ToyStage(), ToyConfig(n=9), store=store, tracker=tracker, parent=parent)
+    run = MlflowClient(tracking_uri=tracker.uri).get_run(out.manifest.mlflow_run_id or "")
+    assert run.data.tags["mlflow.parentRunId"] == parent.run_id
+
+
+# ---- pipeline-level logic (swerl/pipeline.py) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("force", "expected"),
+    [
+        ([], set()),
+        (["curate"], {"curate", "sft", "grpo", "evaluate"}),
+        (["sft"], {"sft", "grpo", "evaluate"}),
+        (["grpo"], {"grpo", "evaluate"}),
+        (["evaluate"], {"evaluate"}),
+        (["evaluate", "sft"], {"sft", "grpo", "evaluate"}),
+    ],
+)
+def test_stages_to_force(force: list[str], expected: set[str]) -> None:
+    assert stages_to_force(force) == expected
+
+
+def test_stages_to_force_rejects_unknown_stage() -> None:
+    with pytest.raises(ConfigError, match="unknown stage") as err:
+        stages_to_force(["curate", "nope"])
+    assert "nope" in str(err.value) and all(s in str(err.value) for s in STAGES)
+
+
+def test_pending_checkpoints(store: Store, tracker: Tracker) -> None:
+    assert pending_checkpoints(store) == []
+    curate = run_stage("curate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None).manifest
+    sft = run_stage(
+        "sft", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[curate]
+    ).manifest
+    grpo = run_stage(
+        "grpo", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[sft]
+    ).manifest
+    with pytest.raises(RuntimeError):  # a failed grpo attempt leaves a key folder but no checkpoint
+        run_stage(
+            "grpo",
+            ToyStage(fail=True),
+            ToyConfig(n=99),
+            store=store,
+            tracker=tracker,
+            parent=None,
+            inputs=[sft],
+        )
+    assert sorted(pending_checkpoints(store)) == sorted([sft.uri, grpo.uri])  # curate is no checkpoint
+    run_stage("evaluate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[grpo])
+    assert pending_checkpoints(store) == [sft.uri]
+    run_stage("evaluate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[sft])
+    assert pending_checkpoints(store) == []
+
+
+def _pipeline_cfg(tmp_path: Path, tracking_uri: str) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "run": {"name": "t", "seed": 5},
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "tracking": {"uri": tracking_uri, "experiment": f"session-{uuid.uuid4().hex[:8]}"},
+        }
+    )
+
+
+def test_session_saves_config_summary_and_tags(tmp_path: Path, mlflow_server: str) -> None:
+    cfg = _pipeline_cfg(tmp_path, mlflow_server)
+    fn = ToyStage()
+    with open_session(cfg, flow_run_id="flow-run-1") as session:
+        out = session.run_stage("curate", fn, ToyConfig())
+    store, client = session.store, MlflowClient(tracking_uri=mlflow_server)
+    assert out.manifest.key == stage_key("curate", ToyConfig(), [], seed=5)
+    saved = store.read_bytes(f"pipelines/{session.run_id}/config.yaml").decode()
+    assert saved == dump_config(cfg)
+    assert PipelineConfig.model_validate(yaml.safe_load(saved)) == cfg
+    summary = store.read_json(f"pipelines/{session.run_id}/summary.json")
+    assert summary["stages"]["curate"] == {
+        "skipped": False,
+        "manifest": out.manifest.uri,
+        "metrics": {"n_tasks": 3.0},
+    }
+    parent = client.get_run(session.parent.run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == "flow-run-1"
+    assert parent.data.tags["swerl.stage.curate"] == "ran"
+    assert parent.data.params["run.seed"] == "5" and parent.data.params["forced_stages"] == "[]"
+    assert "pipeline_duration_s" in parent.data.metrics
+    stage_run = client.get_run(out.manifest.mlflow_run_id or "")
+    assert stage_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+
+    with open_session(cfg) as again:
+        assert again.run_id != session.run_id  # two runs never share a folder
+        assert again.run_stage("curate", fn, ToyConfig()).skipped and fn.calls == 1
+    assert client.get_run(again.parent.run_id).data.tags["swerl.stage.curate"] == "skipped"
+
+    with open_session(cfg, force=["curate"]) as forced:
+        assert forced.forced == set(STAGES)
+        assert not forced.run_stage("curate", fn, ToyConfig()).skipped and fn.calls == 2
+
+
+def test_session_with_failing_stage_fails_its_parent_run(tmp_path: Path, mlflow_server: str) -> None:
+    cfg = _pipeline_cfg(tmp_path, mlflow_server)
+    with pytest.raises(RuntimeError), open_session(cfg) as session:
+        session.run_stage("curate", ToyStage(fail=True), ToyConfig())
+    assert MlflowClient(tracking_uri=mlflow_server).get_run(session.parent.run_id).info.status == "FAILED"
+    assert session.store.exists(f"pipelines/{session.run_id}/config.yaml")
+    assert not session.store.exists(f"pipelines/{session.run_id}/summary.json")
+    assert session.store.list("stages/curate") != []  # the attempt folder
+    assert load_manifest(session.store, "curate", stage_key("curate", ToyConfig(), [], seed=5)) is None
+
+
+def test_session_rejects_unknown_force_before_opening_anything(tmp_path: Path) -> None:
+    cfg = _pipeline_cfg(tmp_path, "sqlite:///never/used.db")
+    with pytest.raises(ConfigError), open_session(cfg, force=["bogus"]):
+        pass
+    assert not (tmp_path / "store").exists()
