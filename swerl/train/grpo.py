@@ -1,0 +1,200 @@
+"""GRPO math as pure functions: group advantages, next-token log-probs, entropy, and the clipped policy loss
+with truncated importance sampling (TIS) against the inference engine's behaviour policy.
+
+Three policies appear in an asynchronous step (all log-probs are per sampled token):
+- behaviour: the engine that sampled the tokens (its weights may be several versions old, and its numerics
+  differ from the trainer's);
+- old: the trainer's log-probs at the start of the step, recomputed from the same weights as the engine's
+  version where possible (for one optimizer step per batch, old == current, detached);
+- current: the trainer's log-probs being optimised.
+The PPO ratio current/old is clipped; the TIS weight old/behaviour, truncated at a cap and detached, corrects for
+the gap between trainer and engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Advantages of one GRPO group; `dropped` when fewer than two attempts were valid (no baseline)."""
+
+    advantages: Tensor  # (G,) float32; 0 for invalid attempts and for dropped groups
+    valid: Tensor  # (G,) bool; False for infrastructure-error attempts
+    dropped: bool
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether any attempt gets a non-zero advantage (all-equal rewards teach nothing)."""
+        return bool(self.advantages.abs().sum() > 0)
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    """Diagnostics of one policy_loss call, each a mean over the loss-masked tokens."""
+
+    num_tokens: int
+    pg_loss: float  # the policy-gradient part of the loss (normalised like the loss)
+    kl: float  # k3 estimate of KL(current || reference); 0 without a reference
+    clip_fraction: float  # tokens whose PPO ratio was clipped (no gradient)
+    ratio_mean: float  # current / old
+    tis_mean: float  # truncated importance weight old / behaviour
+    tis_clip_fraction: float  # tokens whose raw weight exceeded the cap
+    logprob_diff_mean: float  # |old - behaviour|: trainer vs engine log-prob mismatch
+    ess_ratio: float  # (sum w)^2 / (n sum w^2) of the raw weights; 1 when trainer and engine agree
+
+
+def group_advantages(
+    rewards: Sequence[float] | Tensor,
+    valid: Sequence[bool] | Tensor | None = None,
+    scale_by_std: bool = False,
+    eps: float = 1e-6,
+) -> GroupAdvantages:
+    """Per-group advantages reward - mean over valid attempts, optionally divided by (std + eps).
+
+    Invalid attempts (infrastructure errors) get advantage 0 and are excluded from the mean and std, so the
+    policy is never blamed for the infrastructure. std is the sample standard deviation (Bessel-corrected, as in
+    DeepSeekMath's GRPO and TRL) over valid attempts. A group with fewer than two valid attempts has no baseline:
+    all its advantages are 0 and it is reported as dropped.
+    """
+    reward_tensor = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)  # (G,)
+    if valid is None:
+        valid_mask = torch.ones_like(reward_tensor, dtype=torch.bool)
+    else:
+        valid_mask = torch.as_tensor(valid, dtype=torch.bool).reshape(-1)  # (G,)
+    if valid_mask.shape != reward_tensor.shape:
+        raise ValueError(f"rewards {tuple(reward_tensor.shape)} and valid {tuple(valid_mask.shape)} differ")
+    num_valid = int(valid_mask.sum())
+    if num_valid < 2:
+        return GroupAdvantages(torch.zeros_like(reward_tensor, dtype=torch.float32), valid_mask, dropped=True)
+    # Invalid rewards may be NaN or garbage: select before any arithmetic so they cannot leak in.
+    valid_rewards = reward_tensor[valid_mask]  # (V,)
+    centred = valid_rewards - valid_rewards.mean()
+    if scale_by_std:
+        centred = centred / (valid_rewards.std(correction=1) + eps)
+    advantages = torch.zeros_like(reward_tensor)
+    advantages[valid_mask] = centred
+    return GroupAdvantages(advantages.to(torch.float32), valid_mask, dropped=False)
+
+
+def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probs of the next tokens: out[:, t] = log p(tokens[:, t + 1] | tokens[:, : t + 1]).
+
+    logits (B, T, V) from a causal LM on tokens (B, T); returns (B, T - 1). Masks and engine log-probs indexed
+    by token position must be shifted the same way (`mask[:, 1:]`). Divide by the engine's sampling temperature
+    so that trainer and engine log-probs describe the same distribution. Computed in float32 at least.
+    """
+    if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
+        raise ValueError(f"logits {tuple(logits.shape)} must be (B, T, V) over tokens {tuple(tokens.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    scores = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (B, T-1, V)
+    next_tokens = tokens[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    # gather - logsumexp avoids materialising a second (B, T, V) tensor of log-softmax values.
+    return scores.gather(-1, next_tokens).squeeze(-1) - torch.logsumexp(scores, dim=-1)  # (B, T-1)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the next-token distribution at every position: (B, T, V) -> (B, T), in float32 at least."""
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    log_probs = torch.log_softmax(scores, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> float:
+    return float((values * mask).sum() / count)
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    tis_cap: float,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    normalizer: float | None = None,
+) -> tuple[Tensor, PolicyLossStats]:
+    """Token-level clipped GRPO loss with truncated importance sampling and an optional k3 KL penalty.
+
+    Per token t with ratio r = exp(logprobs - old_logprobs) and advantage A:
+        pg_t = -w_t * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = min(exp(old - behaviour), tis_cap)
+        kl_t = exp(ref - logprobs) - (ref - logprobs) - 1   (k3, >= 0, unbiased for KL(current || ref))
+        loss = sum_t mask_t (pg_t + kl_coef kl_t) / normalizer
+    The weight w is detached. A token is clipped (gets no gradient) when A > 0 and r > 1 + eps_high, or A < 0
+    and r < 1 - eps_low; exactly on a boundary it is not clipped.
+
+    Normalisation is token-level across the whole batch (as DAPO): every masked token weighs the same, so long
+    trajectories are not down-weighted per token. `normalizer` defaults to the number of masked tokens here;
+    with gradient accumulation pass the masked-token count of the whole optimizer batch to every micro-batch,
+    so that the summed micro-batch losses equal the batch's token mean.
+
+    Shapes: logprobs, old_logprobs, behaviour_logprobs, loss_mask, ref_logprobs (B, T); advantages (B,) or
+    (B, T). old, behaviour and ref log-probs are treated as constants.
+    """
+    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
+        raise ValueError(
+            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
+        )
+    if tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    keep = loss_mask.bool()  # (B, T)
+    mask = keep.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # (B, 1): one advantage per trajectory
+    advantages = torch.where(keep, advantages.to(logprobs.dtype), 0.0)  # (B, T)
+    # Off-mask positions (prompt, tool output, padding) may hold fillers such as 0 or -inf: replace them by the
+    # current log-probs so every intermediate stays finite and 0 * inf never turns the loss or gradient to NaN.
+    current = logprobs.detach()
+    old_logprobs = torch.where(keep, old_logprobs.detach(), current)
+    behaviour_logprobs = torch.where(keep, behaviour_logprobs.detach(), current)
+    num_tokens = mask.sum()
+    denominator = torch.as_tensor(normalizer if normalizer is not None else num_tokens.clamp(min=1.0))
+
+    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+    clipped = ((advantages > 0) & (ratio > 1 + clip_eps_high)) | (
+        (advantages < 0) & (ratio < 1 - clip_eps_low)
+    )
+    # Value equals PPO's min(r A, clip(r) A); the clipped branch is a constant, so clipped tokens get no gradient.
+    clipped_ratio = ratio.detach().clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    surrogate = torch.where(clipped, clipped_ratio, ratio) * advantages  # (B, T)
+
+    raw_weight = torch.exp(old_logprobs - behaviour_logprobs)  # (B, T)
+    tis_weight = raw_weight.clamp(max=tis_cap)
+    pg_per_token = -tis_weight * surrogate  # (B, T)
+    pg_loss = (pg_per_token * mask).sum() / denominator
+
+    kl_value = torch.zeros((), dtype=logprobs.dtype)
+    loss = pg_loss
+    if ref_logprobs is not None:
+        log_ratio_ref = torch.where(keep, ref_logprobs.detach(), current) - logprobs  # (B, T)
+        kl_per_token = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+        kl_value = (kl_per_token * mask).sum() / denominator
+        loss = loss + kl_coef * kl_value
+
+    with torch.no_grad():
+        count = num_tokens.clamp(min=1.0)
+        masked_weight = raw_weight * mask
+        weight_sum = masked_weight.sum()
+        weight_square_sum = (masked_weight * masked_weight).sum()
+        ess = weight_sum**2 / (count * weight_square_sum) if weight_square_sum > 0 else torch.ones(())
+        stats = PolicyLossStats(
+            num_tokens=int(num_tokens),
+            pg_loss=float(pg_loss.detach()),
+            kl=float(kl_value.detach()),
+            clip_fraction=_masked_mean(clipped.to(mask.dtype), mask, count),
+            ratio_mean=_masked_mean(ratio, mask, count),
+            tis_mean=_masked_mean(tis_weight, mask, count),
+            tis_clip_fraction=_masked_mean((raw_weight > tis_cap).to(mask.dtype), mask, count),
+            logprob_diff_mean=_masked_mean((old_logprobs - behaviour_logprobs).abs(), mask, count),
+            ess_ratio=float(ess),
+        )
+    return loss, stats
