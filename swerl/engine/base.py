@@ -1,0 +1,90 @@
+"""The Engine protocol and SGLang's native /generate request and response shapes.
+
+Token in, token out: requests carry `input_ids`, responses carry the sampled `output_ids` with their log-probs
+under the policy that sampled them and the weight version of that policy. Text is never re-tokenized.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(BaseModel):
+    """The subset of SGLang's sampling_params swerl uses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop_token_ids: list[int] = Field(default_factory=list)
+
+
+class GenerateRequest(BaseModel):
+    """Body of SGLang's native POST /generate, token ids only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_ids: list[int] = Field(min_length=1)
+    sampling_params: SamplingParams
+    return_logprob: bool = True
+    rid: str | None = None
+    """Request id; the router also uses it for stickiness (prefix-cache reuse across a trajectory's turns)."""
+
+
+class GenerateResponse(BaseModel):
+    """What swerl keeps of a /generate response."""
+
+    output_ids: list[int]
+    output_token_logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_sglang(self, rid: str | None = None) -> dict[str, Any]:
+        """The response in SGLang's native JSON shape (meta_info.output_token_logprobs as [logprob, id, None])."""
+        return {
+            "output_ids": self.output_ids,
+            "meta_info": {
+                "id": rid,
+                "finish_reason": {"type": self.finish_reason},
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "output_token_logprobs": [
+                    [lp, tok, None] for lp, tok in zip(self.output_token_logprobs, self.output_ids, strict=True)
+                ],
+                "weight_version": str(self.weight_version),
+            },
+        }
+
+    @classmethod
+    def from_sglang(cls, body: dict[str, Any]) -> GenerateResponse:
+        """Parse SGLang's native /generate JSON (finish_reason may be a dict or null while streaming)."""
+        meta = body["meta_info"]
+        pairs = meta.get("output_token_logprobs") or []
+        reason = meta.get("finish_reason") or {"type": "abort"}
+        reason_type = reason["type"] if isinstance(reason, dict) else str(reason)
+        return cls(
+            output_ids=body.get("output_ids") or [int(p[1]) for p in pairs],
+            output_token_logprobs=[float(p[0]) for p in pairs],
+            finish_reason=reason_type if reason_type in ("stop", "length") else "abort",
+            weight_version=int(meta.get("weight_version") or 0),
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=int(meta.get("completion_tokens", len(pairs))),
+        )
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine: generate tokens with log-probs; load new weights under a version number."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse: ...
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None: ...
+
+    async def health(self) -> bool: ...
