@@ -353,19 +353,20 @@ class LocalSandboxProvider:
             str(root / "etc/group"),
             "/etc/group",
         ]
-        made: set[str] = {"/usr", "/etc"}
+        # /tmp comes before the interpreter binds: an interpreter living under /tmp (a CI clone's venv) is then
+        # bound on top of the private tmpfs instead of being hidden by it.
+        args += [
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(self.tmp_size_mb * MiB), "--tmpfs", "/tmp",
+        ]  # fmt: skip
+        made: set[str] = {"/usr", "/etc", "/tmp"}
         for prefix in self._python_dirs:
             for parent in ancestors(prefix):
                 if parent not in made:
                     args += ["--perms", "0755", "--dir", parent]
                     made.add(parent)
             args += ["--ro-bind", prefix, prefix]
-        args += [
-            "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(self.tmp_size_mb * MiB), "--tmpfs", "/tmp",
-            "--bind", str(root / "workspace"), WORKSPACE,
-            "--clearenv",
-        ]  # fmt: skip
+        args += ["--bind", str(root / "workspace"), WORKSPACE, "--clearenv"]
         python_bin = str(Path(self.python_executable).parent)
         base_env = {
             "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
