@@ -212,3 +212,28 @@ def test_sandboxes_are_private_to_each_other(provider: LocalSandboxProvider, env
             await b.close()
 
     run(body())
+
+
+def test_interpreter_under_tmp_is_visible(tmp_path: Path, env_dir: Path):
+    """A venv under /tmp (CI clones live there) must not be hidden by the sandbox's private /tmp."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="swerl-venv-") as venv_dir:
+        Path(venv_dir).chmod(0o755)  # sandboxed commands run as an unprivileged uid: the venv must be readable
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv_dir], check=True)
+        venv_python = str(Path(venv_dir) / "bin" / "python")
+        provider = LocalSandboxProvider(venv_python, max_processes=64, root_dir=tmp_path / "sandboxes")
+
+        async def body() -> str:
+            sandbox = await provider.start(env_dir)
+            try:
+                result = await sandbox.exec("python -c 'import sys; print(sys.prefix)'; ls /tmp | wc -l", 30)
+                assert result.exit_code == 0, result.output
+                return result.output
+            finally:
+                await sandbox.close()
+
+        prefix, tmp_entries = run(body()).split()
+        assert prefix == venv_dir
+        assert tmp_entries == "1"  # the private /tmp holds only the mount point of the venv's ancestor
