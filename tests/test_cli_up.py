@@ -1,0 +1,83 @@
+"""`swerl up` for real: three servers on loopback, healthy, then all stopped by Ctrl-C (SIGINT)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from swerl import services
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
+    weed = services.SeaweedPorts.free()
+    prefect_port, mlflow_port = services.free_port(), services.free_port()
+    overrides = [
+        f"services.prefect_port={prefect_port}", f"services.mlflow_port={mlflow_port}",
+        f"services.s3_port={weed.s3}", f"services.seaweed_master_port={weed.master}",
+        f"services.seaweed_volume_port={weed.volume}", f"services.seaweed_filer_port={weed.filer}",
+        "services.startup_timeout_s=240",
+    ]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "up",
+        str(REPO / "configs/local.yaml"),
+        "--data-dir",
+        str(tmp_path),
+    ]
+    for item in overrides:
+        argv += ["--set", item]
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    urls = [
+        f"http://127.0.0.1:{prefect_port}/api/health",
+        f"http://127.0.0.1:{mlflow_port}/health",
+        f"http://127.0.0.1:{weed.s3}/healthz",
+    ]
+    try:
+        deadline = time.monotonic() + 400
+        while not all(_answers(u) for u in urls):
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "services not healthy in time"
+            time.sleep(1)
+        # The credentials file exists, is private, and its secret is never printed.
+        env_file = tmp_path / "s3.env"
+        assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+        secret = [ln for ln in env_file.read_text().splitlines() if "SECRET" in ln][0].split("=", 1)[1]
+        assert secret not in (tmp_path / "up.log").read_text()
+
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        for port in (prefect_port, mlflow_port, weed.s3, weed.master, weed.filer):
+            assert not _listening(port), f"port {port} still served after Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
