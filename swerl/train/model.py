@@ -348,3 +348,13 @@ def render_messages(
         input_ids.extend(ids)
         loss_mask.extend([int(is_assistant)] * len(ids))
     return input_ids, loss_mask
+
+
+def render_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
+    """A conversation through the chat template as text (the agent loop cuts its appended segments from it)."""
+    return _render(tokenizer, messages, tools, add_generation_prompt)

@@ -1,0 +1,219 @@
+"""The oracle (expert) agent: solves a task whose diff it knows, through the agent's own tools, for real.
+
+Its actions copy little (TINY-MODEL-NOTES, second experiment): run the tests with short output -> `cat -n FILE |
+sed -n A,Bp` around the broken line -> a line-addressed `sed -i 'Ns/OLD/NEW/' FILE` (or a `str_replace` when the
+fix is not a one-line substitution) -> rerun the tests -> submit. With probability `recovery_prob` it first makes
+a plausible wrong edit (an operator on a neighbouring line, or the other operator on the broken line), sees the
+retest fail, undoes it with sed, and then applies the right fix: the recovery a trained policy otherwise never
+sees. Every command runs in the task's sandbox and the trace records the real observations; a trace is kept only
+if grading the workspace afterwards gives reward 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from swerl.agent.episode import EpisodeLimits, initial_messages
+from swerl.agent.fixplan import FixPlan, NoFixPlan, plan_fix, sed_substitution, wrong_edits
+from swerl.agent.grading import grade, start_task_sandbox
+from swerl.agent.toolcall import ToolCall
+from swerl.agent.tools import Tools, format_tool_call
+from swerl.data.schema import TaskInstance
+from swerl.errors import InfraError
+from swerl.sandbox.base import SandboxProvider
+
+TEST_COMMAND = "python -m pytest -q -x --tb=short 2>&1 | tail -n 15"
+"""What the oracle runs to see failures: stop at the first one, short traceback, last lines only."""
+
+_FAILED = re.compile(r"\b(failed|error|errors|no tests ran)\b")
+
+
+@dataclass(frozen=True)
+class OracleTrace:
+    """One solved task: the conversation, and how it was solved."""
+
+    instance_id: str
+    messages: list[dict[str, Any]]
+    edit_kind: str
+    recovery: bool
+    modifier: str | None
+
+
+class OracleSkip(Exception):
+    """The oracle does not produce a trace for this task; `reason` is the counter key."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class OracleReport:
+    """What the oracle did over a set of tasks."""
+
+    attempted: int = 0
+    traced: int = 0
+    recovery_traces: int = 0
+    recovery_drawn: int = 0
+    """Tasks drawn for a recovery trace; those without a plausible wrong edit, or whose wrong edit passed the
+    tests, were solved directly instead."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    by_modifier: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def count(self, modifier: str | None, outcome: str) -> None:
+        self.by_modifier.setdefault(modifier or "", Counter())[outcome] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempted": self.attempted,
+            "traced": self.traced,
+            "recovery_traces": self.recovery_traces,
+            "recovery_drawn": self.recovery_drawn,
+            "skipped": dict(sorted(self.skipped.items())),
+            "by_modifier": {m: dict(c) for m, c in sorted(self.by_modifier.items())},
+        }
+
+
+def tests_fail(observation: str) -> bool:
+    """Whether the short pytest output's summary line reports a failure (or that nothing ran)."""
+    lines = [line for line in observation.strip().splitlines() if line.strip()]
+    return not lines or bool(_FAILED.search(lines[-1])) or "passed" not in lines[-1]
+
+
+class _Session:
+    """One oracle attempt in a fresh sandbox: every action is a real tool call recorded with its observation."""
+
+    def __init__(self, task: TaskInstance, tools: Tools) -> None:
+        self.tools = tools
+        self.messages = initial_messages(task)
+
+    async def act(self, name: str, arguments: dict[str, Any]) -> str:
+        self.messages.append({"role": "assistant", "content": format_tool_call(name, arguments)})
+        result = await self.tools.run(ToolCall(name, arguments))
+        self.messages.append({"role": "tool", "content": result.observation})
+        return result.observation
+
+    def submit(self) -> None:
+        self.messages.append({"role": "assistant", "content": format_tool_call("submit", {})})
+
+
+async def _apply_fix(session: _Session, plan: FixPlan) -> None:
+    if plan.kind == "sed":
+        await session.act("bash", {"command": plan.sed_command()})
+    else:
+        await session.act("str_replace", {"path": plan.file, "old": plan.old, "new": plan.new})
+
+
+async def solve_task(
+    task: TaskInstance,
+    provider: SandboxProvider,
+    limits: EpisodeLimits,
+    rng: random.Random,
+    recovery: bool,
+    context_lines: int = 3,
+    python: str = "python",
+    test_command: str = TEST_COMMAND,
+) -> OracleTrace:
+    """Solve one task in a fresh sandbox; raises OracleSkip (with a reason) when no valid trace results."""
+    sandbox = await start_task_sandbox(provider, task)
+    try:
+        session = _Session(task, Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars))
+        if not tests_fail(await session.act("bash", {"command": test_command})):
+            raise OracleSkip("tests_pass_at_start")
+        try:
+            first_file = _first_file(task.patch)
+            plan = plan_fix(task.patch, task.patch_kind == "bug", await sandbox.read_file(first_file))
+        except NoFixPlan as exc:
+            raise OracleSkip(exc.reason) from None
+        except FileNotFoundError:
+            raise OracleSkip("file_missing") from None
+        await session.act("bash", {"command": plan.view_command(context_lines)})
+        did_recover = False
+        if recovery:
+            candidates = wrong_edits(await sandbox.read_file(plan.file), plan, context_lines)
+            if candidates:
+                line, old, new = rng.choice(candidates)
+                await session.act("bash", {"command": sed_substitution(line, old, new, plan.file)})
+                if not tests_fail(await session.act("bash", {"command": test_command})):
+                    raise OracleSkip("wrong_edit_passes")
+                await session.act("bash", {"command": sed_substitution(line, new, old, plan.file)})
+                did_recover = True
+        await _apply_fix(session, plan)
+        if tests_fail(await session.act("bash", {"command": test_command})):
+            raise OracleSkip("retest_fails")
+        session.submit()
+        graded = await grade(sandbox, task, limits.test_timeout_s, python)
+        if graded.reward != 1.0:
+            raise OracleSkip("not_resolved")
+        return OracleTrace(task.instance_id, session.messages, plan.kind, did_recover, task.modifier)
+    finally:
+        await sandbox.close()
+
+
+def _first_file(diff: str) -> str:
+    for line in diff.splitlines():
+        if line.startswith("+++ ") and line[4:].strip() != "/dev/null":
+            name = line[4:].split("\t")[0].strip()
+            return name[2:] if name.startswith("b/") else name
+    raise OracleSkip("empty_diff")
+
+
+async def generate_oracle_traces(
+    tasks: Sequence[TaskInstance],
+    provider: SandboxProvider,
+    limits: EpisodeLimits,
+    *,
+    recovery_prob: float = 0.0,
+    seed: int = 0,
+    workers: int = 2,
+    context_lines: int = 3,
+    python: str = "python",
+    test_command: str = TEST_COMMAND,
+) -> tuple[list[OracleTrace], OracleReport]:
+    """Traces for every task the oracle solves (in task order), and counts of what it skipped and why.
+
+    Each task's randomness (recovery or not, which wrong edit) is seeded by (seed, instance id), so the result
+    does not depend on `workers`. A recovery attempt whose wrong edit happens to pass is redone without one.
+    """
+    if not 0.0 <= recovery_prob <= 1.0:
+        raise ValueError(f"recovery_prob must be in [0, 1], got {recovery_prob}")
+    gate = asyncio.Semaphore(workers)
+    report = OracleReport(attempted=len(tasks))
+
+    async def one(task: TaskInstance) -> OracleTrace | str:
+        rng = random.Random(f"{seed}:{task.instance_id}")
+        recovery = rng.random() < recovery_prob
+        async with gate:
+            for attempt_recovery in (recovery, False) if recovery else (False,):
+                try:
+                    return await solve_task(
+                        task, provider, limits, rng, attempt_recovery, context_lines, python
+                    )
+                except OracleSkip as exc:
+                    if exc.reason != "wrong_edit_passes":
+                        return exc.reason
+                except InfraError as exc:
+                    return f"infra_error:{exc.cause}"
+        return "wrong_edit_passes"
+
+    report.recovery_drawn = sum(
+        random.Random(f"{seed}:{task.instance_id}").random() < recovery_prob for task in tasks
+    )
+    outcomes = await asyncio.gather(*(one(task) for task in tasks))
+    traces: list[OracleTrace] = []
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        if isinstance(outcome, str):
+            report.skipped[outcome] += 1
+            report.count(task.modifier, f"skipped:{outcome}")
+        else:
+            traces.append(outcome)
+            report.traced += 1
+            report.recovery_traces += outcome.recovery
+            report.count(task.modifier, "traced")
+    return traces, report

@@ -1,0 +1,145 @@
+"""The agent's tools, run in the task's sandbox: bash, view_file, str_replace, submit.
+
+A tool never raises for something the model did wrong (a failing or timed-out command, a missing file, an
+ambiguous replacement): that is an observation the model reads. Only `submit` ends the episode (it raises
+Submitted), and sandbox failures propagate as InfraError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from swerl.agent.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ToolSpec
+from swerl.sandbox.base import Sandbox
+
+TOOL_SPECS: tuple[ToolSpec, ...] = (
+    ToolSpec("bash", required={"command": str}),
+    ToolSpec("view_file", required={"path": str}, optional={"start_line": int, "end_line": int}),
+    ToolSpec("str_replace", required={"path": str, "old": str, "new": str}),
+    ToolSpec("submit"),
+)
+"""What the tool-call parser accepts."""
+
+_DESCRIPTIONS = {
+    "bash": "bash(command): run a shell command in /workspace; you see its output.",
+    "view_file": "view_file(path, start_line?, end_line?): show a file's lines, numbered like `cat -n`.",
+    "str_replace": "str_replace(path, old, new): replace the one occurrence of `old` in a file with `new`.",
+    "submit": "submit(): finish; your changes are graded by the repository's tests.",
+}
+
+
+class Submitted(Exception):
+    """The model called submit: the episode ends and is graded."""
+
+
+def system_prompt() -> str:
+    """The system message: the job, the tools, and the call format (short: it is in every trajectory)."""
+    tools = "\n".join(f"- {_DESCRIPTIONS[spec.name]}" for spec in TOOL_SPECS)
+    example = format_tool_call("bash", {"command": "ls"})
+    return (
+        "You fix bugs in the Python repository at /workspace. Make exactly one tool call per turn.\n\n"
+        f"Tools:\n{tools}\n\nCall a tool like this:\n{example}"
+    )
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """An assistant turn's tool-call text, in the same layout the chat template gives `tool_calls`."""
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}"
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """text cut to about max_chars, keeping its head and tail around a marker saying how much was dropped."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars // 2
+    tail = max_chars - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail :]}"
+
+
+def number_lines(text: str, start_line: int = 1, end_line: int | None = None) -> str:
+    """Lines start_line..end_line (1-based, inclusive) numbered as `cat -n` does: 6-wide number, a tab."""
+    lines = text.splitlines()
+    first = max(1, start_line)
+    last = len(lines) if end_line is None else min(end_line, len(lines))
+    return "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(first, last + 1))
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call produced for the model to read, and how long it took."""
+
+    observation: str
+    duration_s: float = 0.0
+    timed_out: bool = False
+
+
+class Tools:
+    """The tools bound to one sandbox, with their limits (plain arguments, logged by the caller)."""
+
+    def __init__(self, sandbox: Sandbox, command_timeout_s: float, max_observation_chars: int) -> None:
+        self.sandbox = sandbox
+        self.command_timeout_s = command_timeout_s
+        self.max_observation_chars = max_observation_chars
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        """Execute a parsed call; raises Submitted for submit, InfraError when the sandbox fails."""
+        if call.name == "submit":
+            raise Submitted()
+        if call.name == "bash":
+            result = await self.bash(call.arguments["command"])
+        elif call.name == "view_file":
+            result = await self.view_file(
+                call.arguments["path"], call.arguments.get("start_line"), call.arguments.get("end_line")
+            )
+        elif call.name == "str_replace":
+            result = await self.str_replace(
+                call.arguments["path"], call.arguments["old"], call.arguments["new"]
+            )
+        else:
+            raise ValueError(f"no tool {call.name!r}")  # the parser only lets TOOL_SPECS through
+        return ToolResult(
+            truncate_middle(result.observation, self.max_observation_chars),
+            result.duration_s,
+            result.timed_out,
+        )
+
+    async def bash(self, command: str) -> ToolResult:
+        result = await self.sandbox.exec(command, timeout=self.command_timeout_s)
+        output = result.output.rstrip("\n")
+        if result.timed_out:
+            output += f"\n[command timed out after {self.command_timeout_s:g} s and was killed]"
+        elif result.exit_code != 0:
+            output += f"\n[exit code {result.exit_code}]"
+        return ToolResult(output.strip("\n") or "[no output]", result.duration_s, result.timed_out)
+
+    async def view_file(self, path: str, start_line: int | None, end_line: int | None) -> ToolResult:
+        try:
+            text = await self.sandbox.read_file(path)
+        except FileNotFoundError:
+            return ToolResult(f"Error: cannot read {path}")
+        if start_line is not None and end_line is not None and end_line < start_line:
+            return ToolResult(f"Error: end_line {end_line} is before start_line {start_line}")
+        numbered = number_lines(text, start_line or 1, end_line)
+        return ToolResult(numbered or f"[no lines in that range; {path} has {len(text.splitlines())} lines]")
+
+    async def str_replace(self, path: str, old: str, new: str) -> ToolResult:
+        if not old:
+            return ToolResult("Error: `old` must not be empty")
+        try:
+            text = await self.sandbox.read_file(path)
+        except FileNotFoundError:
+            return ToolResult(f"Error: cannot read {path}")
+        count = text.count(old)
+        if count != 1:
+            where = "not found" if count == 0 else f"found {count} times; include more context to pick one"
+            return ToolResult(f"Error: `old` {where} in {path}; nothing changed")
+        try:
+            await self.sandbox.write_file(path, text.replace(old, new, 1))
+        except (OSError, ValueError) as exc:
+            return ToolResult(f"Error: cannot write {path}: {exc}")
+        line = text[: text.index(old)].count("\n") + 1
+        return ToolResult(f"Replaced in {path} at line {line}.")

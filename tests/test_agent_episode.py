@@ -1,0 +1,275 @@
+"""The oracle and the episode loop on real tasks in real bubblewrap sandboxes.
+
+The only fake is at the engine edge: ScriptedEngine (swerl.agent.scripted) is a deterministic model double that
+returns pre-scripted token ids (e.g. the tokenized turns of an oracle trace). Tasks, sandboxes, tools, the
+tokenizer and grading are all real: tasks are built from the shipped `intervals` repository's bug candidates,
+with FAIL_TO_PASS / PASS_TO_PASS read from a real run of its suite with the bug applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from swerl.agent.episode import EpisodeLimits, run_episode
+from swerl.agent.oracle import TEST_COMMAND, OracleTrace, generate_oracle_traces, solve_task
+from swerl.agent.scripted import ScriptedEngine
+from swerl.agent.tools import format_tool_call, system_prompt
+from swerl.agent.traces import load_trace_rows, oracle_rows, trace_to_example, write_traces
+from swerl.agent.trajectory import EpisodeStatus, Trajectory
+from swerl.data.bugs import BugCandidate, candidates
+from swerl.data.repos import builtin_repo, tree_hash
+from swerl.data.schema import TaskInstance
+from swerl.data.testrun import passing, run_pytest
+from swerl.engine.base import SamplingParams
+from swerl.sandbox import LocalSandboxProvider
+from swerl.train.model import render_messages, train_tokenizer
+
+REPO = builtin_repo("intervals")
+LIMITS = EpisodeLimits(max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60)
+SAMPLING = SamplingParams(max_new_tokens=256, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def provider() -> LocalSandboxProvider:
+    return LocalSandboxProvider(sys.executable, git_baseline=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+    source = "\n".join(p.read_text() for p in sorted(REPO.path.rglob("*.py")))
+    calls = [format_tool_call("bash", {"command": TEST_COMMAND}), format_tool_call("submit", {})]
+    corpus = [system_prompt(), source, *calls, "sed -i '12s/ <= / < /' a.py\n1 failed, 22 passed in 0.05s\n"]
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(corpus * 5, vocab_size=700, out_dir=out)
+    return AutoTokenizer.from_pretrained(out, local_files_only=True)
+
+
+async def _task_from_candidate(
+    provider: LocalSandboxProvider, candidate: BugCandidate
+) -> TaskInstance | None:
+    """A task from one bug: FAIL_TO_PASS are the tests its bugged suite fails (the clean suite passes)."""
+    sandbox = await provider.start(REPO.path, candidate.bug_patch)
+    try:
+        _, outcomes = await run_pytest(sandbox, 60)
+    finally:
+        await sandbox.close()
+    ok = passing(outcomes)
+    failing = sorted(t for t in outcomes if t not in ok)
+    if not failing:
+        return None
+    return TaskInstance(
+        instance_id=f"intervals.{candidate.modifier}.{candidate.site}",
+        repo=REPO.repo,
+        base_commit=tree_hash(REPO.path),
+        problem_statement=f"Tests fail: {', '.join(failing[:3])}. Fix the library code.",
+        patch=candidate.bug_patch,
+        patch_kind="bug",
+        FAIL_TO_PASS=failing,
+        PASS_TO_PASS=sorted(ok),
+        image=REPO.image,
+        source="test",
+        modifier=candidate.modifier,
+    )
+
+
+@pytest.fixture(scope="module")
+def tasks(provider: LocalSandboxProvider) -> dict[str, TaskInstance]:
+    """One task fixed by a one-line sed (flip_comparison) and one needing an inserted line (drop_condition)."""
+    found: dict[str, TaskInstance] = {}
+    for modifier, rel in (("flip_comparison", "intervals/core.py"), ("drop_condition", "intervals/ops.py")):
+        for candidate in candidates(modifier, rel, (REPO.path / rel).read_text())[:4]:
+            task = asyncio.run(_task_from_candidate(provider, candidate))
+            if task is not None:
+                found[modifier] = task
+                break
+    assert set(found) == {"flip_comparison", "drop_condition"}
+    return found
+
+
+@pytest.fixture(scope="module")
+def oracle_traces(tasks: dict[str, TaskInstance], provider: LocalSandboxProvider) -> dict[str, OracleTrace]:
+    traces, report = asyncio.run(generate_oracle_traces(list(tasks.values()), provider, LIMITS, workers=2))
+    assert report.traced == 2 and not report.skipped, report.to_dict()
+    return {trace.modifier or "": trace for trace in traces}
+
+
+def _assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["content"] for m in messages if m["role"] == "assistant"]
+
+
+def test_oracle_resolves_real_tasks_with_short_edits(oracle_traces: dict[str, OracleTrace]) -> None:
+    sed_trace, insert_trace = oracle_traces["flip_comparison"], oracle_traces["drop_condition"]
+    assert (sed_trace.edit_kind, insert_trace.edit_kind) == ("sed", "str_replace")
+    turns = _assistant_texts(sed_trace.messages)
+    assert len(turns) == 5 and TEST_COMMAND in turns[0] and "cat -n intervals/core.py | sed -n" in turns[1]
+    assert "sed -i '" in turns[2] and TEST_COMMAND in turns[3] and '"submit"' in turns[4]
+    observations = [m["content"] for m in sed_trace.messages if m["role"] == "tool"]
+    assert "failed" in observations[0] and "passed" in observations[-1] and "failed" not in observations[-1]
+    assert all(re.match(r"^ +\d+\t", line) for line in observations[1].splitlines())  # `cat -n` numbering
+
+
+def test_oracle_recovery_trace_shows_a_failing_wrong_edit_undone(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
+) -> None:
+    trace = asyncio.run(
+        solve_task(tasks["flip_comparison"], provider, LIMITS, random.Random(0), recovery=True)
+    )
+    assert trace.recovery
+    turns = _assistant_texts(trace.messages)
+    assert len(turns) == 8  # test, view, wrong sed, retest (fails), undo sed, fix, retest (passes), submit
+    observations = [m["content"] for m in trace.messages if m["role"] == "tool"]
+    assert "failed" in observations[3] and "failed" not in observations[6]
+
+
+def test_oracle_traces_round_trip_through_the_loader(
+    oracle_traces: dict[str, OracleTrace], tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    rows = oracle_rows(oracle_traces.values())
+    for suffix in ("jsonl", "parquet"):
+        loaded = load_trace_rows(write_traces(rows, tmp_path / f"traces.{suffix}"))
+        assert [r["messages"] for r in loaded] == [r["messages"] for r in rows]
+        assert {r["model"] for r in loaded} == {"oracle"} and all(r["resolved"] for r in loaded)
+        ids, mask = trace_to_example(tokenizer, loaded[0])
+        assert (ids, mask) == render_messages(tokenizer, rows[0]["messages"]) and 0 < sum(mask) < len(mask)
+
+
+def _check_token_contract(
+    trajectory: Trajectory, engine: ScriptedEngine, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Token in, token out: every request was a prefix of the final ids, and only sampled tokens are masked 1."""
+    for request in engine.requests:
+        assert trajectory.token_ids[: len(request.input_ids)] == request.input_ids
+    sampled = [i for i, m in enumerate(trajectory.loss_mask) if m]
+    assert all(trajectory.behaviour_logprobs[i] == engine.logprob for i in sampled)
+    assert all(trajectory.token_weight_versions[i] == engine.weight_version for i in sampled)
+    assert trajectory.token_ids[: trajectory.prompt_tokens] == engine.requests[0].input_ids
+
+
+def test_replayed_oracle_episode_is_resolved_and_token_exact(
+    oracle_traces: dict[str, OracleTrace],
+    tasks: dict[str, TaskInstance],
+    provider: LocalSandboxProvider,
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    trace = oracle_traces["drop_condition"]
+    engine = ScriptedEngine.from_texts(tokenizer, _assistant_texts(trace.messages), weight_version=3)
+    task = tasks["drop_condition"]
+    trajectory = asyncio.run(run_episode(task, engine, provider, tokenizer, LIMITS, SAMPLING, group_id="g0"))
+    assert trajectory.status is EpisodeStatus.RESOLVED and trajectory.reward == 1.0
+    assert trajectory.num_turns == 5 and trajectory.malformed_tool_calls == 0
+    assert "intervals/ops.py" in trajectory.patch and "tests/" not in trajectory.patch
+    assert _assistant_texts(trajectory.messages) == _assistant_texts(trace.messages)
+    ids, mask = render_messages(tokenizer, trajectory.messages)
+    assert trajectory.token_ids == ids and trajectory.loss_mask == mask
+    assert sum(trajectory.loss_mask) == sum(len(output) for output in engine.outputs)
+    _check_token_contract(trajectory, engine, tokenizer)
+    timings = trajectory.timings
+    assert timings.sandbox_start_s > 0 and timings.tools_s > 0 and timings.tests_s > 0
+    assert timings.total_s >= timings.sandbox_start_s + timings.tools_s + timings.tests_s
+
+
+def test_malformed_calls_are_counted_and_a_command_timeout_is_an_observation(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    texts = [
+        "I will run the tests.",  # no tool call
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}\n</tool_call>',  # invalid JSON
+        format_tool_call("rm_rf", {}),  # unknown tool
+        format_tool_call("bash", {"command": "sleep 30"}),
+        format_tool_call("submit", {}),
+    ]
+    engine = ScriptedEngine.from_texts(tokenizer, texts)
+    limits = EpisodeLimits(max_turns=8, command_timeout_s=0.5, test_timeout_s=60)
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
+    )
+    assert trajectory.malformed_tool_calls == 3 and trajectory.num_turns == 5
+    assert trajectory.status is EpisodeStatus.UNRESOLVED and trajectory.reward == 0.0
+    observations = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert "No tool call found" in observations[0] and "Unknown tool" in observations[2]
+    assert "timed out after 0.5 s" in observations[3]
+    assert trajectory.token_ids == render_messages(tokenizer, trajectory.messages)[0]
+
+
+def test_turn_cap_is_graded(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("bash", {"command": "true"})], cycle=True)
+    limits = EpisodeLimits(max_turns=2, test_timeout_s=60)
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
+    )
+    assert (
+        trajectory.status is EpisodeStatus.TURN_CAP and trajectory.reward == 0.0 and trajectory.num_turns == 2
+    )
+    assert trajectory.messages[-1] == {"role": "tool", "content": "[no output]"}
+
+
+def test_length_caps_per_turn_and_per_trajectory(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    call = format_tool_call("bash", {"command": "cat intervals/core.py"})
+    engine = ScriptedEngine.from_texts(tokenizer, [call], cycle=True)
+    # The first turn is cut at 5 tokens (not the trajectory's fault): <|im_end|> is appended unsampled and the
+    # cut call is a malformed one; the next turns then run into the trajectory cap.
+    cut = asyncio.run(
+        run_episode(
+            tasks["flip_comparison"], ScriptedEngine(engine.outputs), provider, tokenizer,
+            EpisodeLimits(max_new_tokens_per_turn=5, max_turns=1, test_timeout_s=60), SAMPLING,
+        )
+    )  # fmt: skip
+    assert cut.status is EpisodeStatus.TURN_CAP and cut.malformed_tool_calls == 1
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sampled_end = cut.prompt_tokens + 5
+    assert cut.loss_mask[cut.prompt_tokens : sampled_end] == [1] * 5
+    assert cut.token_ids[sampled_end] == im_end and cut.loss_mask[sampled_end] == 0
+    cap = cut.prompt_tokens + 2 * len(engine.outputs[0]) + 20
+    capped = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer,
+                    EpisodeLimits(max_trajectory_tokens=cap, test_timeout_s=60), SAMPLING)
+    )  # fmt: skip
+    assert capped.status is EpisodeStatus.LENGTH_CAP and capped.reward == 0.0
+    assert len(capped.token_ids) <= cap and capped.num_turns >= 1
+    _check_token_contract(capped, engine, tokenizer)
+
+
+def test_tests_are_restored_before_grading(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """An agent that rewrites the failing tests (and adds a conftest skipping everything) gains nothing."""
+    task = tasks["flip_comparison"]
+    test_file = task.FAIL_TO_PASS[0].split("::")[0]
+    hack = f"printf 'def test_x():\\n    pass\\n' > {test_file} && echo 'collect_ignore_glob = [\"*\"]' > tests/conftest.py"
+    engine = ScriptedEngine.from_texts(
+        tokenizer, [format_tool_call("bash", {"command": hack}), format_tool_call("submit", {})]
+    )
+    trajectory = asyncio.run(run_episode(task, engine, provider, tokenizer, LIMITS, SAMPLING))
+    assert trajectory.status is EpisodeStatus.UNRESOLVED and trajectory.reward == 0.0
+    assert test_file in trajectory.patch and "tests/conftest.py" in trajectory.patch
+
+
+def test_infra_errors_are_not_scored(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("submit", {})])
+    slow_start = LocalSandboxProvider(sys.executable, git_baseline=True, start_timeout_s=0.001)
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, slow_start, tokenizer, LIMITS, SAMPLING)
+    )
+    assert trajectory.status is EpisodeStatus.INFRA_ERROR and trajectory.reward is None
+    assert trajectory.infra_cause == "start_timeout" and trajectory.num_turns == 0
+    # An engine that fails mid-episode (the script runs out): infra_error, sandbox closed, no grading.
+    engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("bash", {"command": "true"})])
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, LIMITS, SAMPLING)
+    )
+    assert trajectory.status is EpisodeStatus.INFRA_ERROR and trajectory.infra_cause == "engine_http"
+    assert trajectory.reward is None and trajectory.timings.tests_s == 0.0 and trajectory.num_turns == 1
