@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config
 from swerl.stage import Manifest, StageFn, StageOutcome, run_stage
 from swerl.storage import Store, open_store
-from swerl.tracking import StageRun, Tracker
+from swerl.tracking import StageRun, Tracker, get_tracker
 
 log = logging.getLogger("swerl.pipeline")
 
@@ -104,7 +104,7 @@ def open_session(
     """Open the store and the MLflow parent run; save the resolved config with the run."""
     forced = stages_to_force(force or [])
     store = store_for(cfg)
-    tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment)
+    tracker = get_tracker(cfg.tracking.uri, cfg.tracking.experiment)
     # The random suffix keeps two runs started in the same second (a scheduler, --limit 2) apart.
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.run.name}-{uuid.uuid4().hex[:6]}"
     tags = {"swerl.run_id": run_id, "swerl.store": store.root_uri}

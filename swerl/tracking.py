@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -135,3 +136,20 @@ class Tracker:
             raise
         finally:
             self.client.set_terminated(handle.run_id, status=status)
+
+
+_TRACKERS: dict[tuple[str, str], Tracker] = {}
+_TRACKERS_LOCK = threading.Lock()
+
+
+def get_tracker(uri: str, experiment: str) -> Tracker:
+    """A Tracker shared per (store, experiment) in this process.
+
+    Opening a sqlite store imports MLflow and checks the schema (seconds on 2 cores); `swerl run` does it on a
+    thread while Prefect starts, and the flow then finds it ready (a second caller waits on the lock).
+    """
+    key = (_prepare_uri(uri), experiment)
+    with _TRACKERS_LOCK:
+        if key not in _TRACKERS:
+            _TRACKERS[key] = Tracker(uri, experiment)
+        return _TRACKERS[key]
