@@ -22,6 +22,8 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    """Keep generating past the model's end-of-sequence token (stop_token_ids still stop)."""
 
 
 class GenerateRequest(BaseModel):
@@ -45,6 +47,8 @@ class GenerateResponse(BaseModel):
     weight_version: int
     prompt_tokens: int
     completion_tokens: int
+    output_token_weight_versions: list[int] | None = None
+    """Weight version that sampled each output token; None where the engine does not say (SGLang)."""
 
     def to_sglang(self, rid: str | None = None) -> dict[str, Any]:
         """The response in SGLang's native JSON shape (meta_info.output_token_logprobs as [logprob, id, None])."""
@@ -56,9 +60,15 @@ class GenerateResponse(BaseModel):
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "output_token_logprobs": [
-                    [lp, tok, None] for lp, tok in zip(self.output_token_logprobs, self.output_ids, strict=True)
+                    [lp, tok, None]
+                    for lp, tok in zip(self.output_token_logprobs, self.output_ids, strict=True)
                 ],
                 "weight_version": str(self.weight_version),
+                **(
+                    {"output_token_weight_versions": self.output_token_weight_versions}
+                    if self.output_token_weight_versions is not None
+                    else {}
+                ),
             },
         }
 
@@ -76,6 +86,7 @@ class GenerateResponse(BaseModel):
             weight_version=int(meta.get("weight_version") or 0),
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", len(pairs))),
+            output_token_weight_versions=meta.get("output_token_weight_versions"),
         )
 
 
@@ -88,3 +99,27 @@ class Engine(Protocol):
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None: ...
 
     async def health(self) -> bool: ...
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses (the caller's bug, not an infrastructure error); SGLang answers HTTP 400."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt leaves no room to generate under the engine's context length."""
+
+
+class WeightUpdateError(RuntimeError):
+    """New weights could not be loaded; the engine keeps serving the previous weights and version."""
+
+
+def logprob_temperature(sampling_params: SamplingParams, return_original_logprob: bool = False) -> float:
+    """The temperature whose distribution an engine's output log-probs describe (pass it to gather_logprobs).
+
+    SGLang's sampler returns log-probs of the temperature-scaled distribution, softmax(logits / T), before top-p
+    filtering; greedy requests (T = 0) report log_softmax(logits), i.e. T = 1. With
+    SGLANG_RETURN_ORIGINAL_LOGPROB set it reports the unscaled distribution (T = 1) for every request.
+    """
+    if return_original_logprob or sampling_params.temperature == 0:
+        return 1.0
+    return sampling_params.temperature

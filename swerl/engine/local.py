@@ -1,0 +1,473 @@
+"""The local CPU engine: a Hugging Face causal LM behind the Engine protocol, with continuous batching.
+
+Concurrent `await engine.generate(request)` calls queue up; one scheduler task admits them (FIFO) into a running
+batch of at most `max_batch_size` requests, prefills each newly admitted one, and runs decode steps for the whole
+batch. Model work runs on the engine's own worker thread (its torch intra-op thread count set apart from the rest
+of the process), so the event loop stays responsive; queues, futures and counters live on the loop. Call the
+engine from one event loop.
+
+KV cache: each prompt is prefilled alone (batch 1, no padding), then its cache joins the running batch's cache
+left-padded to the batch's length (batching.RunningBatch); a decode step feeds every row's last token with
+explicit per-row position ids and a padding mask, so padding changes neither positions nor attention, and
+appends in place (batching.GrowingLayer). Finished rows leave the batch and all-padding columns are trimmed.
+
+Semantics follow SGLang's /generate, so one client drives both:
+- log-probs are of the temperature-scaled distribution softmax(logits / T), before top-p filtering; greedy
+  (T = 0) reports log_softmax(logits). `return_original_logprob=True` reports the unscaled distribution for
+  every request, as SGLANG_RETURN_ORIGINAL_LOGPROB does. See `logprob_temperature`.
+- a sampled stop token (stop_token_ids, or the model's end-of-sequence ids unless ignore_eos) ends generation
+  with finish_reason "stop" and is part of output_ids; reaching max_new_tokens, or prompt + output reaching
+  `max_context_tokens`, gives "length" (checked first, as SGLang does).
+- a prompt of `max_context_tokens` tokens or more, or a token id outside the vocabulary, is rejected with an
+  InvalidRequestError (HTTP 400 in SGLang). Unlike SGLang, prompt + max_new_tokens above the cap is not
+  rejected: generation stops at the cap with "length".
+Sampling is seeded: request number k (in arrival order) samples with its own generator seeded from
+(seed, k), so its tokens do not depend on what it was batched with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache
+
+from swerl.engine.base import (
+    ContextLengthError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResponse,
+    InvalidRequestError,
+    WeightUpdateError,
+)
+from swerl.engine.batching import RunningBatch, request_seed, sample_token
+from swerl.errors import InfraError
+from swerl.train.model import load_model_and_tokenizer
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Request:
+    """A request's state from arrival to response; the scheduler alone mutates it."""
+
+    request: GenerateRequest
+    number: int  # arrival order, seeds the request's generator
+    future: asyncio.Future[GenerateResponse]
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    limit: int  # max tokens to generate: min(max_new_tokens, context cap - prompt length)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def append(self, token: int, logprob: float, version: int) -> None:
+        self.output_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        if len(self.output_ids) >= self.limit:  # length before stop, as SGLang's check_finished
+            self.finish_reason = "length"
+        elif token in self.stop_ids:
+            self.finish_reason = "stop"
+
+    def response(self, current_version: int) -> GenerateResponse:
+        """The response; its weight_version is the version that sampled the last token."""
+        return GenerateResponse(
+            output_ids=list(self.output_ids),
+            output_token_logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason or "abort",
+            weight_version=self.versions[-1] if self.versions else current_version,
+            prompt_tokens=len(self.request.input_ids),
+            completion_tokens=len(self.output_ids),
+            output_token_weight_versions=list(self.versions),
+        )
+
+
+class LocalEngine:
+    """An in-process CPU inference engine: continuous batching, seeded sampling, weights swapped while serving.
+
+    Args:
+        model_path: a local Hugging Face directory with model and tokenizer.
+        max_batch_size: most requests decoded together; more wait in a FIFO queue.
+        max_context_tokens: prompt + output cap per request (SGLang's --context-length); at most the model's
+            max_position_embeddings.
+        seed: seeds every request's sampling generator (with its arrival number).
+        dtype: model parameter dtype.
+        return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
+        weight_version: version of the weights loaded from model_path.
+        intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models
+            decode fastest with 1 (thread synchronisation costs more than the work, worst on a busy machine).
+    """
+
+    DECODE_STEPS_PER_ITERATION = 16
+    """Most decode steps per hand-over to the worker thread (bounds how long an arrival waits to be admitted)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_batch_size: int,
+        max_context_tokens: int,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        return_original_logprob: bool = False,
+        weight_version: int = 0,
+        intra_op_threads: int | None = 1,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype)
+        config = model.config
+        positions = getattr(config, "max_position_embeddings", None)
+        if not 2 <= max_context_tokens <= (positions or max_context_tokens):
+            raise ValueError(
+                f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]"
+            )
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            raise ValueError(
+                f"only full-attention models are supported, got layer types {sorted(layer_types)}"
+            )
+        self.model: PreTrainedModel = model.eval()
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.max_context_tokens = max_context_tokens
+        embeddings = model.get_input_embeddings()
+        assert isinstance(embeddings, torch.nn.Embedding)
+        self.vocab_size = embeddings.num_embeddings
+        self.return_original_logprob = return_original_logprob
+        self.eos_token_ids = _eos_token_ids(model, tokenizer.eos_token_id)
+        self.weight_version = weight_version
+        self._seed = seed
+        self._arrivals = 0
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._batch = RunningBatch[_Request]()
+        self._step_lock = asyncio.Lock()  # held around each iteration and around a weight swap
+        self._step_lock_waiters = 0
+        self._wakeup = asyncio.Event()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._closed = False
+        self._counters: collections.Counter[str] = collections.Counter()
+        self._batch_sizes: collections.Counter[int] = collections.Counter()
+        self._seconds = {"prefill": 0.0, "decode": 0.0}  # time the worker spent in each
+        self.intra_op_threads = intra_op_threads
+        # One worker thread runs every forward pass, so model steps never overlap; torch's thread count is
+        # per thread under OpenMP, so setting it there leaves the rest of the process alone.
+        self._worker = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="local-engine",
+            initializer=functools.partial(torch.set_num_threads, intra_op_threads)
+            if intra_op_threads
+            else None,
+        )
+
+    async def __aenter__(self) -> LocalEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Generate for one request; cancelling the caller aborts the request and frees its batch slot.
+
+        Log-probs are always returned (return_logprob is not needed to get them). Raises InvalidRequestError (or
+        its ContextLengthError) for a request the engine refuses, InfraError when the engine is closed or a model
+        step fails.
+        """
+        if self._closed:
+            raise InfraError("engine_unreachable", "the local engine is closed")
+        prompt_length = len(request.input_ids)
+        try:
+            self._validate(request)
+        except InvalidRequestError:
+            self._counters["requests_rejected"] += 1
+            raise
+        self._ensure_scheduler()
+        params = request.sampling_params
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        generator = torch.Generator().manual_seed(request_seed(self._seed, self._arrivals))
+        state = _Request(
+            request=request,
+            number=self._arrivals,
+            future=asyncio.get_running_loop().create_future(),
+            generator=generator,
+            stop_ids=frozenset(stop_ids),
+            limit=min(params.max_new_tokens, self.max_context_tokens - prompt_length),
+        )
+        self._arrivals += 1
+        self._counters["requests"] += 1
+        self._counters["prompt_tokens"] += prompt_length
+        self._waiting.append(state)
+        self._wakeup.set()
+        return await state.future
+
+    def _validate(self, request: GenerateRequest) -> None:
+        prompt_length = len(request.input_ids)
+        if prompt_length >= self.max_context_tokens:
+            raise ContextLengthError(
+                f"the input ({prompt_length} tokens) is longer than the engine's context length "
+                f"({self.max_context_tokens} tokens): no room to generate"
+            )
+        bad = [token for token in request.input_ids if not 0 <= token < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:8]}"
+            )
+
+    def _ensure_scheduler(self) -> None:
+        if self._scheduler is None or self._scheduler.done():
+            self._scheduler = asyncio.get_running_loop().create_task(
+                self._schedule(), name="local-engine-scheduler"
+            )
+
+    async def _schedule(self) -> None:
+        """The scheduler task; if it ever dies, every request in flight fails instead of hanging."""
+        try:
+            await self._schedule_loop()
+        except BaseException as error:
+            self._fail_all(InfraError("engine_http", f"the local engine's scheduler died: {error!r}"))
+            raise
+
+    async def _schedule_loop(self) -> None:
+        """Admit waiting requests, run one iteration in the worker thread, resolve finished requests; repeat."""
+        while not self._closed:
+            if not self._batch and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            async with self._step_lock:
+                self._drop_aborted()
+                admitted: list[_Request] = []
+                while self._waiting and len(self._batch) + len(admitted) < self.max_batch_size:
+                    admitted.append(self._waiting.popleft())
+                if not self._batch and not admitted:
+                    continue
+                finished, error = await self._in_worker(self._iterate, admitted, self.weight_version)
+                if error is not None:  # fail the requests the step left unfinished, keep serving new ones
+                    unfinished = dict.fromkeys(self._batch.rows + admitted).keys() - set(finished)
+                    self._batch.clear()
+                    cause = InfraError("engine_http", f"local engine step failed: {error!r}")
+                    for state in unfinished:
+                        if not state.future.done():
+                            state.future.set_exception(cause)
+                            self._counters["requests_failed"] += 1
+            for state in finished:
+                if not state.future.done():
+                    state.future.set_result(state.response(self.weight_version))
+                    self._counters["requests_completed"] += 1
+
+    async def _in_worker(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, function, *args)
+
+    def _drop_aborted(self) -> None:
+        aborted = [state for state in self._waiting if state.future.cancelled()]
+        for state in aborted:
+            self._waiting.remove(state)
+        keep = [not state.future.cancelled() for state in self._batch.rows]
+        self._batch.keep(keep)
+        self._counters["requests_aborted"] += len(aborted) + keep.count(False)
+
+    @torch.inference_mode()
+    def _iterate(self, admitted: list[_Request], version: int) -> tuple[list[_Request], Exception | None]:
+        """One scheduler iteration in the worker thread: prefill the admitted, then decode the running batch.
+
+        Decoding goes on for up to DECODE_STEPS_PER_ITERATION steps while nothing needs the event loop (no request
+        finished, was cancelled or can be admitted, no weight update or close is waiting): each hand-over between
+        loop and worker costs as much as a small model's step on a busy 2-core machine.
+        """
+        finished: list[_Request] = []
+        try:
+            joining: list[tuple[_Request, Cache]] = []
+            for state in admitted:
+                cache = self._prefill(state, version)
+                if state.finish_reason is None:
+                    joining.append((state, cache))
+                else:
+                    finished.append(state)
+            if joining:
+                self._batch.add(joining)
+            for _ in range(self.DECODE_STEPS_PER_ITERATION):
+                if finished or not self._batch or self._loop_needed():
+                    break
+                self._decode(version)
+                finished += [row for row in self._batch.rows if row.finish_reason is not None]
+                self._batch.keep([row.finish_reason is None for row in self._batch.rows])
+        except Exception as error:  # returned, not raised: the requests finished so far still get answers
+            return finished, error
+        return finished, None
+
+    def _loop_needed(self) -> bool:
+        """Whether the scheduler should return to the event loop (read from the worker; each read is atomic)."""
+        return (
+            self._closed
+            or self._step_lock_waiters > 0
+            or (bool(self._waiting) and len(self._batch) < self.max_batch_size)
+            or any(row.future.cancelled() for row in self._batch.rows)
+        )
+
+    def _prefill(self, state: _Request, version: int) -> DynamicCache:
+        started = time.perf_counter()
+        prompt = torch.tensor([state.request.input_ids])  # (1, P)
+        cache = DynamicCache(config=self.model.config)
+        output = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._sample_into(state, output.logits[0, -1], version)
+        self._counters["prefill_tokens"] += prompt.shape[1]
+        self._seconds["prefill"] += time.perf_counter() - started
+        return cache
+
+    def _decode(self, version: int) -> None:
+        started = time.perf_counter()
+        batch = self._batch
+        rows = batch.rows
+        last_tokens = torch.tensor([[row.output_ids[-1]] for row in rows])  # (B, 1)
+        mask = torch.cat([batch.mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)  # (B, T + 1)
+        positions = torch.tensor([[position] for position in batch.positions])  # (B, 1)
+        output = self.model(
+            input_ids=last_tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.mask = mask
+        batch.positions = [position + 1 for position in batch.positions]
+        logits = output.logits[:, -1]  # (B, V)
+        for index, row in enumerate(rows):
+            self._sample_into(row, logits[index], version)
+        self._batch_sizes[len(rows)] += 1
+        self._counters["decode_steps"] += 1
+        self._counters["decode_tokens"] += len(rows)
+        self._seconds["decode"] += time.perf_counter() - started
+
+    def _sample_into(self, state: _Request, logits: torch.Tensor, version: int) -> None:
+        params = state.request.sampling_params
+        token, logprob = sample_token(
+            logits, params.temperature, params.top_p, state.generator, self.return_original_logprob
+        )
+        state.append(token, logprob, version)
+        self._counters["generated_tokens"] += 1
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
+        """Load same-architecture weights from a local Hugging Face directory and serve them as weight_version.
+
+        Reading happens while generation continues; the swap waits for the decode step in flight and happens
+        between steps. Requests in flight keep their KV cache and continue under the new weights; each response's
+        output_token_weight_versions says which version sampled each token. On any error the engine keeps its
+        current weights and version and raises WeightUpdateError.
+        """
+        if self._closed:
+            raise InfraError("engine_unreachable", "the local engine is closed")
+        state_dict = await asyncio.to_thread(self._read_weights, Path(model_path))
+        self._step_lock_waiters += 1  # asks the worker to end its iteration after the step in flight
+        try:
+            async with self._step_lock:
+                await self._in_worker(self._swap_weights, state_dict)
+                self.weight_version = weight_version
+                self._counters["weight_updates"] += 1
+        finally:
+            self._step_lock_waiters -= 1
+
+    def _read_weights(self, path: Path) -> dict[str, torch.Tensor]:
+        if not (path / "config.json").is_file():
+            raise WeightUpdateError(f"{path} is not a local Hugging Face model directory (no config.json)")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=self.dtype)
+        except Exception as error:
+            raise WeightUpdateError(f"cannot load weights from {path}: {error}") from error
+        current = self.model.state_dict()
+        new = model.state_dict()
+        mismatched = sorted(
+            name for name in current.keys() | new.keys() if name not in current or name not in new
+        ) + sorted(name for name in current.keys() & new.keys() if current[name].shape != new[name].shape)
+        mismatched += [  # same shapes, different wiring: tied embeddings would be overwritten by lm_head
+            f"config.{key}"
+            for key in ("model_type", "tie_word_embeddings")
+            if getattr(model.config, key, None) != getattr(self.model.config, key, None)
+        ]
+        if mismatched:
+            raise WeightUpdateError(f"weights in {path} do not fit the served architecture: {mismatched[:8]}")
+        return new
+
+    @torch.no_grad()
+    def _swap_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict, strict=True)
+
+    async def flush_cache(self) -> bool:
+        """SGLang's /flush_cache: this engine keeps no prefix cache, so there is nothing to flush."""
+        return True
+
+    async def health(self) -> bool:
+        """Serving: not closed and the scheduler (if started) has not died."""
+        if self._closed:
+            return False
+        return self._scheduler is None or not self._scheduler.done()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for metrics: requests, tokens, decode steps, batch-size histogram, queue state."""
+        return {
+            **{
+                name: self._counters[name]
+                for name in (
+                    "requests",
+                    "requests_completed",
+                    "requests_rejected",
+                    "requests_aborted",
+                    "requests_failed",
+                    "prompt_tokens",
+                    "prefill_tokens",
+                    "generated_tokens",
+                    "decode_steps",
+                    "decode_tokens",
+                    "weight_updates",
+                )
+            },
+            "prefill_seconds": self._seconds["prefill"],
+            "decode_seconds": self._seconds["decode"],
+            "batch_size_histogram": dict(
+                sorted(dict(self._batch_sizes).items())
+            ),  # copy: the worker writes it
+            "running": len(self._batch),
+            "waiting": len(self._waiting),
+            "weight_version": self.weight_version,
+            "max_batch_size": self.max_batch_size,
+            "max_context_tokens": self.max_context_tokens,
+        }
+
+    async def close(self) -> None:
+        """Stop the scheduler after the step in flight; requests still waiting or running fail with InfraError."""
+        self._closed = True
+        self._wakeup.set()
+        if self._scheduler is not None:
+            # Not cancel(): a cancelled await would leave the worker thread mutating the batch.
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        self._fail_all(InfraError("engine_unreachable", "the local engine was closed"))
+        self._worker.shutdown(wait=False)  # idle now: the scheduler has stopped
+
+    def _fail_all(self, error: InfraError) -> None:
+        for state in [*self._waiting, *self._batch.rows]:
+            if not state.future.done():
+                state.future.set_exception(error)
+                self._counters["requests_failed"] += 1
+        self._waiting.clear()
+        self._batch.clear()
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> set[int]:
+    """End-of-sequence ids that stop generation unless ignore_eos: the tokenizer's and the generation config's."""
+    ids = {tokenizer_eos} if tokenizer_eos is not None else set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(token) for token in configured)
+    return ids

@@ -1,0 +1,369 @@
+"""The local CPU engine: log-prob alignment with the trainer, padding invariance, sampling, caps, hot weights."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+
+from swerl.engine.base import (
+    ContextLengthError,
+    Engine,
+    GenerateRequest,
+    GenerateResponse,
+    InvalidRequestError,
+    SamplingParams,
+    WeightUpdateError,
+    logprob_temperature,
+)
+from swerl.engine.batching import sample_token
+from swerl.engine.local import LocalEngine
+from swerl.errors import InfraError
+from swerl.train.grpo import gather_logprobs
+from swerl.train.model import (
+    build_tiny_model,
+    load_model_and_tokenizer,
+    save_model_and_tokenizer,
+    train_tokenizer,
+)
+
+CORPUS = [
+    "def add(left, right):\n    return left + right\n",
+    "for index in range(10):\n    total += index * 2  # 3.14 != 2.71\n",
+    "sed -n 12,14p mod.py && sed -i '13s/ <= / < /' mod.py\n",
+    "FAILED tests/test_mod.py::test_clamp - assert 5 == 4\n1 failed, 2 passed in 0.03s\n",
+]
+MODEL: dict[str, Any] = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=512,
+)
+CONTEXT = 512
+ALIGNMENT_TOLERANCE = 1e-4  # fp32: incremental decode vs one full forward differ by float rounding only
+PADDING_TOLERANCE = 1e-5  # the same request alone vs left-padded in a batch
+T = TypeVar("T")
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two same-architecture tiny models (policy versions) and one of another architecture."""
+    root = tmp_path_factory.mktemp("engine-models")
+    tokenizer = train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=root / "tokenizer")
+    dirs = {}
+    for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96)):
+        model = build_tiny_model(tokenizer, **{**MODEL, "hidden_size": hidden}, seed=seed)
+        dirs[name] = save_model_and_tokenizer(model, tokenizer, root / name)
+    return dirs
+
+
+def engine(path: Path, max_batch_size: int = 8, **kwargs: Any) -> LocalEngine:
+    return LocalEngine(path, max_batch_size=max_batch_size, max_context_tokens=CONTEXT, **kwargs)
+
+
+def request(
+    prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0, **params: Any
+) -> GenerateRequest:
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True, **params
+    )
+    return GenerateRequest(input_ids=prompt, sampling_params=sampling)
+
+
+def prompt_of(length: int, offset: int = 0) -> list[int]:
+    return [10 + (offset + 7 * index) % 250 for index in range(length)]
+
+
+def trainer_logprobs(
+    model_dir: Path, prompt: list[int], response: GenerateResponse, temperature: float
+) -> torch.Tensor:
+    """What the trainer recomputes: one forward over prompt + completion, then gather_logprobs."""
+    model, _ = load_model_and_tokenizer(model_dir)
+    tokens = torch.tensor([prompt + response.output_ids])  # (1, P + N)
+    with torch.no_grad():
+        logits = model(tokens).logits  # (1, P + N, V)
+    return gather_logprobs(logits, tokens, temperature=temperature)[0, len(prompt) - 1 :]  # (N,)
+
+
+def test_engine_satisfies_the_protocol(model_dirs: dict[str, Path]) -> None:
+    assert isinstance(engine(model_dirs["v0"]), Engine)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "original"),
+    [(0.0, 1.0, False), (0.7, 0.9, False), (1.3, 1.0, False), (0.7, 1.0, True)],
+)
+def test_logprobs_align_with_trainer_recompute(
+    model_dirs: dict[str, Path], temperature: float, top_p: float, original: bool
+) -> None:
+    prompts = [prompt_of(length, offset) for length, offset in ((5, 0), (23, 3), (11, 9))]
+
+    async def generate_all() -> list[GenerateResponse]:
+        async with engine(model_dirs["v0"], return_original_logprob=original) as local:
+            requests = [request(p, max_new_tokens=24, temperature=temperature, top_p=top_p) for p in prompts]
+            return await asyncio.gather(*(local.generate(r) for r in requests))
+
+    responses = run(generate_all())
+    for prompt, response in zip(prompts, responses, strict=True):
+        trainer_temperature = logprob_temperature(
+            request(prompt, temperature=temperature).sampling_params, original
+        )
+        expected = trainer_logprobs(model_dirs["v0"], prompt, response, trainer_temperature)
+        actual = torch.tensor(response.output_token_logprobs)
+        assert len(response.output_ids) == 24 and response.finish_reason == "length"
+        torch.testing.assert_close(actual, expected, atol=ALIGNMENT_TOLERANCE, rtol=0)
+    if temperature > 0:  # sampled, not greedy: some token is not the argmax
+        assert any(lp < -1e-3 for r in responses for lp in r.output_token_logprobs)
+
+
+def test_batched_equals_alone_under_greedy_and_seeded_sampling(model_dirs: dict[str, Path]) -> None:
+    """A request's tokens and log-probs do not depend on what it is batched with (padding, sampling order)."""
+    prompts = [prompt_of(length, length) for length in (3, 40, 17, 1, 64, 9)]
+    requests = [
+        request(p, max_new_tokens=10 + 3 * i, temperature=0.8 * (i % 2)) for i, p in enumerate(prompts)
+    ]
+
+    async def alone() -> list[GenerateResponse]:
+        async with engine(model_dirs["v0"], seed=7) as local:  # one at a time, in the same arrival order
+            return [await local.generate(req) for req in requests]
+
+    async def batched() -> tuple[list[GenerateResponse], dict[str, Any]]:
+        async with engine(model_dirs["v0"], max_batch_size=4, seed=7) as local:
+            results = await asyncio.gather(*(local.generate(r) for r in requests))
+            return results, local.stats()
+
+    singles = run(alone())
+    together, stats = run(batched())
+    assert max(stats["batch_size_histogram"]) == 4
+    for single, batch in zip(singles, together, strict=True):
+        assert single.output_ids == batch.output_ids
+        torch.testing.assert_close(
+            torch.tensor(batch.output_token_logprobs),
+            torch.tensor(single.output_token_logprobs),
+            atol=PADDING_TOLERANCE,
+            rtol=0,
+        )
+
+
+def test_same_seed_same_samples_other_seed_differs(model_dirs: dict[str, Path]) -> None:
+    async def sample(seed: int) -> list[list[int]]:
+        async with engine(model_dirs["v0"], seed=seed) as local:
+            responses = await asyncio.gather(
+                *(local.generate(request(prompt_of(8, i), 16, temperature=1.0)) for i in range(3))
+            )
+            return [r.output_ids for r in responses]
+
+    assert run(sample(3)) == run(sample(3))
+    assert run(sample(3)) != run(sample(4))
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    generator = torch.Generator().manual_seed(0)
+    drawn = {sample_token(logits, 1.0, 0.7, generator)[0] for _ in range(200)}
+    assert drawn == {0, 1}  # mass before token 2 is 0.8 > 0.7
+    token, logprob = sample_token(logits, 1.0, 0.7, generator)
+    assert logprob == pytest.approx(float(torch.log(torch.tensor([0.5, 0.3])[token])), abs=1e-6)  # unfiltered
+
+
+def test_stop_token_ends_generation_and_is_kept(model_dirs: dict[str, Path]) -> None:
+    prompt = prompt_of(6)
+
+    async def go() -> tuple[GenerateResponse, GenerateResponse]:
+        async with engine(model_dirs["v0"]) as local:
+            free = await local.generate(request(prompt, max_new_tokens=20))
+            stop = free.output_ids[4]
+            stopped = await local.generate(request(prompt, max_new_tokens=20, stop_token_ids=[stop]))
+            return free, stopped
+
+    free, stopped = run(go())
+    cut = free.output_ids.index(free.output_ids[4]) + 1
+    assert stopped.finish_reason == "stop"
+    assert stopped.output_ids == free.output_ids[:cut]  # the stop token is included, as SGLang does
+    assert stopped.output_token_logprobs == pytest.approx(free.output_token_logprobs[:cut], abs=1e-6)
+    assert stopped.completion_tokens == cut and stopped.prompt_tokens == len(prompt)
+
+
+def test_eos_stops_unless_ignored(model_dirs: dict[str, Path]) -> None:
+    local = engine(model_dirs["v0"])
+    _, tokenizer = load_model_and_tokenizer(model_dirs["v0"])
+    assert tokenizer.eos_token_id in local.eos_token_ids
+
+    async def go() -> tuple[GenerateResponse, GenerateResponse]:
+        free = await local.generate(request(prompt_of(6), max_new_tokens=20))
+        local.eos_token_ids = {free.output_ids[2]}  # pretend the third token is the model's eos
+        with_eos = GenerateRequest(
+            input_ids=prompt_of(6), sampling_params=SamplingParams(max_new_tokens=20, temperature=0)
+        )
+        stopped = await local.generate(with_eos)
+        await local.close()
+        return free, stopped
+
+    free, stopped = run(go())
+    assert stopped.finish_reason == "stop"
+    assert stopped.output_ids[-1] == free.output_ids[2] and len(stopped.output_ids) <= 3
+    assert free.finish_reason == "length" and len(free.output_ids) == 20
+
+
+def test_context_cap_rejects_long_prompts_and_stops_generation(model_dirs: dict[str, Path]) -> None:
+    async def go() -> GenerateResponse:
+        async with LocalEngine(model_dirs["v0"], max_batch_size=2, max_context_tokens=64) as local:
+            for length in (64, 100):
+                with pytest.raises(ContextLengthError, match="context length"):
+                    await local.generate(request(prompt_of(length), max_new_tokens=1))
+            capped = await local.generate(request(prompt_of(60), max_new_tokens=10))
+            assert local.stats()["requests_rejected"] == 2
+            return capped
+
+    capped = run(go())
+    assert capped.finish_reason == "length" and len(capped.output_ids) == 4  # 60 + 4 = the cap
+    assert not issubclass(ContextLengthError, InfraError) and issubclass(ContextLengthError, ValueError)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        LocalEngine(model_dirs["v0"], max_batch_size=1, max_context_tokens=CONTEXT + 1)
+
+
+def test_out_of_vocabulary_id_is_rejected_and_others_keep_being_served(model_dirs: dict[str, Path]) -> None:
+    async def go() -> list[GenerateResponse | BaseException]:
+        async with engine(model_dirs["v0"]) as local:
+            bad = request([5, local.vocab_size, 7])
+            negative = request([5, -1])
+            return await asyncio.gather(  # type: ignore[return-value]
+                local.generate(request(prompt_of(5))),
+                local.generate(bad),
+                local.generate(negative),
+                local.generate(request(prompt_of(9))),
+                return_exceptions=True,
+            )
+
+    results = run(go())
+    assert isinstance(results[1], InvalidRequestError) and "vocabulary" in str(results[1])
+    assert isinstance(results[2], InvalidRequestError)
+    for good in (results[0], results[3]):
+        assert isinstance(good, GenerateResponse) and len(good.output_ids) == 12
+
+
+def test_weight_update_changes_outputs_and_versions(model_dirs: dict[str, Path]) -> None:
+    prompt = prompt_of(12)
+
+    async def go() -> tuple[GenerateResponse, GenerateResponse, GenerateResponse]:
+        async with engine(model_dirs["v0"]) as local:
+            before = await local.generate(request(prompt, max_new_tokens=16))
+            await local.update_weights_from_disk(str(model_dirs["v1"]), weight_version=1)
+            after = await local.generate(request(prompt, max_new_tokens=16))
+            with pytest.raises(WeightUpdateError, match="config.json"):
+                await local.update_weights_from_disk(str(model_dirs["v0"] / "missing"), weight_version=2)
+            with pytest.raises(WeightUpdateError, match="architecture"):
+                await local.update_weights_from_disk(str(model_dirs["wide"]), weight_version=3)
+            still = await local.generate(request(prompt, max_new_tokens=16))
+            assert local.weight_version == 1 and await local.health()
+            return before, after, still
+
+    before, after, still = run(go())
+    assert before.weight_version == 0 and set(before.output_token_weight_versions or []) == {0}
+    assert after.weight_version == 1 and set(after.output_token_weight_versions or []) == {1}
+    assert (
+        torch.tensor(before.output_token_logprobs) - torch.tensor(after.output_token_logprobs)
+    ).abs().max() > 1e-3
+    expected = trainer_logprobs(model_dirs["v1"], prompt, after, temperature=1.0)  # the new policy sampled it
+    torch.testing.assert_close(
+        torch.tensor(after.output_token_logprobs), expected, atol=ALIGNMENT_TOLERANCE, rtol=0
+    )
+    assert (
+        still.output_ids == after.output_ids and still.weight_version == 1
+    )  # failed updates changed nothing
+
+
+def test_in_flight_request_spans_a_weight_update(model_dirs: dict[str, Path]) -> None:
+    async def go() -> GenerateResponse:
+        async with engine(model_dirs["v0"]) as local:
+            long = asyncio.ensure_future(local.generate(request(prompt_of(4), max_new_tokens=500)))
+            while local.stats()["generated_tokens"] < 5:
+                await asyncio.sleep(0.001)
+            await local.update_weights_from_disk(str(model_dirs["v1"]), weight_version=1)
+            return await long
+
+    response = run(go())
+    versions = response.output_token_weight_versions or []
+    assert len(versions) == len(response.output_ids) == 500
+    assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+    assert response.weight_version == 1  # the version at the end
+    assert response.to_sglang()["meta_info"]["output_token_weight_versions"] == versions
+    assert GenerateResponse.from_sglang(response.to_sglang()) == response
+
+
+def test_concurrent_requests_all_complete_in_batches(model_dirs: dict[str, Path]) -> None:
+    async def go() -> tuple[list[GenerateResponse], dict[str, Any]]:
+        async with engine(model_dirs["v0"], max_batch_size=6) as local:
+            requests = [request(prompt_of(3 + i, i), max_new_tokens=8 + i) for i in range(16)]
+            responses = await asyncio.gather(*(local.generate(r) for r in requests))
+            return responses, local.stats()
+
+    responses, stats = run(go())
+    assert [len(r.output_ids) for r in responses] == [8 + i for i in range(16)]
+    histogram = stats["batch_size_histogram"]
+    assert max(histogram) == 6 and all(size <= 6 for size in histogram)
+    assert stats["requests"] == stats["requests_completed"] == 16
+    assert stats["generated_tokens"] == sum(8 + i for i in range(16))
+    assert stats["running"] == stats["waiting"] == 0
+
+
+def test_cancelled_request_frees_its_slot_and_close_fails_the_rest(model_dirs: dict[str, Path]) -> None:
+    async def go() -> None:
+        local = engine(model_dirs["v0"], max_batch_size=1)
+        first = asyncio.ensure_future(local.generate(request(prompt_of(4), max_new_tokens=400)))
+        while local.stats()["generated_tokens"] < 3:
+            await asyncio.sleep(0.001)
+        first.cancel()
+        second = await local.generate(request(prompt_of(5), max_new_tokens=4))  # gets the only slot
+        assert len(second.output_ids) == 4 and local.stats()["requests_aborted"] == 1
+        pending = asyncio.ensure_future(local.generate(request(prompt_of(4), max_new_tokens=400)))
+        while local.stats()["generated_tokens"] < 10:
+            await asyncio.sleep(0.001)
+        await local.close()
+        with pytest.raises(InfraError):
+            await pending
+        with pytest.raises(InfraError):
+            await local.generate(request(prompt_of(4)))
+        assert not await local.health()
+
+    run(go())
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(
+    model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def go() -> tuple[list[GenerateResponse | BaseException], GenerateResponse, dict[str, Any]]:
+        async with engine(model_dirs["v0"]) as local:
+            real_decode, calls = local._decode, []
+
+            def failing_third_step(version: int) -> None:
+                calls.append(version)
+                if len(calls) == 3:
+                    raise RuntimeError("injected fault")
+                real_decode(version)
+
+            monkeypatch.setattr(local, "_decode", failing_third_step)
+            in_flight = await asyncio.gather(
+                local.generate(request(prompt_of(5), max_new_tokens=10)),
+                local.generate(request(prompt_of(6), max_new_tokens=10)),
+                return_exceptions=True,
+            )
+            after = await local.generate(request(prompt_of(5), max_new_tokens=10))
+            assert await local.health()
+            return list(in_flight), after, local.stats()
+
+    in_flight, after, stats = run(go())
+    for result in in_flight:
+        assert isinstance(result, InfraError) and result.cause == "engine_http" and "injected" in str(result)
+    assert len(after.output_ids) == 10 and after.finish_reason == "length"
+    assert stats["requests_failed"] == 2 and stats["requests_completed"] == 1
