@@ -149,7 +149,12 @@ class _Episode:
         self.token_ids += output
         self.loss_mask += [1] * len(output)
         self.logprobs += [min(0.0, float(lp)) for lp in response.output_token_logprobs]
-        self.versions += [response.weight_version] * len(output)
+        # Per-token versions when the engine reports them (a weight update can land mid-generation).
+        per_token = response.output_token_weight_versions
+        if per_token is not None and len(per_token) == len(output):
+            self.versions += list(per_token)
+        else:
+            self.versions += [response.weight_version] * len(output)
         ended = bool(output) and output[-1] == self.im_end_id
         text = str(self.tokenizer.decode(output[:-1] if ended else output, skip_special_tokens=False))
         self.messages.append(_assistant(text))
