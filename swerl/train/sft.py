@@ -1,0 +1,505 @@
+"""Supervised fine-tuning of a causal LM on tokenized conversations with an assistant-only loss (torch backend).
+
+Reads top to bottom: prepare the examples -> pack them into rows -> one optimizer step (micro-batches, gradient
+accumulation, clipping, AdamW, warm-up + cosine lr) -> checkpoint. `train_sft` is the loop; the rest are the
+pieces it calls, each testable alone. Plain arguments only: a builder maps the stage config onto them.
+
+Contracts worth knowing before changing anything:
+- Packing. Examples are packed next-fit, in a per-epoch shuffled order, into rows of exactly `seq_len` tokens;
+  the tail of a row is padding. Position ids restart at 0 at every example (and at the padding). With
+  `attention_mask=None`, `use_cache=False` and such position ids, transformers 5 (masking_utils,
+  find_packed_sequence_indices) marks every restart as a new sequence and builds a block-diagonal causal mask for
+  sdpa and eager attention, and flash-attention varlen kernels read the same position ids. A token therefore sees
+  only earlier tokens of its own example, with the positions (RoPE) it would have alone: tests/test_sft.py checks
+  that packed and lone logits agree and that changing a neighbour changes nothing.
+- Labels. labels[t] = input_ids[t + 1] where loss_mask[t + 1] == 1 and t + 1 is in the same example, else
+  IGNORE_INDEX; logits[t] is scored against labels[t]. Tokens with mask 0 are still inputs, never targets.
+  A "target" below is one such (t, t + 1) pair; an example's first token can never be one.
+- Loss. The loss of one optimizer step is the mean negative log-likelihood over ALL targets of the step, across
+  every row and micro-batch: each micro-batch's summed loss is divided by the step's total target count before
+  backward, so the accumulated gradient is exactly the gradient of that mean and every assistant token weighs
+  the same, wherever packing put it (no per-row or per-micro-batch averaging).
+- Examples without a target are skipped and counted; examples longer than `seq_len` are dropped (default) or
+  truncated to their first `seq_len` tokens (`truncate_overlong=True`), counted either way and logged. Nothing
+  is lost silently: the counts come back in SFTResult.data and are logged at start.
+- Determinism. `seed` seeds python, numpy and torch at start; epoch e's order is a permutation drawn from
+  (seed, e) by its own generator. A checkpoint holds the optimizer, the global RNG states and the data position
+  (epoch, index into the shuffled order, shuffle seed), so N steps == K steps + resume for N - K steps (tested
+  bitwise in fp32 on CPU). The lr is a pure function of the step: there is no scheduler object to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # the label of a position that is not a target
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: validate, label, pack
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """The kept examples as (input_ids, labels) and what preparation did to the rest."""
+
+    examples: list[
+        tuple[list[int], list[int]]
+    ]  # labels already shifted: labels[t] is the target of position t
+    num_given: int
+    skipped_no_target: int  # no token with loss_mask 1 after the first position
+    dropped_overlong: int  # longer than seq_len, truncate_overlong=False
+    truncated_overlong: int  # longer than seq_len, cut to seq_len tokens, truncate_overlong=True
+    num_targets: int  # targets over all kept examples (one epoch)
+    fingerprint: str  # sha256 over the kept examples: a resume on other data is refused
+
+
+def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[int]:
+    """labels[t] = input_ids[t + 1] if loss_mask[t + 1] else IGNORE_INDEX; the last position has no target."""
+    labels = [
+        next_id if keep else IGNORE_INDEX for next_id, keep in zip(input_ids[1:], loss_mask[1:], strict=True)
+    ]
+    return [*labels, IGNORE_INDEX]
+
+
+def prepare_examples(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    seq_len: int,
+    vocab_size: int,
+    truncate_overlong: bool = False,
+) -> PreparedData:
+    """Validate (input_ids, loss_mask) pairs, label them, and apply the documented skip/drop/truncate rules."""
+    if not examples:
+        raise ValueError("the SFT dataset is empty")
+    kept: list[tuple[list[int], list[int]]] = []
+    skipped = dropped = truncated = 0
+    digest = hashlib.sha256()
+    for index, (input_ids, loss_mask) in enumerate(examples):
+        ids, mask = list(input_ids), list(loss_mask)
+        if len(ids) != len(mask):
+            raise ValueError(f"example {index}: {len(ids)} input ids but {len(mask)} loss-mask values")
+        if not set(mask) <= {0, 1}:
+            raise ValueError(f"example {index}: loss_mask must hold only 0 and 1")
+        if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+            raise ValueError(f"example {index}: token ids must lie in [0, {vocab_size}) (the model's vocab)")
+        if len(ids) > seq_len:
+            if not truncate_overlong:
+                dropped += 1
+                continue
+            ids, mask = ids[:seq_len], mask[:seq_len]
+            truncated += 1
+        if not any(mask[1:]):
+            skipped += 1
+            continue
+        labels = shifted_labels(ids, mask)
+        kept.append((ids, labels))
+        digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+        digest.update(np.asarray(labels, dtype=np.int64).tobytes())
+    if not kept:
+        raise ValueError(
+            f"no SFT example left to train on: {len(examples)} given, {skipped} without a target, "
+            f"{dropped} longer than seq_len {seq_len} (dropped)"
+        )
+    num_targets = sum(sum(label != IGNORE_INDEX for label in labels) for _, labels in kept)
+    return PreparedData(kept, len(examples), skipped, dropped, truncated, num_targets, digest.hexdigest())
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """The next example to pack: index into epoch's shuffled order (index == len means the epoch is done)."""
+
+    epoch: int
+    index: int
+
+
+def epoch_order(num_examples: int, shuffle_seed: int, epoch: int) -> list[int]:
+    """The shuffled order of one epoch, from its own generator: independent of every global RNG."""
+    return np.random.default_rng([shuffle_seed, epoch]).permutation(num_examples).tolist()
+
+
+def pack_rows(
+    lengths: Sequence[int], num_rows: int, seq_len: int, position: DataPosition, shuffle_seed: int
+) -> tuple[list[list[int]], DataPosition]:
+    """Next-fit packing of example indices into num_rows rows of at most seq_len tokens, from position on.
+
+    An example that does not fit ends the row and starts the next one; a row never spans two epochs. Every
+    example fits an empty row (prepare_examples guarantees it), so each row holds at least one example.
+    """
+    rows: list[list[int]] = []
+    epoch, index = position.epoch, position.index
+    order = epoch_order(len(lengths), shuffle_seed, epoch)
+    for _ in range(num_rows):
+        row: list[int] = []
+        used = 0
+        while True:
+            if index == len(order):
+                if row:  # the epoch ends this row
+                    break
+                epoch, index = epoch + 1, 0
+                order = epoch_order(len(lengths), shuffle_seed, epoch)
+            example = order[index]
+            if used + lengths[example] > seq_len:
+                break
+            row.append(example)
+            used += lengths[example]
+            index += 1
+        rows.append(row)
+    return rows, DataPosition(epoch, index)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Rows of packed examples, all (B, T) with T == seq_len."""
+
+    input_ids: Tensor  # (B, T) int64; padding holds pad_token_id
+    labels: Tensor  # (B, T) int64; target of each position, IGNORE_INDEX where none (and on padding)
+    position_ids: Tensor  # (B, T) int64; 0, 1, ... restarting at every example and at the padding
+    segment_ids: Tensor  # (B, T) int64; 1, 2, ... per example within a row, 0 on padding
+    num_tokens: int  # non-padding tokens
+    num_targets: int
+
+
+def collate_rows(
+    rows: Sequence[Sequence[int]],
+    examples: Sequence[tuple[list[int], list[int]]],
+    seq_len: int,
+    pad_token_id: int,
+) -> PackedBatch:
+    """Lay packed rows of example indices out as tensors, padding each row's tail to seq_len."""
+    input_ids = torch.full((len(rows), seq_len), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    segment_ids = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    num_tokens = 0
+    for row_index, row in enumerate(rows):
+        start = 0
+        for segment, example in enumerate(row, start=1):
+            ids, example_labels = examples[example]
+            end = start + len(ids)
+            input_ids[row_index, start:end] = torch.tensor(ids)
+            labels[row_index, start:end] = torch.tensor(example_labels)
+            position_ids[row_index, start:end] = torch.arange(len(ids))
+            segment_ids[row_index, start:end] = segment
+            start = end
+        position_ids[row_index, start:] = torch.arange(seq_len - start)  # padding: its own sequence
+        num_tokens += start
+    num_targets = int((labels != IGNORE_INDEX).sum())
+    return PackedBatch(input_ids, labels, position_ids, segment_ids, num_tokens, num_targets)
+
+
+def next_micro_batches(
+    data: PreparedData,
+    position: DataPosition,
+    shuffle_seed: int,
+    seq_len: int,
+    rows_per_micro_batch: int,
+    grad_accum_steps: int,
+    pad_token_id: int,
+) -> tuple[list[PackedBatch], DataPosition]:
+    """The micro-batches of one optimizer step, packed from position on, and the position after them."""
+    lengths = [len(ids) for ids, _ in data.examples]
+    rows, position = pack_rows(
+        lengths, rows_per_micro_batch * grad_accum_steps, seq_len, position, shuffle_seed
+    )
+    micro_batches = [
+        collate_rows(rows[start : start + rows_per_micro_batch], data.examples, seq_len, pad_token_id)
+        for start in range(0, len(rows), rows_per_micro_batch)
+    ]
+    return micro_batches, position
+
+
+def block_causal_mask(segment_ids: Tensor) -> Tensor:
+    """(B, T) segment ids -> (B, 1, T, T) bool, True where query t may attend key s: same segment and s <= t.
+
+    The mask transformers derives from restarting position ids; kept as the reference the tests compare to.
+    """
+    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
+    length = segment_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()  # (T, T)
+    return (same_segment & causal).unsqueeze(1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optimisation: loss, optimizer, schedule
+
+
+def packed_logits(model: PreTrainedModel, batch: PackedBatch, bf16: bool) -> Tensor:
+    """Logits (B, T, V) of a packed batch, each example attending only to itself (see the module docstring)."""
+    device = model.device
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+        output = model(
+            input_ids=batch.input_ids.to(device),
+            position_ids=batch.position_ids.to(device),
+            attention_mask=None,  # a 2D mask would turn packed-sequence detection off
+            use_cache=False,  # a cache would too (and is useless in training)
+        )
+    return output.logits
+
+
+def summed_target_nll(logits: Tensor, labels: Tensor) -> Tensor:
+    """Sum over targets of -log p(label | prefix), in float32 at least; logits (B, T, V), labels (B, T)."""
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(
+        scores.flatten(0, 1), labels.to(scores.device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def build_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], eps: float
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (linear and embedding weights) only; norms and biases are not decayed."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for parameter in model.parameters():  # parameters() yields a tied embedding once
+        if parameter.requires_grad:
+            (decay if parameter.dim() >= 2 else no_decay).append(parameter)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+
+def lr_at(step: int, peak_lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine decay to peak * min_lr_ratio.
+
+    step < warmup:  peak * (step + 1) / warmup        (the first step already trains, at peak / warmup)
+    otherwise:      peak * (r + (1 - r) * (1 + cos(pi * p)) / 2),  p = (step - warmup) / max(1, max_steps - 1 - warmup)
+    so the last step (max_steps - 1) runs at exactly peak * min_lr_ratio.
+    """
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - 1 - warmup_steps))
+    return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one optimizer step reports to the on_step hook (the stage forwards it to MLflow)."""
+
+    step: int  # 1-based: the number of optimizer steps done after this one
+    epoch: int  # epoch of the next example to pack
+    loss: float  # mean NLL over the step's targets, before the update
+    lr: float
+    grad_norm: float  # total L2 norm of the gradient before clipping
+    num_tokens: int  # non-padding tokens in the step
+    num_targets: int  # assistant tokens scored (the loss denominator)
+    padding_fraction: float  # share of the step's row slots that were padding
+    tokens_per_second: float  # num_tokens / wall time of the step (forward, backward, optimizer)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    """The end of a train_sft call."""
+
+    state: TrainerState
+    data: PreparedData
+    last_metrics: StepMetrics | None  # None when resumed at or past max_steps
+    checkpoint: Path | None  # the final checkpoint, when checkpoint_dir was given
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[PackedBatch],
+    lr: float,
+    max_grad_norm: float | None,
+    bf16: bool,
+) -> tuple[float, float]:
+    """One optimizer step over the micro-batches; returns (mean loss over the step's targets, pre-clip grad norm).
+
+    max_grad_norm None or 0 disables clipping (the norm is still measured). A non-finite gradient norm raises
+    FloatingPointError before the update, so one bad batch cannot poison the weights or a later checkpoint.
+    """
+    step_targets = sum(batch.num_targets for batch in micro_batches)
+    optimizer.zero_grad(set_to_none=True)
+    step_loss = 0.0
+    for batch in micro_batches:
+        loss = summed_target_nll(packed_logits(model, batch, bf16), batch.labels) / step_targets
+        loss.backward()
+        step_loss += float(loss.detach())
+    parameters = [parameter for parameter in model.parameters() if parameter.grad is not None]
+    # max_norm=inf measures the norm without clipping
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm or math.inf)
+    if not torch.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)} (loss {step_loss})")
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    return step_loss, float(grad_norm)
+
+
+def train_sft(
+    model: PreTrainedModel,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    seq_len: int,
+    max_steps: int,
+    rows_per_micro_batch: int = 1,
+    grad_accum_steps: int = 1,
+    lr: float = 3e-4,
+    min_lr_ratio: float = 0.1,
+    warmup_steps: int = 0,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    max_grad_norm: float | None = 1.0,
+    bf16: bool = False,
+    seed: int = 0,
+    truncate_overlong: bool = False,
+    pad_token_id: int | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    keep_last: int = 2,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    resume_from: str | Path | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+) -> SFTResult:
+    """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
+
+    Each step packs rows_per_micro_batch * grad_accum_steps rows of seq_len tokens. bf16 autocasts forward and
+    loss inputs to bfloat16 (weights, gradients and optimizer state stay float32). Checkpoints go to
+    checkpoint_dir every checkpoint_every steps (0: only at the end) and at the end, keeping the newest
+    keep_last; tokenizer, when given, is saved with each. resume_from is a checkpoint directory of a run with the
+    same data and seed (checkpoint.latest_checkpoint finds the newest); the run continues from its step.
+    """
+    _check_arguments(seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio)
+    if pad_token_id is None:
+        pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
+    _log_data(data, seq_len, truncate_overlong)
+
+    model.train()
+    seed_everything(seed)
+    optimizer = build_optimizer(model, lr, weight_decay, betas, eps)
+    state = TrainerState(0, 0, 0, seed, len(data.examples), data.fingerprint)
+    if resume_from is not None:
+        state = _resume(resume_from, model, optimizer, seed, data)
+
+    metrics: StepMetrics | None = None
+    position = DataPosition(state.epoch, state.example_index)
+    for step in range(state.step, max_steps):
+        started = time.perf_counter()
+        micro_batches, position = next_micro_batches(
+            data, position, state.shuffle_seed, seq_len, rows_per_micro_batch, grad_accum_steps, pad_token_id
+        )
+        step_lr = lr_at(step, lr, warmup_steps, max_steps, min_lr_ratio)
+        loss, grad_norm = train_step(model, optimizer, micro_batches, step_lr, max_grad_norm, bf16)
+        seconds = time.perf_counter() - started
+        num_tokens = sum(batch.num_tokens for batch in micro_batches)
+        metrics = StepMetrics(
+            step=step + 1,
+            epoch=position.epoch,
+            loss=loss,
+            lr=step_lr,
+            grad_norm=grad_norm,
+            num_tokens=num_tokens,
+            num_targets=sum(batch.num_targets for batch in micro_batches),
+            padding_fraction=1.0 - num_tokens / (len(micro_batches) * rows_per_micro_batch * seq_len),
+            tokens_per_second=num_tokens / seconds,
+            seconds=seconds,
+        )
+        if on_step is not None:
+            on_step(metrics)
+        state = replace(state, step=step + 1, epoch=position.epoch, example_index=position.index)
+        due = checkpoint_every > 0 and state.step % checkpoint_every == 0 and state.step < max_steps
+        if checkpoint_dir is not None and due:
+            save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
+
+    final = None
+    if checkpoint_dir is not None and metrics is not None:
+        final = save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
+    return SFTResult(state, data, metrics, final)
+
+
+def _check_arguments(
+    seq_len: int,
+    max_steps: int,
+    rows_per_micro_batch: int,
+    grad_accum_steps: int,
+    warmup_steps: int,
+    min_lr_ratio: float,
+) -> None:
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2 (one input and one target), got {seq_len}")
+    if max_steps < 1 or rows_per_micro_batch < 1 or grad_accum_steps < 1:
+        raise ValueError(
+            f"max_steps ({max_steps}), rows_per_micro_batch ({rows_per_micro_batch}) and grad_accum_steps "
+            f"({grad_accum_steps}) must all be >= 1"
+        )
+    if not 0 <= warmup_steps < max_steps:
+        raise ValueError(f"warmup_steps must lie in [0, max_steps={max_steps}), got {warmup_steps}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must lie in [0, 1], got {min_lr_ratio}")
+
+
+def _log_data(data: PreparedData, seq_len: int, truncate_overlong: bool) -> None:
+    logger.info(
+        "SFT data: %d examples kept of %d, %d targets per epoch",
+        len(data.examples),
+        data.num_given,
+        data.num_targets,
+    )
+    if data.skipped_no_target:
+        logger.warning("SFT data: skipped %d examples without any target token", data.skipped_no_target)
+    if data.dropped_overlong:
+        logger.warning(
+            "SFT data: dropped %d examples longer than seq_len %d (truncate_overlong=%s)",
+            data.dropped_overlong,
+            seq_len,
+            truncate_overlong,
+        )
+    if data.truncated_overlong:
+        logger.warning(
+            "SFT data: truncated %d examples to their first %d tokens", data.truncated_overlong, seq_len
+        )
+
+
+def _resume(
+    path: str | Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, seed: int, data: PreparedData
+) -> TrainerState:
+    state = load_checkpoint(path, model, optimizer)
+    if state.shuffle_seed != seed:
+        raise ValueError(f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {seed}")
+    if (state.num_examples, state.data_fingerprint) != (len(data.examples), data.fingerprint):
+        raise ValueError(
+            f"checkpoint {path} was trained on other data ({state.num_examples} examples, fingerprint "
+            f"{state.data_fingerprint[:12]}) than this run ({len(data.examples)}, {data.fingerprint[:12]})"
+        )
+    logger.info(
+        "SFT: resumed from %s at step %d (epoch %d, index %d)",
+        path,
+        state.step,
+        state.epoch,
+        state.example_index,
+    )
+    return state

@@ -1,0 +1,393 @@
+"""SFT trainer: packing without leakage, label shift, assistant-only loss, schedule, overfit, exact resume."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from swerl.train.checkpoint import check_checkpoint_dir, latest_checkpoint, list_checkpoints
+from swerl.train.model import build_tiny_model, load_model_and_tokenizer, render_messages, train_tokenizer
+from swerl.train.sft import (
+    IGNORE_INDEX,
+    DataPosition,
+    StepMetrics,
+    block_causal_mask,
+    build_optimizer,
+    collate_rows,
+    epoch_order,
+    lr_at,
+    pack_rows,
+    packed_logits,
+    prepare_examples,
+    shifted_labels,
+    summed_target_nll,
+    train_sft,
+)
+
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": "Run the tests."},
+        {"role": "assistant", "content": "pytest -q"},
+        {"role": "user", "content": "1 failed, 2 passed"},
+        {"role": "assistant", "content": "cat -n mod.py | sed -n 3,5p"},
+    ],
+    [
+        {"role": "system", "content": "You fix bugs."},
+        {"role": "user", "content": "Fix clamp."},
+        {"role": "assistant", "content": "sed -i '4s/ <= / < /' mod.py"},
+    ],
+    [{"role": "user", "content": "What next?"}, {"role": "assistant", "content": "submit"}],
+    [
+        {"role": "user", "content": "3 passed"},
+        {"role": "assistant", "content": "All tests pass: submit"},
+        {"role": "user", "content": "Done."},
+    ],
+]
+MODEL_SHAPE: dict[str, Any] = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Ops this small gain nothing from threads; on 2 busy shared cores, 2 threads ran ~10x slower than 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    corpus = [str(message["content"]) for conversation in CONVERSATIONS for message in conversation]
+    corpus += ["user assistant system\n", "def clamp(value, low, high):\n    return min(value, high)\n"]
+    return train_tokenizer(corpus * 20, vocab_size=320, out_dir=tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def examples(tokenizer) -> list[tuple[list[int], list[int]]]:
+    return [render_messages(tokenizer, conversation) for conversation in CONVERSATIONS]
+
+
+def tiny_model(tokenizer, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+    return build_tiny_model(tokenizer, **{**MODEL_SHAPE, **overrides}, seed=seed)
+
+
+def lone_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]  # (n, V)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Labels and packing
+
+
+def test_shifted_labels_target_the_next_masked_token_only() -> None:
+    assert shifted_labels([5, 6, 7, 8, 9], [0, 1, 1, 0, 1]) == [6, 7, IGNORE_INDEX, 9, IGNORE_INDEX]
+    assert shifted_labels([5], [1]) == [IGNORE_INDEX]  # a first token is never a target
+
+
+def test_collate_restarts_positions_and_never_labels_across_a_boundary() -> None:
+    examples = [([1, 2, 3], shifted_labels([1, 2, 3], [0, 1, 1])), ([4, 5], shifted_labels([4, 5], [1, 1]))]
+    batch = collate_rows([[0, 1]], examples, seq_len=7, pad_token_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 0, 0]]
+    # the last token of example 0 (3) must not target the first of example 1 (4), though 4 has mask 1
+    assert batch.labels.tolist() == [[2, 3, IGNORE_INDEX, 5, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+    assert batch.segment_ids.tolist() == [[1, 1, 1, 2, 2, 0, 0]]
+    assert (batch.num_tokens, batch.num_targets) == (5, 3)
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]],
+        dtype=torch.bool,
+    )
+    assert torch.equal(block_causal_mask(batch.segment_ids)[0, 0, :5, :5], expected)
+
+
+def test_pack_rows_covers_each_epoch_once_and_is_deterministic() -> None:
+    lengths = [5, 3, 7, 2, 6, 4, 1]
+    rows, position = pack_rows(lengths, num_rows=20, seq_len=8, position=DataPosition(0, 0), shuffle_seed=3)
+    assert rows == pack_rows(lengths, 20, 8, DataPosition(0, 0), 3)[0]
+    assert all(len(row) >= 1 and sum(lengths[i] for i in row) <= 8 for row in rows)
+    flat = [example for row in rows for example in row]
+    assert position.epoch >= 2
+    for epoch in range(position.epoch):  # whole epochs, each in its own shuffled order
+        assert flat[epoch * len(lengths) : (epoch + 1) * len(lengths)] == epoch_order(len(lengths), 3, epoch)
+    # resuming from any intermediate position continues exactly as one uninterrupted call
+    first, middle = pack_rows(lengths, 7, 8, DataPosition(0, 0), 3)
+    rest, end = pack_rows(lengths, 13, 8, middle, 3)
+    assert first + rest == rows and end == position
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No cross-sample attention
+
+
+@pytest.mark.parametrize(("attention", "moe"), [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_packed_logits_equal_lone_logits_and_ignore_neighbours(
+    tokenizer, examples, attention: str, moe: bool
+) -> None:
+    model = tiny_model(tokenizer, moe=moe)
+    model.set_attn_implementation(attention)
+    model.eval()
+    data = prepare_examples(examples, seq_len=160, vocab_size=model.config.vocab_size)
+    row = [0, 1, 2]
+    seq_len = sum(len(data.examples[i][0]) for i in row) + 5  # some padding at the tail
+    batch = collate_rows([row], data.examples, seq_len, pad_token_id=0)
+    with torch.no_grad():
+        packed = packed_logits(model, batch, bf16=False)[0]  # (T, V)
+    start = 0
+    for example in row:
+        ids = data.examples[example][0]
+        torch.testing.assert_close(
+            packed[start : start + len(ids)], lone_logits(model, ids), rtol=1e-5, atol=1e-5
+        )
+        start += len(ids)
+
+    # Perturb every token of example 0: examples 1 and 2, later in the row, must not move at all.
+    perturbed = copy.deepcopy(data.examples)
+    ids0 = perturbed[0][0]
+    perturbed[0] = ([(token + 7) % model.config.vocab_size for token in ids0], perturbed[0][1])
+    with torch.no_grad():
+        moved = packed_logits(model, collate_rows([row], perturbed, seq_len, 0), bf16=False)[0]
+    n0 = len(ids0)
+    assert not torch.allclose(moved[:n0], packed[:n0])
+    torch.testing.assert_close(moved[n0:start], packed[n0:start], rtol=0, atol=1e-6)
+
+    # The same mask passed explicitly gives the same logits; plain positions (no restart) leak and differ.
+    with torch.no_grad():
+        explicit = model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            attention_mask=_explicit_mask(batch.segment_ids, attention),
+            use_cache=False,
+        ).logits[0]
+        leaky = model(input_ids=batch.input_ids, use_cache=False).logits[0]
+    torch.testing.assert_close(explicit[:start], packed[:start], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(leaky[n0:start], packed[n0:start], atol=1e-4)
+
+
+def _explicit_mask(segment_ids: torch.Tensor, attention: str) -> torch.Tensor:
+    mask = block_causal_mask(segment_ids)
+    if attention == "sdpa":
+        return mask
+    return torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # additive, for eager
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss and gradients against a float64 brute force
+
+
+def brute_force_loss(model: PreTrainedModel, examples: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+    """Mean over all masked next tokens of -log p, each example alone, in float64, one position at a time."""
+    total = torch.zeros((), dtype=torch.float64)
+    count = 0
+    for ids, mask in examples:
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]  # (n, V) float64
+        for t in range(len(ids) - 1):
+            if mask[t + 1]:
+                total = total - torch.log_softmax(logits[t], dim=-1)[ids[t + 1]]
+                count += 1
+    return total / count
+
+
+def test_packed_loss_and_gradient_match_float64_brute_force(tokenizer, examples) -> None:
+    model = tiny_model(tokenizer)
+    model.eval()
+    reference = copy.deepcopy(model).double()
+    data = prepare_examples(examples, seq_len=128, vocab_size=model.config.vocab_size)
+    rows = [[0, 2], [1, 3]]  # two rows of two examples, one row per micro-batch
+    micro_batches = [collate_rows([row], data.examples, 128, 0) for row in rows]
+    step_targets = sum(batch.num_targets for batch in micro_batches)
+    assert step_targets == sum(sum(mask[1:]) for _, mask in examples)
+    loss = sum(
+        summed_target_nll(packed_logits(model, batch, bf16=False), batch.labels) / step_targets
+        for batch in micro_batches
+    )
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    expected = brute_force_loss(reference, examples)
+    expected.backward()
+    assert abs(loss.item() - expected.item()) < 1e-5 * expected.item()
+    for (name, parameter), twin in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert parameter.grad is not None and twin.grad is not None, name
+        torch.testing.assert_close(parameter.grad.double(), twin.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _gradient(model: PreTrainedModel, ids: list[int], mask: list[int]) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    batch = collate_rows([[0]], [(ids, shifted_labels(ids, mask))], len(ids) + 2, 0)
+    (summed_target_nll(packed_logits(model, batch, bf16=False), batch.labels) / batch.num_targets).backward()
+    return torch.cat(
+        [parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None]
+    )
+
+
+def test_tokens_with_mask_zero_are_inputs_but_never_targets(tokenizer, examples) -> None:
+    model = tiny_model(tokenizer)
+    ids, mask = examples[0]
+    assert mask[-1] == 0  # the "\n" after the last <|im_end|>: a target of nothing, input to nothing scored
+    base = _gradient(model, ids, mask)
+    other = (ids[-1] + 1) % model.config.vocab_size
+    assert torch.equal(_gradient(model, [*ids[:-1], other], mask), base)  # only a target, and masked
+    # The same token with mask 1 is a target: now it moves the gradient.
+    assert not torch.equal(
+        _gradient(model, [*ids[:-1], other], [*mask[:-1], 1]), _gradient(model, ids, [*mask[:-1], 1])
+    )
+    # A masked token inside the prompt is an input to the scored positions after it: it moves the gradient.
+    inner = mask.index(1) - 2
+    assert mask[inner] == 0
+    swapped = [*ids[:inner], (ids[inner] + 1) % model.config.vocab_size, *ids[inner + 1 :]]
+    assert not torch.equal(_gradient(model, swapped, mask), base)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optimizer, schedule, training
+
+
+def test_lr_schedule_matches_closed_form() -> None:
+    values = [lr_at(step, 1.0, warmup_steps=4, max_steps=14, min_lr_ratio=0.1) for step in range(14)]
+    assert values[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert values[4] == pytest.approx(1.0)
+    assert values[7] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 3)))  # 0.775
+    assert values[13] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[4:], values[5:], strict=False))
+    assert lr_at(0, 2.0, warmup_steps=0, max_steps=1, min_lr_ratio=0.0) == pytest.approx(2.0)
+
+
+def test_weight_decay_applies_to_matrices_only(tokenizer) -> None:
+    model = tiny_model(tokenizer)
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_overfits_four_conversations_and_reports_metrics(tokenizer, examples) -> None:
+    model = tiny_model(tokenizer, hidden_size=128, intermediate_size=256)  # hidden 64 plateaus near 30%
+    metrics: list[StepMetrics] = []
+    result = train_sft(
+        model,
+        examples,
+        seq_len=96,
+        max_steps=20,
+        rows_per_micro_batch=2,
+        grad_accum_steps=2,
+        lr=3e-3,
+        min_lr_ratio=1.0,
+        warmup_steps=2,
+        weight_decay=0.0,
+        on_step=metrics.append,
+    )
+    losses = [m.loss for m in metrics]
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert [m.step for m in metrics] == list(range(1, 21)) and result.state.step == 20
+    assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 3e-3, 2, 20, 1.0) for s in range(20)])
+    assert all(m.tokens_per_second > 0 and m.grad_norm > 0 and m.num_targets > 0 for m in metrics)
+    assert all(m.num_tokens <= 4 * 96 and 0 <= m.padding_fraction < 1 for m in metrics)
+
+
+def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, examples) -> None:
+    losses = {}
+    for bf16 in (False, True):
+        model = tiny_model(tokenizer)
+        metrics: list[StepMetrics] = []
+        train_sft(model, examples, seq_len=96, max_steps=2, bf16=bf16, on_step=metrics.append)
+        losses[bf16] = [m.loss for m in metrics]
+        assert all(parameter.dtype == torch.float32 for parameter in model.parameters())
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)
+    assert losses[True] != losses[False]  # autocast really ran in bfloat16
+
+
+def test_grad_norm_is_reported_before_clipping(tokenizer, examples) -> None:
+    model = tiny_model(tokenizer)
+    metrics: list[StepMetrics] = []
+    train_sft(model, examples, seq_len=96, max_steps=1, max_grad_norm=1e-3, on_step=metrics.append)
+    assert metrics[0].grad_norm > 1e-2
+
+
+def test_resume_equals_uninterrupted_run(tokenizer, examples, tmp_path: Path) -> None:
+    args: dict[str, Any] = dict(
+        seq_len=64, max_steps=6, rows_per_micro_batch=1, grad_accum_steps=2, lr=3e-3, warmup_steps=2, seed=7
+    )
+    straight_metrics: list[StepMetrics] = []
+    straight = tiny_model(tokenizer)
+    train_sft(straight, examples, **args, on_step=straight_metrics.append)
+
+    first = tiny_model(tokenizer)
+    train_sft(first, examples, **args, checkpoint_dir=tmp_path, checkpoint_every=3, tokenizer=tokenizer)
+    checkpoints = list_checkpoints(tmp_path)
+    assert [path.name for path in checkpoints] == ["step_00000003", "step_00000006"]
+    assert not list(tmp_path.glob(".tmp-*"))
+    torch.manual_seed(12345)  # the global RNG a resume must restore, whatever happened in between
+    resumed_metrics: list[StepMetrics] = []
+    resumed = tiny_model(tokenizer, seed=99)  # other initial weights: the checkpoint must replace them
+    result = train_sft(resumed, examples, **args, resume_from=checkpoints[0], on_step=resumed_metrics.append)
+    assert result.state.step == 6
+    assert [m.loss for m in resumed_metrics] == [m.loss for m in straight_metrics[3:]]
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    # the final checkpoint is an HF model directory later stages load as is
+    loaded, _ = load_model_and_tokenizer(latest_checkpoint(tmp_path) or tmp_path)
+    for (name, a), b in zip(straight.named_parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="other data"):
+        train_sft(tiny_model(tokenizer), examples[:3], **args, resume_from=checkpoints[0])
+
+
+def test_keep_last_prunes_old_checkpoints(tokenizer, examples, tmp_path: Path) -> None:
+    model = tiny_model(tokenizer)
+    train_sft(
+        model, examples, seq_len=96, max_steps=5, checkpoint_dir=tmp_path, checkpoint_every=1, keep_last=2
+    )
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004", "step_00000005"]
+    assert isinstance(AutoModelForCausalLM.from_pretrained(tmp_path / "step_00000005"), PreTrainedModel)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Clear errors
+
+
+def test_data_errors_and_counts(tokenizer, examples) -> None:
+    vocab = 320
+    with pytest.raises(ValueError, match="empty"):
+        prepare_examples([], seq_len=64, vocab_size=vocab)
+    with pytest.raises(ValueError, match="no SFT example left"):
+        prepare_examples(
+            [([1, 2, 3], [1, 0, 0])], seq_len=64, vocab_size=vocab
+        )  # mask only on the first token
+    with pytest.raises(ValueError, match="loss-mask values"):
+        prepare_examples([([1, 2, 3], [0, 1])], seq_len=64, vocab_size=vocab)
+    with pytest.raises(ValueError, match="vocab"):
+        prepare_examples([([1, 2, vocab], [0, 1, 1])], seq_len=64, vocab_size=vocab)
+    longest = max(len(ids) for ids, _ in examples)
+    shortest = min(len(ids) for ids, _ in examples)
+    data = prepare_examples([*examples, ([1, 2], [0, 0])], seq_len=longest - 1, vocab_size=vocab)
+    assert (data.skipped_no_target, data.dropped_overlong, data.truncated_overlong) == (1, 1, 0)
+    data = prepare_examples(examples, seq_len=longest - 1, vocab_size=vocab, truncate_overlong=True)
+    assert (data.dropped_overlong, data.truncated_overlong) == (0, 1)
+    assert max(len(ids) for ids, _ in data.examples) == longest - 1
+    with pytest.raises(ValueError, match="no SFT example left"):
+        prepare_examples(examples, seq_len=shortest - 1, vocab_size=vocab)
+
+
+def test_checkpoint_without_model_files_is_refused(tokenizer, examples, tmp_path: Path) -> None:
+    (tmp_path / "step_00000001").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"config\.json.*model weights.*trainer state"):
+        check_checkpoint_dir(tmp_path / "step_00000001")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        train_sft(
+            tiny_model(tokenizer), examples, seq_len=96, max_steps=1, resume_from=tmp_path / "step_00000001"
+        )
