@@ -220,7 +220,8 @@ def test_interpreter_under_tmp_is_visible(tmp_path: Path, env_dir: Path):
     import tempfile
 
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="swerl-venv-") as venv_dir:
-        Path(venv_dir).chmod(0o755)  # sandboxed commands run as an unprivileged uid: the venv must be readable
+        # Sandboxed commands run as an unprivileged uid: the venv must be readable by others.
+        Path(venv_dir).chmod(0o755)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv_dir], check=True)
         venv_python = str(Path(venv_dir) / "bin" / "python")
         provider = LocalSandboxProvider(venv_python, max_processes=64, root_dir=tmp_path / "sandboxes")
