@@ -1,0 +1,512 @@
+"""The synchronous GRPO trainer of the torch backend: groups of trajectories in, one policy update out.
+
+One `train_step` reads top to bottom: score the groups (advantages over valid attempts) -> lay the valid
+trajectories out as right-padded (B, T) micro-batches -> fix the old log-probs -> clipped, TIS-weighted policy
+loss with gradient accumulation -> clip -> AdamW. `export_weights` hands the new policy to an engine
+(`update_weights_from_disk`), `save`/`load` make a resumed run continue exactly, and `rollout_groups` samples
+the groups with any episode coroutine. Plain constructor arguments only; a builder maps a config onto them.
+
+Contracts worth knowing before changing anything:
+- Invalid attempts. An infra_error trajectory (reward None) is excluded from its group's baseline and from the
+  loss: it never enters a batch, so its tokens cannot touch the gradient. A group with fewer than two valid
+  attempts has no baseline and is dropped (counted in `groups_dropped`).
+- Alignment. `gather_logprobs` gives out[:, t] = log p(token t + 1 | tokens <= t): the log-prob of token t
+  comes from the logits at t - 1. A trajectory's behaviour_logprobs[t] and loss_mask[t] describe token t, so
+  both are shifted by one (`[:, 1:]`) before they meet the trainer's log-probs. A first token is never scored.
+- Old log-probs. With one optimizer update per step (ppo_epochs = num_minibatches = 1, the default) old is the
+  detached current log-probs of the same forward pass: the PPO ratio is exactly 1 and only TIS acts. With more
+  updates, a no-grad pass fixes old for every trajectory before the first update.
+- Normalisation. Token-level over the minibatch: every micro-batch's summed loss is divided by the masked-token
+  count of its whole minibatch, so the accumulated gradient is that of the minibatch's token mean, whatever the
+  micro-batching (tested).
+- Determinism. `seed` seeds python, numpy and torch at construction; the minibatch split of step s is drawn
+  from (seed, s) by its own generator. A checkpoint holds model, optimizer, global RNG states and the step, so
+  K steps + save + load + (N - K) steps equals N steps (tested bitwise in fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swerl.agent.trajectory import EpisodeStatus, Trajectory
+from swerl.engine.base import Engine
+from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from swerl.train.grpo import (
+    PolicyLossStats,
+    gather_logprobs,
+    group_advantages,
+    policy_loss,
+    token_entropy,
+)
+from swerl.train.model import save_tokenizer
+from swerl.train.sft import build_optimizer, seed_everything
+
+logger = logging.getLogger(__name__)
+
+TaskT = TypeVar("TaskT", contravariant=True)
+EXPORT_PREFIX = "weights_v"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rollout: B tasks x n attempts, concurrently
+
+
+class EpisodeFn(Protocol[TaskT]):
+    """One episode of `task` with the policy behind `engine`; returns its trajectory (infra errors included)."""
+
+    def __call__(
+        self, engine: Engine, task: TaskT, *, attempt: int, group_id: str
+    ) -> Awaitable[Trajectory]: ...
+
+
+async def rollout_groups(
+    engine: Engine,
+    tasks: Sequence[TaskT],
+    n_attempts: int,
+    run_episode_fn: EpisodeFn[TaskT],
+    concurrency: int,
+    group_prefix: str = "",
+) -> list[list[Trajectory]]:
+    """Run n_attempts episodes of every task, at most `concurrency` at once; returns groups in task order.
+
+    Group i is `f"{group_prefix}{i}"`, its attempts are in attempt order. An episode that raises (a bug: episode
+    functions turn infrastructure failures into infra_error trajectories) cancels the rest and propagates.
+    """
+    if n_attempts < 1 or concurrency < 1:
+        raise ValueError(f"n_attempts ({n_attempts}) and concurrency ({concurrency}) must be >= 1")
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(task: TaskT, attempt: int, group_id: str) -> Trajectory:
+        async with limit:
+            return await run_episode_fn(engine, task, attempt=attempt, group_id=group_id)
+
+    async with asyncio.TaskGroup() as group:
+        running = [
+            [group.create_task(one(task, attempt, f"{group_prefix}{index}")) for attempt in range(n_attempts)]
+            for index, task in enumerate(tasks)
+        ]
+    return [[attempt.result() for attempt in attempts] for attempts in running]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring and batching: pure functions
+
+
+@dataclass(frozen=True)
+class ScoredGroups:
+    """The valid trajectories of the kept groups with their advantages, and what scoring dropped."""
+
+    trajectories: list[Trajectory]  # valid attempts of groups with a baseline, in group order
+    advantages: list[float]  # one per trajectory
+    groups_dropped: int  # fewer than two valid attempts
+    groups_without_signal: int  # kept, but every valid attempt got the same reward (advantage 0)
+
+
+def score_groups(groups: Sequence[Sequence[Trajectory]], scale_by_std: bool) -> ScoredGroups:
+    """GRPO advantages per group over its valid (non-infra_error) attempts; invalid attempts are left out."""
+    trajectories: list[Trajectory] = []
+    advantages: list[float] = []
+    dropped = without_signal = 0
+    for group in groups:
+        valid = [trajectory.reward is not None for trajectory in group]
+        rewards = [trajectory.reward if trajectory.reward is not None else math.nan for trajectory in group]
+        scored = group_advantages(rewards, valid, scale_by_std=scale_by_std)
+        if scored.dropped:
+            dropped += 1
+            continue
+        without_signal += not scored.has_signal
+        for trajectory, is_valid, advantage in zip(group, valid, scored.advantages.tolist(), strict=True):
+            if is_valid:
+                trajectories.append(trajectory)
+                advantages.append(advantage)
+    return ScoredGroups(trajectories, advantages, dropped, without_signal)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Right-padded trajectories; every tensor is (B, T) and indexed like the trajectories' token arrays."""
+
+    input_ids: Tensor  # (B, T) int64; padding holds pad_token_id
+    loss_mask: Tensor  # (B, T) float32; 1 on sampled tokens, 0 on prompt, observations and padding
+    behaviour_logprobs: Tensor  # (B, T) float32; the engine's log-prob of token t, 0 off the mask
+    advantages: Tensor  # (B, T) float32; the trajectory's advantage on its sampled tokens, 0 elsewhere
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(*(tensor.to(device) for tensor in vars(self).values()))
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Tokens scored by the loss: sampled tokens after the first position (see the module docstring)."""
+        return int(self.loss_mask[:, 1:].sum())
+
+
+def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int) -> MicroBatch:
+    """Lay trajectories out as a right-padded (B, T) micro-batch with per-token advantages."""
+    length = max(len(trajectory.token_ids) for trajectory in trajectories)
+    shape = (len(trajectories), length)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros(shape)
+    behaviour = torch.zeros(shape)
+    for row, trajectory in enumerate(trajectories):
+        end = len(trajectory.token_ids)
+        input_ids[row, :end] = torch.tensor(trajectory.token_ids)
+        loss_mask[row, :end] = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
+        behaviour[row, :end] = torch.tensor(trajectory.behaviour_logprobs, dtype=torch.float32)
+    per_row = torch.tensor(list(advantages), dtype=torch.float32).unsqueeze(-1)  # (B, 1)
+    return MicroBatch(input_ids, loss_mask, behaviour, per_row * loss_mask)
+
+
+def plan_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Indices of rows per micro-batch, longest first, so that rows x longest row <= micro_batch_tokens.
+
+    A row longer than micro_batch_tokens gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
+    plan: list[list[int]] = []
+    for index in order:
+        if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= micro_batch_tokens:
+            plan[-1].append(index)
+        else:
+            plan.append([index])
+    return plan
+
+
+def rollout_stats(groups: Sequence[Sequence[Trajectory]], scored: ScoredGroups) -> dict[str, float]:
+    """Rewards, statuses and infrastructure errors of the groups as sampled (before any update)."""
+    everything = [trajectory for group in groups for trajectory in group]
+    valid = [trajectory for trajectory in everything if trajectory.reward is not None]
+    statuses = collections.Counter(trajectory.status.value for trajectory in everything)
+    causes = collections.Counter(
+        trajectory.infra_cause or "unknown"
+        for trajectory in everything
+        if trajectory.status is EpisodeStatus.INFRA_ERROR
+    )
+    count = max(1, len(valid))
+    stats: dict[str, float] = {
+        "groups": float(len(groups)),
+        "groups_dropped": float(scored.groups_dropped),
+        "groups_without_signal": float(scored.groups_without_signal),
+        "trajectories": float(len(everything)),
+        "trajectories_trained": float(len(scored.trajectories)),
+        "reward_mean": sum(trajectory.reward or 0.0 for trajectory in valid) / count,
+        "resolved_rate": statuses[EpisodeStatus.RESOLVED.value] / count,
+        "response_tokens_mean": sum(trajectory.sampled_tokens for trajectory in valid) / count,
+        "turns_mean": sum(trajectory.num_turns for trajectory in valid) / count,
+        "infra_errors": float(sum(causes.values())),
+    }
+    stats.update({f"status/{status.value}": float(statuses[status.value]) for status in EpisodeStatus})
+    stats.update({f"infra_error/{cause}": float(number) for cause, number in sorted(causes.items())})
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The trainer
+
+
+class GRPOTrainer:
+    """Synchronous GRPO on a Hugging Face causal LM (torch; CPU or one GPU).
+
+    Args:
+        model: the policy, trained in place (parameters stay float32; bf16 autocasts the forward).
+        lr, betas, weight_decay, adam_eps: AdamW (weight decay on matrices only, as in SFT).
+        grad_clip: max total gradient norm; None measures without clipping.
+        clip_eps_low, clip_eps_high: PPO ratio clip range [1 - low, 1 + high] (DAPO's clip-higher when high > low).
+        tis_cap: truncation of the importance weight exp(old - behaviour) against the engine's log-probs.
+        kl_coef: weight of the k3 KL penalty against ref_model (ignored without one).
+        ref_model: a frozen reference policy for the KL penalty; None for no penalty (the recipe's default).
+        scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
+        micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward.
+        ppo_epochs, num_minibatches: optimizer updates per step = ppo_epochs x num_minibatches; old log-probs
+            are fixed before the first.
+        logprob_temperature: the temperature the engine's log-probs describe (engine.base.logprob_temperature).
+        bf16: autocast forward passes to bfloat16.
+        seed: seeds the global RNGs at construction and the minibatch split of every step.
+        tokenizer: saved with exports and checkpoints when given.
+        pad_token_id: padding id; defaults to the model config's (else 0). Padding is never attended to by real
+            tokens (right padding, causal attention) and never scored.
+        keep_exports: exported weight directories kept under an export dir (older ones are removed).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        lr: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        grad_clip: float | None = 1.0,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.28,
+        tis_cap: float = 2.0,
+        kl_coef: float = 0.0,
+        ref_model: PreTrainedModel | None = None,
+        scale_adv_by_std: bool = False,
+        micro_batch_tokens: int = 8192,
+        ppo_epochs: int = 1,
+        num_minibatches: int = 1,
+        logprob_temperature: float = 1.0,
+        bf16: bool = False,
+        seed: int = 0,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        pad_token_id: int | None = None,
+        keep_exports: int = 2,
+    ) -> None:
+        if micro_batch_tokens < 2 or ppo_epochs < 1 or num_minibatches < 1 or keep_exports < 1:
+            raise ValueError(
+                f"need micro_batch_tokens >= 2 ({micro_batch_tokens}), ppo_epochs >= 1 ({ppo_epochs}), "
+                f"num_minibatches >= 1 ({num_minibatches}) and keep_exports >= 1 ({keep_exports})"
+            )
+        if logprob_temperature <= 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
+        seed_everything(seed)
+        self.model = model.train()
+        self.optimizer = build_optimizer(model, lr, weight_decay, betas, adam_eps)
+        self.grad_clip = grad_clip
+        self.clip_eps_low, self.clip_eps_high, self.tis_cap = clip_eps_low, clip_eps_high, tis_cap
+        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self.kl_coef = kl_coef if ref_model is not None else 0.0
+        self.scale_adv_by_std = scale_adv_by_std
+        self.micro_batch_tokens = micro_batch_tokens
+        self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
+        self.logprob_temperature = logprob_temperature
+        self.bf16 = bf16
+        self.seed = seed
+        self.tokenizer = tokenizer
+        if pad_token_id is None:
+            pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.pad_token_id = pad_token_id
+        self.keep_exports = keep_exports
+        self.step = 0  # train_step calls done; the version of the weights they produced
+
+    # -- one step ---------------------------------------------------------------------------------------------
+
+    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+        """One GRPO step on groups of attempts (one group per task); returns its statistics.
+
+        A step whose groups were all dropped makes no update but still counts (self.step, the weight version,
+        advances), so versions stay in step with the caller's loop. Rollout statistics (reward_mean,
+        resolved_rate, response_tokens_mean, turns_mean) are over every valid attempt, dropped groups included.
+        """
+        started = time.perf_counter()
+        scored = score_groups(groups, self.scale_adv_by_std)
+        stats = rollout_stats(groups, scored)
+        minibatches = self._minibatches(scored)  # [minibatch][micro-batch]
+        micro_batches = [micro for minibatch in minibatches for micro in minibatch]
+        observed = _Observed(self.tis_cap)
+
+        # Old (and reference) log-probs, fixed before the first update. With a single update the old log-probs
+        # come from the update's own forward pass instead (same weights), saving a pass.
+        recompute_started = time.perf_counter()
+        single_update = self.ppo_epochs * self.num_minibatches == 1
+        old: dict[int, Tensor] = {}
+        reference: dict[int, Tensor] = {}
+        for index, micro in enumerate(micro_batches):
+            if self.ref_model is not None:
+                reference[index] = self._logprobs(self.ref_model, micro, grad=False)[0]
+            if not single_update:
+                old[index], logits = self._logprobs(self.model, micro, grad=False)
+                observed.add(micro, old[index], logits, self.logprob_temperature)
+        recompute_seconds = time.perf_counter() - recompute_started
+
+        update_started = time.perf_counter()
+        updates: list[tuple[float, float]] = []  # (loss, pre-clip grad norm) per optimizer update
+        for _ in range(self.ppo_epochs):
+            position = 0
+            for minibatch in minibatches:
+                normalizer = float(max(1, sum(micro.num_loss_tokens for micro in minibatch)))
+                self.optimizer.zero_grad(set_to_none=True)
+                update_loss = 0.0
+                for micro in minibatch:
+                    index, position = position, position + 1
+                    logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (B, T, V)
+                    if single_update:
+                        old[index] = logprobs.detach()
+                        observed.add(micro, old[index], logits, self.logprob_temperature)
+                    # Shift the per-token arrays by one: logprobs[:, t] is the log-prob of token t + 1.
+                    loss, loss_stats = policy_loss(
+                        logprobs,
+                        old[index],
+                        micro.behaviour_logprobs[:, 1:],
+                        micro.advantages[:, 1:],
+                        micro.loss_mask[:, 1:],
+                        self.clip_eps_low,
+                        self.clip_eps_high,
+                        self.tis_cap,
+                        ref_logprobs=reference.get(index),
+                        kl_coef=self.kl_coef,
+                        normalizer=normalizer,
+                    )
+                    loss.backward()
+                    update_loss += float(loss.detach())
+                    observed.add_loss(loss_stats)
+                updates.append((update_loss, self._optimizer_step()))
+        update_seconds = time.perf_counter() - update_started
+
+        self.step += 1
+        stats.update(observed.summary(len(updates)))
+        stats.update(
+            loss=sum(loss for loss, _ in updates) / max(1, len(updates)),
+            grad_norm=sum(norm for _, norm in updates) / max(1, len(updates)),
+            optimizer_updates=float(len(updates)),
+            micro_batches=float(len(micro_batches)),
+            loss_tokens=float(sum(micro.num_loss_tokens for micro in micro_batches)),
+            step=float(self.step),
+            time_logprob_recompute_s=recompute_seconds,
+            time_update_s=update_seconds,
+            time_step_s=time.perf_counter() - started,
+        )
+        return stats
+
+    def _minibatches(self, scored: ScoredGroups) -> list[list[MicroBatch]]:
+        """Split the step's trajectories into num_minibatches random parts, each into micro-batches."""
+        count = len(scored.trajectories)
+        if count == 0:
+            return []
+        order = np.random.default_rng([self.seed, self.step]).permutation(count).tolist()
+        parts = [order[part :: self.num_minibatches] for part in range(self.num_minibatches)]
+        minibatches = []
+        for part in parts:
+            if not part:
+                continue
+            lengths = [len(scored.trajectories[index].token_ids) for index in part]
+            plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+            minibatches.append(
+                [
+                    collate(
+                        [scored.trajectories[part[row]] for row in rows],
+                        [scored.advantages[part[row]] for row in rows],
+                        self.pad_token_id,
+                    ).to(self.model.device)
+                    for rows in plan
+                ]
+            )
+        return minibatches
+
+    def _logprobs(self, model: PreTrainedModel, micro: MicroBatch, grad: bool) -> tuple[Tensor, Tensor]:
+        """Next-token log-probs (B, T-1) of a micro-batch under model, and its logits (B, T, V)."""
+        device_type = micro.input_ids.device.type
+        with torch.set_grad_enabled(grad):
+            with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.bf16):
+                # No attention mask: with right padding and causal attention, real tokens never see padding.
+                logits = model(input_ids=micro.input_ids, use_cache=False).logits
+            logprobs = gather_logprobs(logits, micro.input_ids, self.logprob_temperature)
+        return logprobs, logits
+
+    def _optimizer_step(self) -> float:
+        """Clip, step; returns the total gradient norm before clipping."""
+        parameters = [parameter for parameter in self.model.parameters() if parameter.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip or math.inf)
+        self.optimizer.step()
+        return float(grad_norm)
+
+    # -- weights out, state in and out ------------------------------------------------------------------------
+
+    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
+        """Write the policy (and tokenizer) in HF format to out_dir/weights_v<version>, atomically.
+
+        version defaults to `self.step`; pass the path and version to engine.update_weights_from_disk. The
+        directory is written under a temporary name and renamed, so an engine never reads a partial one. Only the
+        newest keep_exports exports are kept: call this after the engine finished loading the previous one.
+        """
+        version = self.step if version is None else version
+        root = Path(out_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{EXPORT_PREFIX}{version:08d}"
+        temp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        self.model.save_pretrained(temp, safe_serialization=True)
+        if self.tokenizer is not None:
+            save_tokenizer(self.tokenizer, temp)
+        if final.exists():
+            shutil.rmtree(final)
+        temp.rename(final)
+        exports = sorted(path for path in root.glob(f"{EXPORT_PREFIX}*") if path.is_dir())
+        for old in exports[: -self.keep_exports]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def save(
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        epoch: int = 0,
+        example_index: int = 0,
+        num_examples: int = 0,
+        data_fingerprint: str = "",
+        keep_last: int = 2,
+    ) -> Path:
+        """Checkpoint model, optimizer, global RNGs and step (swerl.train.checkpoint); returns its directory.
+
+        epoch, example_index, num_examples and data_fingerprint are the caller's task-stream position, stored as
+        they are in the TrainerState that `load` returns. The reference model is not saved (it never changes).
+        """
+        state = TrainerState(self.step, epoch, example_index, self.seed, num_examples, data_fingerprint)
+        return save_checkpoint(checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last)
+
+    def load(self, path: str | Path) -> TrainerState:
+        """Restore a checkpoint written by `save` (same model architecture and seed); returns its state."""
+        state = load_checkpoint(path, self.model, self.optimizer)
+        if state.shuffle_seed != self.seed:
+            raise ValueError(
+                f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {self.seed}"
+            )
+        self.step = state.step
+        logger.info("GRPO: resumed from %s at step %d", path, state.step)
+        return state
+
+
+class _Observed:
+    """Sums over a step, per scored token: entropy and trainer-engine mismatch (recorded once per micro-batch,
+    when its old log-probs are fixed) and the loss diagnostics (recorded at every micro-step)."""
+
+    def __init__(self, tis_cap: float) -> None:
+        self.tis_cap = tis_cap
+        self.tokens = self.entropy = self.diff = self.weight = self.weight_square = self.tis_clipped = 0.0
+        self.step_tokens = self.clipped = self.pg_loss = self.kl = 0.0
+
+    @torch.no_grad()
+    def add(self, micro: MicroBatch, old: Tensor, logits: Tensor, temperature: float) -> None:
+        mask = micro.loss_mask[:, 1:]  # (B, T-1): the scored tokens, shifted like old
+        entropy = token_entropy(logits.detach()[:, :-1].float() / temperature)  # (B, T-1)
+        log_weight = torch.where(mask.bool(), old - micro.behaviour_logprobs[:, 1:], 0.0)  # (B, T-1)
+        weight = torch.exp(log_weight) * mask  # raw importance weight old / behaviour
+        self.tokens += float(mask.sum())
+        self.entropy += float((entropy * mask).sum())
+        self.diff += float((log_weight.abs() * mask).sum())
+        self.weight += float(weight.sum())
+        self.weight_square += float((weight * weight).sum())
+        self.tis_clipped += float(((weight > self.tis_cap) * mask).sum())
+
+    def add_loss(self, stats: PolicyLossStats) -> None:
+        self.step_tokens += stats.num_tokens
+        self.clipped += stats.clip_fraction * stats.num_tokens
+        self.pg_loss += stats.pg_loss  # already divided by the minibatch's tokens: sums to its mean
+        self.kl += stats.kl
+
+    def summary(self, num_updates: int) -> dict[str, float]:
+        tokens, updates = max(1.0, self.tokens), max(1, num_updates)
+        ess = self.weight**2 / (tokens * self.weight_square) if self.weight_square > 0 else 1.0
+        return {
+            "entropy_mean": self.entropy / tokens,
+            "logprob_diff_mean": self.diff / tokens,
+            "ess_ratio": ess,
+            "tis_clip_fraction": self.tis_clipped / tokens,
+            "clip_fraction": self.clipped / max(1.0, self.step_tokens),
+            "pg_loss": self.pg_loss / updates,
+            "kl": self.kl / updates,
+        }
