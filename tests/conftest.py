@@ -122,3 +122,14 @@ def _drain_prefect_workers() -> None:
 
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny-model ops gain nothing from threads; on 2 busy shared cores, 2 threads ran ~10x slower than 1."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
