@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("httpx", "httpcore", "alembic", "botocore", "urllib3"):
+        logging.getLogger(noisy).setLevel(
+            logging.WARNING
+        )  # one line per HTTP request buries the run's own log
     try:
         return int(args.func(args))
     except ConfigError as exc:
