@@ -101,6 +101,18 @@ def oracle_traces(tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
     return {trace.modifier or "": trace for trace in traces}
 
 
+def test_oracle_uses_the_given_test_command(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
+) -> None:
+    command = "python -m pytest -q -x --tb=line -p no:cacheprovider 2>&1 | tail -n 8"
+    traces, report = asyncio.run(
+        generate_oracle_traces([tasks["flip_comparison"]], provider, LIMITS, workers=1, test_command=command)
+    )
+    assert report.traced == 1, report.to_dict()
+    first_turn = next(m["content"] for m in traces[0].messages if m["role"] == "assistant")
+    assert command in first_turn
+
+
 def _assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in messages if m["role"] == "assistant"]
 

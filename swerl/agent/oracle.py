@@ -193,7 +193,7 @@ async def generate_oracle_traces(
             for attempt_recovery in (recovery, False) if recovery else (False,):
                 try:
                     return await solve_task(
-                        task, provider, limits, rng, attempt_recovery, context_lines, python
+                        task, provider, limits, rng, attempt_recovery, context_lines, python, test_command
                     )
                 except OracleSkip as exc:
                     if exc.reason != "wrong_edit_passes":
