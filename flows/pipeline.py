@@ -1,31 +1,27 @@
-"""The training pipeline: curate -> sft -> grpo -> evaluate, each stage checkpointed by its manifest."""
+"""The training pipeline: curate -> traces -> sft -> grpo -> evaluate, each stage checkpointed by its manifest."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 
-from swerl.config import STAGES, PipelineConfig
+from swerl.config import PipelineConfig
 from swerl.pipeline import open_session
-from tasks.stages import curate_tasks
+from tasks.stages import curate_tasks, evaluate_task, grpo_task, sft_task, trace_tasks
 
-StageName = Literal["curate", "sft", "grpo", "evaluate"]
-BUILT_STAGES = ("curate",)
+StageName = Literal["curate", "traces", "sft", "grpo", "evaluate"]
 
 
 @flow(name="swerl-pipeline", log_prints=True)
 def pipeline(config: PipelineConfig | None = None, force: list[StageName] | None = None) -> dict[str, Any]:
-    """Run every built stage in order; finished stages (same config and inputs) are skipped."""
+    """Run every stage in order; finished stages (same config and inputs) are skipped."""
     config = config or PipelineConfig()
-    logger = get_run_logger()
     with open_session(config, force=list(force or []), flow_run_id=flow_run.get_id()) as session:
-        curate_tasks(session)
-        not_built = [s for s in STAGES if s not in BUILT_STAGES]
-        logger.warning(
-            "pipeline stops after %s: stages not built yet: %s", BUILT_STAGES[-1], ", ".join(not_built)
-        )
-        summary = session.summary()
-        summary["not_built"] = not_built
-        return summary
+        curate = curate_tasks(session)
+        traces = trace_tasks(session, curate)
+        sft = sft_task(session, curate, traces)
+        grpo = grpo_task(session, curate, sft)
+        evaluate_task(session, curate, sft, grpo)
+        return session.summary()

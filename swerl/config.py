@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-STAGES: tuple[str, ...] = ("curate", "sft", "grpo", "evaluate")
+STAGES: tuple[str, ...] = ("curate", "traces", "sft", "grpo", "evaluate")
 """Pipeline stages in order; `--force STAGE` reruns that stage and every later one."""
 
 ModifierName = Literal[
@@ -114,6 +114,17 @@ class DatasetSource(StrictModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class MicroSource(StrictModel):
+    """Procedural micro repositories (swerl.data.micro): tiny modules whose eval split uses unseen identifiers."""
+
+    train_repos: int = Field(ge=0, le=100_000)
+    """Micro repositories generated from the train vocabulary; their tasks go to train.parquet."""
+    eval_repos: int = Field(ge=0, le=100_000)
+    """Micro repositories generated from the disjoint eval vocabulary; their tasks go to eval.parquet."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Generator seed: the same seed and index give byte-identical repositories on any machine."""
+
+
 class CurateConfig(StrictModel):
     repos: list[str] = Field(default_factory=lambda: ["builtin"])
     """Repositories to synthesize tasks from: 'builtin' (all shipped), 'builtin:NAME', or a directory path."""
@@ -143,6 +154,177 @@ class CurateConfig(StrictModel):
     """Limits of each validation sandbox."""
     strict_rows: bool = False
     """Raise on the first malformed dataset row instead of rejecting and counting it."""
+    micro: MicroSource | None = None
+    """Micro repositories to synthesize tasks from as well (None: none); eval ones are held out whatever eval_repos says."""
+
+
+class AgentConfig(StrictModel):
+    """Every cap of an agent episode (oracle traces, GRPO rollouts and evaluation share them)."""
+
+    max_turns: int = Field(12, ge=1, le=10_000)
+    """Assistant turns before the episode ends with status turn_cap."""
+    max_trajectory_tokens: int = Field(2048, ge=64, le=1_048_576)
+    """Prompt + all turns + observations; past it the episode ends with status length_cap."""
+    max_new_tokens_per_turn: int = Field(128, ge=1, le=1_048_576)
+    """Most tokens sampled in one assistant turn."""
+    max_malformed_calls: int = Field(3, ge=1, le=10_000)
+    """Consecutive malformed tool calls before the episode ends (status malformed); each one is counted."""
+    command_timeout_s: float = Field(30.0, gt=0, le=86400)
+    """Wall clock of one command the agent runs; a timeout is an observation, not an infra error."""
+    max_observation_chars: int = Field(2000, ge=100, le=10_000_000)
+    """A tool output longer than this is cut in the middle (head and tail kept)."""
+    test_timeout_s: float = Field(60.0, gt=0, le=86400)
+    """Wall clock of the grading test run after the episode."""
+    episode_timeout_s: float = Field(600.0, gt=0, le=7 * 86400)
+    """Wall clock of the agent's turns (sandbox start and grading excluded)."""
+    infra_retries: int = Field(2, ge=0, le=100)
+    """Times an episode that ended in an infrastructure error is rerun before it is reported as missing."""
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    """Limits of every episode sandbox."""
+
+
+class EngineConfig(StrictModel):
+    """The inference engine episodes sample from (CPU: swerl's local engine, in process)."""
+
+    kind: Literal["local"] = "local"
+    """local: swerl.engine.local.LocalEngine (transformers, KV cache, continuous batching)."""
+    max_batch_size: int = Field(8, ge=1, le=100_000)
+    """Requests decoded together; more wait in the engine's queue."""
+    max_context_tokens: int = Field(2048, ge=2, le=1_048_576)
+    """Engine-side context cap: a request that would exceed it finishes with reason length."""
+    threads: int = Field(1, ge=1, le=1024)
+    """torch intra-op threads of the engine's forward passes."""
+
+
+class TinyModelConfig(StrictModel):
+    """A Qwen3-architecture model built from scratch, with a byte-level BPE tokenizer trained on project data."""
+
+    vocab_size: int = Field(4096, ge=300, le=1_000_000)
+    """Target tokenizer vocabulary (the corpus may yield fewer)."""
+    hidden_size: int = Field(256, ge=8, le=65_536)
+    num_layers: int = Field(4, ge=1, le=1000)
+    num_heads: int = Field(4, ge=1, le=1024)
+    num_kv_heads: int = Field(2, ge=1, le=1024)
+    ffn_size: int = Field(768, ge=8, le=1_000_000)
+    """MLP width (each expert's, for MoE)."""
+    max_positions: int = Field(2048, ge=64, le=1_048_576)
+    """Longest sequence the model accepts; every token cap must fit in it."""
+    moe: bool = False
+    """Qwen3-MoE instead of dense."""
+    num_experts: int = Field(4, ge=1, le=1024)
+    experts_per_token: int = Field(2, ge=1, le=1024)
+
+
+class TracesConfig(StrictModel):
+    """Agent traces for SFT: an oracle solving the training tasks, or a SWE-smith-trajectories dataset."""
+
+    source: Literal["oracle", "dataset"] = "oracle"
+    """oracle: solve the curated training tasks through the agent's tools; dataset: load `dataset`."""
+    dataset: str | None = None
+    """SWE-smith-trajectories rows (hub id or local jsonl/parquet/json) when source is dataset."""
+    dataset_split: str = "train"
+    """Split of `dataset` to read."""
+    max_traces: int = Field(100_000, ge=1, le=100_000_000)
+    """Most traces kept (oracle: tasks attempted, in seeded order)."""
+    workers: int = Field(2, ge=1, le=4096)
+    """Oracle episodes at once (each holds one sandbox)."""
+    recovery_prob: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of oracle traces that first make a plausible wrong edit, see the tests fail, undo it and fix."""
+    view_whole_file_lines: int = Field(40, ge=0, le=100_000)
+    """The oracle views a file with this many lines or fewer whole (`cat -n FILE`), longer ones around the bug."""
+    context_lines: int = Field(3, ge=0, le=1000)
+    """Lines shown around the bug when the oracle views part of a file."""
+
+
+class SFTConfig(StrictModel):
+    """Supervised fine-tuning on the traces (torch backend): packing, assistant-only loss, AdamW + cosine."""
+
+    model_path: str | None = None
+    """A Hugging Face causal-LM checkpoint directory (model + tokenizer) to start from; None: build `tiny`."""
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    """The model built from scratch when model_path is None (the CPU default)."""
+    seq_len: int = Field(1024, ge=16, le=1_048_576)
+    """Packed row length; a trace longer than this is an error unless truncate_overlong."""
+    truncate_overlong: bool = False
+    """Cut traces longer than seq_len instead of refusing them."""
+    rows_per_micro_batch: int = Field(2, ge=1, le=100_000)
+    grad_accum_steps: int = Field(1, ge=1, le=100_000)
+    max_steps: int = Field(300, ge=1, le=10_000_000)
+    """Optimizer steps (the cosine schedule ends here)."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """Wall-clock budget: when set, max_steps is lowered to what a measured step time allows."""
+    lr: float = Field(1e-3, gt=0, le=10)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(20, ge=0, le=10_000_000)
+    weight_decay: float = Field(0.1, ge=0, le=10)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    bf16: bool = False
+    """bf16 autocast (slower than fp32 on CPUs without bf16 units: see docs/benchmarks.md)."""
+    checkpoint_every: int = Field(100, ge=0, le=10_000_000)
+    """Steps between checkpoints (model, optimizer, RNG, step, data position); 0: only at the end."""
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    threads: int = Field(2, ge=1, le=1024)
+    """torch intra-op threads for training."""
+
+
+class GRPOConfig(StrictModel):
+    """Synchronous GRPO on the SFT checkpoint: B tasks x n attempts per step, token-level clipped loss, TIS."""
+
+    steps: int = Field(10, ge=0, le=10_000_000)
+    """Optimizer steps (0 skips RL: the SFT checkpoint is passed on)."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """Stop after the step during which this much wall clock has passed."""
+    tasks_per_step: int = Field(8, ge=1, le=1_000_000)
+    """B: tasks (groups) per step."""
+    attempts_per_task: int = Field(4, ge=2, le=10_000)
+    """n: attempts per task (the group)."""
+    rollout_concurrency: int = Field(8, ge=1, le=1_000_000)
+    """Episodes running at once."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    lr: float = Field(1e-4, gt=0, le=10)
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    grad_clip: float | None = Field(1.0, gt=0)
+    clip_eps_low: float = Field(0.2, ge=0, le=10)
+    clip_eps_high: float = Field(0.28, ge=0, le=10)
+    tis_cap: float = Field(2.0, ge=1, le=1e6)
+    """Truncation of the importance weight against the engine's behaviour log-probs."""
+    kl_coef: float = Field(0.0, ge=0, le=100)
+    """k3 KL penalty to the SFT checkpoint (0: no reference model is kept)."""
+    scale_adv_by_std: bool = False
+    """Divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)."""
+    micro_batch_tokens: int = Field(8192, ge=2, le=100_000_000)
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    num_minibatches: int = Field(1, ge=1, le=10_000)
+    checkpoint_every: int = Field(5, ge=0, le=10_000_000)
+    """Steps between checkpoints; 0: only at the end."""
+    threads: int = Field(2, ge=1, le=1024)
+    """torch intra-op threads for the update."""
+    task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
+    """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
+
+
+CheckpointName = Literal["base", "sft", "grpo"]
+CHECKPOINT_NAMES: tuple[CheckpointName, ...] = ("base", "sft", "grpo")
+
+
+class EvaluateConfig(StrictModel):
+    """Held-out evaluation: k attempts per task, pass@1 with a bootstrap CI, per-repository table."""
+
+    checkpoints: list[CheckpointName] = Field(default_factory=lambda: list(CHECKPOINT_NAMES))
+    """Which models are evaluated, each on the same tasks."""
+    max_tasks: int = Field(100, ge=1, le=10_000_000)
+    """Held-out tasks evaluated (a seeded sample when there are more)."""
+    attempts: int = Field(2, ge=1, le=10_000)
+    """k attempts per task."""
+    temperature: float = Field(0.7, ge=0, le=10)
+    """Sampling temperature (0: greedy)."""
+    concurrency: int = Field(8, ge=1, le=1_000_000)
+    """Episodes running at once."""
+    bootstrap_samples: int = Field(2000, ge=100, le=10_000_000)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    threads: int = Field(1, ge=1, le=1024)
+    """torch intra-op threads of the engine."""
 
 
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$|^[A-Za-z]{3}(-[A-Za-z]{3})?$")
@@ -201,6 +383,12 @@ class PipelineConfig(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     curate: CurateConfig = Field(default_factory=CurateConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    traces: TracesConfig = Field(default_factory=TracesConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
 

@@ -52,3 +52,47 @@ def curate_tasks(session: PipelineSession) -> Manifest:
     outcome = session.run_stage("curate", run_curate, session.cfg.curate)
     publish_outcome("curate", outcome)
     return outcome.manifest
+
+
+@task(name="oracle-traces", cache_policy=NO_CACHE, retries=0)
+def trace_tasks(session: PipelineSession, curate: Manifest) -> Manifest:
+    """Agent traces for SFT: the oracle solving training tasks, or a published trace dataset."""
+    from swerl.stages.traces import TracesStage, run_traces
+
+    cfg = TracesStage(traces=session.cfg.traces, agent=session.cfg.agent)
+    outcome = session.run_stage("traces", run_traces, cfg, inputs=[curate])
+    publish_outcome("traces", outcome)
+    return outcome.manifest
+
+
+@task(name="sft", cache_policy=NO_CACHE, retries=0)
+def sft_task(session: PipelineSession, curate: Manifest, traces: Manifest) -> Manifest:
+    """The base model (loaded or built) and supervised fine-tuning on the traces."""
+    from swerl.stages.sft import SFTStage, run_sft
+
+    cfg = SFTStage(sft=session.cfg.sft, agent=session.cfg.agent, engine=session.cfg.engine)
+    outcome = session.run_stage("sft", run_sft, cfg, inputs=[curate, traces])
+    publish_outcome("sft", outcome)
+    return outcome.manifest
+
+
+@task(name="grpo", cache_policy=NO_CACHE, retries=0)
+def grpo_task(session: PipelineSession, curate: Manifest, sft: Manifest) -> Manifest:
+    """GRPO on the training tasks, starting from the SFT checkpoint."""
+    from swerl.stages.grpo import GRPOStage, run_grpo
+
+    cfg = GRPOStage(grpo=session.cfg.grpo, agent=session.cfg.agent, engine=session.cfg.engine)
+    outcome = session.run_stage("grpo", run_grpo, cfg, inputs=[curate, sft])
+    publish_outcome("grpo", outcome)
+    return outcome.manifest
+
+
+@task(name="evaluate", cache_policy=NO_CACHE, retries=0)
+def evaluate_task(session: PipelineSession, curate: Manifest, sft: Manifest, grpo: Manifest) -> Manifest:
+    """Held-out pass@1 of the base, SFT and GRPO models on the same tasks."""
+    from swerl.stages.evaluate import EvaluateStage, run_evaluate
+
+    cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
+    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, sft, grpo])
+    publish_outcome("evaluate", outcome)
+    return outcome.manifest

@@ -165,7 +165,8 @@ def test_overrides_apply_on_top_of_the_file() -> None:
     assert cfg.curate.sandbox.memory_mb == 2048
     assert cfg.run.seed == 4  # the last override wins
     # everything not overridden keeps the file's value
-    assert cfg.curate.eval_repos == base.curate.eval_repos == ["intervals", "money"]
+    assert cfg.curate.max_candidates_per_repo == base.curate.max_candidates_per_repo == 3
+    assert cfg.curate.micro == base.curate.micro is not None
     assert cfg.curate.sandbox.file_size_mb == base.curate.sandbox.file_size_mb == 64
 
 

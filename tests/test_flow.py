@@ -7,8 +7,6 @@ the flow, the task, the manifest checkpoints, the MLflow runs and the Prefect se
 from __future__ import annotations
 
 import json
-import sys
-import types
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,38 +24,55 @@ pytestmark = pytest.mark.slow
 
 
 @dataclass
-class FakeCurate:
-    """A literal curate stage; `fail` injects a failure after it has written an artifact."""
+class FakeStage:
+    """A literal stage; `fail` injects a failure after it has written an artifact."""
 
+    name: str
     calls: int = 0
     fail: bool = False
 
     def __call__(self, cfg: Any, ctx: StageContext) -> StageResult:
         self.calls += 1
-        ctx.write_artifact(
-            "train.json", json.dumps({"repos": cfg.repos, "n": cfg.max_candidates_per_repo}).encode()
-        )
+        body = {"stage": self.name, "inputs": sorted(ctx.inputs)}
+        if self.name == "curate":
+            body |= {"repos": cfg.repos, "n": cfg.max_candidates_per_repo}
+        ctx.write_artifact(f"{self.name}.json", json.dumps(body).encode())
         if self.fail:
-            raise RuntimeError("injected curate failure")
+            raise RuntimeError(f"injected {self.name} failure")
         rows = [{"repo": "toy", "tasks": 2}]
         return StageResult(
             metrics={"tasks": 2.0},
             tables={"yield": rows},
-            markdown={"report": "# 2 tasks"},
-            summary="2 tasks",
+            markdown={"report": f"# {self.name}"},
+            summary=self.name,
         )
 
 
+STAGE_FUNCTIONS = {
+    "curate": ("swerl.stages.curate", "run_curate"),
+    "traces": ("swerl.stages.traces", "run_traces"),
+    "sft": ("swerl.stages.sft", "run_sft"),
+    "grpo": ("swerl.stages.grpo", "run_grpo"),
+    "evaluate": ("swerl.stages.evaluate", "run_evaluate"),
+}
+
+
 @pytest.fixture
-def fake_curate(monkeypatch: pytest.MonkeyPatch) -> FakeCurate:
-    fake = FakeCurate()
-    try:
-        import swerl.stages.curate as curate_module
-    except ImportError:  # the stage is not written yet: provide the module the task imports from
-        curate_module = types.ModuleType("swerl.stages.curate")
-        monkeypatch.setitem(sys.modules, "swerl.stages.curate", curate_module)
-    monkeypatch.setattr(curate_module, "run_curate", fake, raising=False)
-    return fake
+def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeStage]:
+    """Every stage function replaced by a literal one (each stage has its own tests); the flow, the tasks, the
+    manifests, MLflow and the Prefect server are real."""
+    import importlib
+
+    out = {}
+    for stage, (module, function) in STAGE_FUNCTIONS.items():
+        out[stage] = FakeStage(stage)
+        monkeypatch.setattr(importlib.import_module(module), function, out[stage])
+    return out
+
+
+@pytest.fixture
+def fake_curate(fakes: dict[str, FakeStage]) -> FakeStage:
+    return fakes["curate"]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +121,7 @@ def _children(cfg: PipelineConfig, parent_id: str) -> list[Any]:
 
 
 def test_pipeline_runs_then_skips_curate(
-    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate
+    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage
 ) -> None:
     state = _run(cfg)
     assert state.is_completed(), state
@@ -114,7 +129,7 @@ def test_pipeline_runs_then_skips_curate(
     flow_run_id = state.state_details.flow_run_id
     assert fake_curate.calls == 1
     assert summary["stages"]["curate"]["skipped"] is False
-    assert summary["not_built"] == [s for s in STAGES if s != "curate"]
+    assert list(summary["stages"]) == list(STAGES)
 
     # The flow run is on the session's server (not an ephemeral API), with its task run and artifacts.
     with _client() as client:
@@ -123,10 +138,11 @@ def test_pipeline_runs_then_skips_curate(
         assert flow_run.state is not None and flow_run.state.is_completed()
         assert flow_run.parameters["config"]["run"]["name"] == "flowtest"
         task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(flow_run_id))
-        assert [t.name.rsplit("-", 1)[0] for t in task_runs] == ["curate-tasks"]
-        assert task_runs[0].state is not None and task_runs[0].state.is_completed()
+        names = sorted(t.name.rsplit("-", 1)[0] for t in task_runs)
+        assert names == sorted(["curate-tasks", "oracle-traces", "sft", "grpo", "evaluate"])
+        assert all(t.state is not None and t.state.is_completed() for t in task_runs)
         keys = {a.key for a in client.read_artifacts(flow_run_filter=_flow_run_filter(flow_run_id))}
-        assert {"curate-yield", "curate-report"} <= keys
+        assert {"curate-yield", "curate-report", "evaluate-yield", "evaluate-report"} <= keys
 
     # One MLflow parent run tagged with the Prefect flow-run id, and a nested curate run.
     (parent,) = _parent_runs(cfg)
@@ -134,9 +150,10 @@ def test_pipeline_runs_then_skips_curate(
     assert parent.info.run_id == summary["mlflow_run_id"]
     assert parent.data.tags["swerl.stage.curate"] == "ran"
     assert parent.info.status == "FINISHED"
-    (child,) = _children(cfg, parent.info.run_id)
-    assert child.data.tags["swerl.stage"] == "curate"
-    assert child.info.status == "FINISHED"
+    children = {c.data.tags["swerl.stage"]: c for c in _children(cfg, parent.info.run_id)}
+    assert sorted(children) == sorted(STAGES)
+    child = children["curate"]
+    assert all(c.info.status == "FINISHED" for c in children.values())
     assert child.data.metrics["tasks"] == 2.0
 
     # The resolved config is saved with the run, and the manifest is where the summary says.
@@ -149,9 +166,29 @@ def test_pipeline_runs_then_skips_curate(
     manifest = load_manifest(store, "curate", stage_key("curate", cfg.curate, [], seed=cfg.run.seed))
     assert manifest is not None and manifest.uri == summary["stages"]["curate"]["manifest"]
     assert manifest.mlflow_run_id == child.info.run_id
-    assert store.read_json(store.rel_of(manifest.artifact("train.json").uri)) == {
+    assert store.read_json(store.rel_of(manifest.artifact("curate.json").uri)) == {
+        "stage": "curate",
+        "inputs": [],
         "repos": ["builtin:toy"],
         "n": 3,
+    }
+    # Each later stage got the manifests it depends on.
+    inputs = {
+        name: store.read_json(
+            store.rel_of(
+                load_manifest(store, name, outcome["manifest"].rsplit("/", 2)[-2])
+                .artifact(f"{name}.json")
+                .uri
+            )
+        )["inputs"]  # type: ignore[union-attr]
+        for name, outcome in summary["stages"].items()
+    }
+    assert inputs == {
+        "curate": [],
+        "traces": ["curate"],
+        "sft": ["curate", "traces"],
+        "grpo": ["curate", "sft"],
+        "evaluate": ["curate", "grpo", "sft"],
     }
 
     # Second run: curate is skipped (the function is not called) and says so.
@@ -160,6 +197,7 @@ def test_pipeline_runs_then_skips_curate(
     summary2 = state2.result()
     assert fake_curate.calls == 1
     assert summary2["stages"]["curate"] == {**summary["stages"]["curate"], "skipped": True}
+    assert all(stage["skipped"] for stage in summary2["stages"].values())
     assert "curate skipped: already done" in "\n".join(_flow_run_logs(state2.state_details.flow_run_id))
     second_parent = _parent_runs(cfg)[-1]
     assert second_parent.data.tags["prefect.flow_run_id"] == str(state2.state_details.flow_run_id)
@@ -167,12 +205,12 @@ def test_pipeline_runs_then_skips_curate(
     assert _children(cfg, second_parent.info.run_id) == []
     with _client() as client:
         status = client.read_artifacts(flow_run_filter=_flow_run_filter(state2.state_details.flow_run_id))
-        assert [a.key for a in status] == ["curate-status"]
-        assert "skipped" in str(status[0].data)
+        assert sorted(a.key for a in status) == sorted(f"{s}-status" for s in STAGES)
+        assert all("skipped" in str(a.data) for a in status)
 
 
 def test_failed_stage_fails_the_flow_and_the_next_run_resumes(
-    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate
+    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage
 ) -> None:
     from swerl.pipeline import store_for
 
@@ -187,7 +225,7 @@ def test_failed_stage_fails_the_flow_and_the_next_run_resumes(
     assert load_manifest(store, "curate", key) is None
     (parent,) = _parent_runs(cfg)
     assert parent.info.status == "FAILED"
-    assert [c.info.status for c in _children(cfg, parent.info.run_id)] == ["FAILED"]
+    assert [c.info.status for c in _children(cfg, parent.info.run_id)] == ["FAILED"]  # later stages never ran
     with _client() as client:
         flow_run = client.read_flow_run(state.state_details.flow_run_id)
         assert flow_run.state is not None and flow_run.state.is_failed()
@@ -200,7 +238,7 @@ def test_failed_stage_fails_the_flow_and_the_next_run_resumes(
     assert load_manifest(store, "curate", key) is not None
 
 
-def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate: FakeCurate) -> None:
+def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage) -> None:
     first = _run(cfg).result()
     forced = _run(cfg, force=["curate"])
     assert forced.is_completed()

@@ -49,6 +49,8 @@ class EpisodeLimits:
     test_timeout_s: float = 120.0
     episode_timeout_s: float = 1800.0
     """Wall clock for the agent's turns (sandbox start and grading excluded)."""
+    max_malformed_calls: int = 1_000_000
+    """Consecutive malformed tool calls before the episode ends with status malformed."""
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -187,13 +189,20 @@ class _Episode:
 
     async def run(self, tools: Tools) -> None:
         """Turns until submit (raises Submitted) or a cap (raises LimitsExceeded)."""
+        malformed_in_a_row = 0
         while True:
             text = await self.sample_turn()
             call = parse_tool_call(text, TOOL_SPECS)
             if isinstance(call, ToolCallError):
                 self.malformed += 1
+                malformed_in_a_row += 1
+                if malformed_in_a_row >= self.limits.max_malformed_calls:
+                    raise LimitsExceeded(
+                        EpisodeStatus.MALFORMED, f"{malformed_in_a_row} malformed calls in a row"
+                    )
                 self.append_observation(call.message)
                 continue
+            malformed_in_a_row = 0
             started = time.monotonic()
             try:
                 result = await tools.run(call)

@@ -3,7 +3,8 @@
 Grading runs in the agent's own workspace, SWE-bench style but without a second sandbox: the agent's patch is
 taken with `git diff` against the task's starting commit (LocalSandboxProvider(git_baseline=True)), then every
 test file the agent added, changed or deleted is put back as it was at the start, the task's test_patch (if any)
-is applied, and only FAIL_TO_PASS + PASS_TO_PASS run. An agent cannot pass by editing or adding tests.
+is applied, and only FAIL_TO_PASS + PASS_TO_PASS run, with the task's own test command if it has one
+(TaskInstance.test_cmd). An agent cannot pass by editing or adding tests, or a `run_tests.py` harness.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from swerl.data.repos import is_test_file, resolve_environment
 from swerl.data.schema import TaskInstance
-from swerl.data.testrun import TestOutcome, is_resolved, run_pytest
+from swerl.data.testrun import TestOutcome, is_resolved, run_tests
 from swerl.errors import InfraError
 from swerl.sandbox.base import Sandbox, SandboxProvider
 
@@ -43,7 +44,7 @@ class Grade:
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
     """A sandbox in the task's starting state: its environment, with the bug applied for bug-kind tasks."""
     try:
-        env_dir = resolve_environment(task.image)
+        env_dir = resolve_environment(task.image, task.base_commit)  # checked for micro:// repositories
     except ValueError as exc:  # an environment that is not there is never the policy's fault
         raise InfraError("image_missing", str(exc)) from exc
     setup_patch = task.patch if task.patch_kind == "bug" else None
@@ -107,7 +108,7 @@ async def grade(sandbox: Sandbox, task: TaskInstance, test_timeout_s: float, pyt
             return Grade(0.0, patch, restored_tests=restored, detail="test_patch does not apply")
     tests = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
     started = time.monotonic()
-    result, outcomes = await run_pytest(sandbox, test_timeout_s, python, test_ids=tests)
+    result, outcomes = await run_tests(sandbox, test_timeout_s, task.test_cmd, python, test_ids=tests)
     resolved = not result.timed_out and is_resolved(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes)
     detail = f"tests ran in {time.monotonic() - started:.1f}s" + (" (timed out)" if result.timed_out else "")
     return Grade(float(resolved), patch, outcomes, restored, result.timed_out, detail)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -118,9 +119,16 @@ async def solve_task(
     recovery: bool,
     context_lines: int = 3,
     python: str = "python",
-    test_command: str = TEST_COMMAND,
+    test_command: str | None = None,
+    view_whole_file_lines: int = 0,
 ) -> OracleTrace:
-    """Solve one task in a fresh sandbox; raises OracleSkip (with a reason) when no valid trace results."""
+    """Solve one task in a fresh sandbox; raises OracleSkip (with a reason) when no valid trace results.
+
+    test_command defaults to the task's own `test_cmd` (else TEST_COMMAND). A file of at most
+    view_whole_file_lines lines is viewed whole (`cat -n FILE`): every line number the edit copies is then on
+    screen, whatever the failure output shows.
+    """
+    test_command = test_command or task.test_cmd or TEST_COMMAND
     sandbox = await start_task_sandbox(provider, task)
     try:
         session = _Session(task, Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars))
@@ -133,7 +141,11 @@ async def solve_task(
             raise OracleSkip(exc.reason) from None
         except FileNotFoundError:
             raise OracleSkip("file_missing") from None
-        await session.act("bash", {"command": plan.view_command(context_lines)})
+        source_lines = len((await sandbox.read_file(plan.file)).splitlines())
+        if source_lines <= view_whole_file_lines:
+            await session.act("bash", {"command": f"cat -n {shlex.quote(plan.file)}"})
+        else:
+            await session.act("bash", {"command": plan.view_command(context_lines)})
         did_recover = False
         if recovery:
             candidates = wrong_edits(await sandbox.read_file(plan.file), plan, context_lines)
@@ -174,7 +186,8 @@ async def generate_oracle_traces(
     workers: int = 2,
     context_lines: int = 3,
     python: str = "python",
-    test_command: str = TEST_COMMAND,
+    test_command: str | None = None,
+    view_whole_file_lines: int = 0,
 ) -> tuple[list[OracleTrace], OracleReport]:
     """Traces for every task the oracle solves (in task order), and counts of what it skipped and why.
 
@@ -193,7 +206,15 @@ async def generate_oracle_traces(
             for attempt_recovery in (recovery, False) if recovery else (False,):
                 try:
                     return await solve_task(
-                        task, provider, limits, rng, attempt_recovery, context_lines, python, test_command
+                        task,
+                        provider,
+                        limits,
+                        rng,
+                        attempt_recovery,
+                        context_lines,
+                        python,
+                        test_command,
+                        view_whole_file_lines,
                     )
                 except OracleSkip as exc:
                     if exc.reason != "wrong_edit_passes":

@@ -23,10 +23,10 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
 """What the tool-call parser accepts."""
 
 _DESCRIPTIONS = {
-    "bash": "bash(command): run a shell command in /workspace; you see its output.",
-    "view_file": "view_file(path, start_line?, end_line?): show a file's lines, numbered like `cat -n`.",
-    "str_replace": "str_replace(path, old, new): replace the one occurrence of `old` in a file with `new`.",
-    "submit": "submit(): finish; your changes are graded by the repository's tests.",
+    "bash": "bash(command): run a shell command in /workspace",
+    "view_file": "view_file(path, start_line?, end_line?): show numbered lines of a file",
+    "str_replace": "str_replace(path, old, new): replace the one occurrence of old with new",
+    "submit": "submit(): finish; the repository's tests grade your changes",
 }
 
 
@@ -35,13 +35,11 @@ class Submitted(Exception):
 
 
 def system_prompt() -> str:
-    """The system message: the job, the tools, and the call format (short: it is in every trajectory)."""
+    """The system message: the job, the tools, the call format. Terse: it is in every trajectory, and on a small
+    model every prompt token costs training and sampling time."""
     tools = "\n".join(f"- {_DESCRIPTIONS[spec.name]}" for spec in TOOL_SPECS)
     example = format_tool_call("bash", {"command": "ls"})
-    return (
-        "You fix bugs in the Python repository at /workspace. Make exactly one tool call per turn.\n\n"
-        f"Tools:\n{tools}\n\nCall a tool like this:\n{example}"
-    )
+    return f"Fix the bug in the Python repository in /workspace. One tool call per turn, like:\n{example}\nTools:\n{tools}"
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:

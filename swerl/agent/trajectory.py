@@ -27,6 +27,8 @@ class EpisodeStatus(enum.StrEnum):
     """Ran out of trajectory tokens before submitting (still graded)."""
     TIMEOUT = "timeout"
     """Ran out of wall-clock time before submitting (still graded)."""
+    MALFORMED = "malformed"
+    """Too many malformed tool calls in a row (still graded)."""
     INFRA_ERROR = "infra_error"
     """Sandbox or engine failed: not the policy's fault, never scored (reward None)."""
 

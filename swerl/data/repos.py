@@ -1,7 +1,9 @@
 """Task environments that are plain directories: the shipped repositories and any local path.
 
-An environment reference (`TaskInstance.image`) is `local://repos/NAME` for a shipped repository and
-`local:///ABSOLUTE/PATH` for any other directory; `base_commit` is the sha256 of the clean tree's contents.
+An environment reference (`TaskInstance.image`) is `local://repos/NAME` for a shipped repository,
+`local:///ABSOLUTE/PATH` for any other directory and `micro://SPLIT/SEED/INDEX` for a procedural micro repository
+(swerl.data.micro, regenerated into a cache directory on first use); `base_commit` is the sha256 of the clean
+tree's contents.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class RepoSpec:
     path: Path
     repo: str
     image: str
+    test_cmd: str = ""
+    """The repository's own test command (TaskInstance.test_cmd); empty means pytest."""
 
 
 def builtin_repo_names() -> list[str]:
@@ -69,10 +73,27 @@ def resolve_repos(entries: list[str]) -> list[RepoSpec]:
     return specs
 
 
-def resolve_environment(image: str) -> Path:
-    """The directory behind an environment reference (`local://repos/NAME` or `local:///PATH`)."""
+def resolve_environment(image: str, base_commit: str | None = None) -> Path:
+    """The directory behind an environment reference (`local://repos/NAME`, `local:///PATH`, `micro://...`).
+
+    A micro repository is materialized if it is not cached yet; given the task's `base_commit`, its tree hash
+    must match (a mismatch means the task was made by another generator version: a ValueError says so).
+    """
+    if image.startswith("micro://"):
+        from swerl.data.micro import GENERATOR_VERSION, materialize_micro_repo, parse_micro_image
+
+        path = materialize_micro_repo(*parse_micro_image(image))
+        if base_commit is not None and (actual := tree_hash(path)) != base_commit:
+            raise ValueError(
+                f"micro environment {image!r} regenerated at {path} has tree hash {actual[:12]}, but the task "
+                f"expects base_commit {base_commit[:12]}: the task was made by another micro generator version "
+                f"than this one (v{GENERATOR_VERSION}, swerl.data.micro); re-run curate with this swerl"
+            )
+        return path
     if not image.startswith("local://"):
-        raise ValueError(f"environment {image!r} is not a local directory reference (local://...)")
+        raise ValueError(
+            f"environment {image!r} is not a local directory reference (local://... or micro://...)"
+        )
     rest = image[len("local://") :]
     path = BUILTIN_ROOT / rest[len("repos/") :] if rest.startswith("repos/") else Path(rest)
     if not path.is_dir():
@@ -102,14 +123,14 @@ def tree_hash(root: Path) -> str:
 
 
 def is_test_file(rel: Path) -> bool:
-    """Test code and test configuration (never a bug site)."""
+    """Test code, test configuration and a `run_tests.py` harness (never a bug site; restored before grading)."""
     parts = rel.parts
     name = rel.name
     return (
         any(p in ("tests", "test", "testing") for p in parts[:-1])
         or name.startswith("test_")
         or name.endswith("_test.py")
-        or name == "conftest.py"
+        or name in ("conftest.py", "run_tests.py")
     )
 
 

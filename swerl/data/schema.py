@@ -61,7 +61,10 @@ class TaskInstance(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     """Tests passing before and after; a solution must not break them."""
     image: str = ""
-    """Environment reference: a docker image name or local://repos/NAME for shipped repositories."""
+    """Environment reference: a docker image name, local://repos/NAME (shipped) or micro://SPLIT/SEED/INDEX."""
+    test_cmd: str = ""
+    """Shell command run in /workspace whose output has pytest `-rA` style summary lines; node ids are appended.
+    Empty means the default pytest command."""
     difficulty: str | None = None
     """Difficulty bucket where the source publishes one (SWE-bench Verified: '<15 min fix', ...)."""
     source: str = Field(min_length=1)

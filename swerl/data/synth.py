@@ -19,7 +19,7 @@ from typing import Any
 from swerl.data.bugs import MODIFIERS, BugCandidate, candidates
 from swerl.data.repos import RepoSpec, has_tests, source_files, tree_hash
 from swerl.data.schema import TaskInstance
-from swerl.data.testrun import TestOutcome, TestStatus, passing, run_pytest, split_fail_pass
+from swerl.data.testrun import TestOutcome, TestStatus, passing, run_tests, split_fail_pass
 from swerl.errors import InfraError
 from swerl.sandbox.base import SandboxProvider
 
@@ -32,6 +32,8 @@ class RepoReport:
 
     name: str
     skipped: str | None = None
+    repos: int = 1
+    """Repositories this report covers (more than one for a merged report, see merge_reports)."""
     clean_tests: int = 0
     clean_passing: int = 0
     bugged_timeout_s: float = 0.0
@@ -45,6 +47,7 @@ class RepoReport:
         return {
             "name": self.name,
             "skipped": self.skipped,
+            "repos": self.repos,
             "clean_tests": self.clean_tests,
             "clean_passing": self.clean_passing,
             "bugged_timeout_s": round(self.bugged_timeout_s, 3),
@@ -57,14 +60,24 @@ class RepoReport:
 
 
 def sample_candidates(
-    by_modifier: Mapping[str, Sequence[BugCandidate]], max_candidates: int, seed: int, salt: str = ""
+    by_modifier: Mapping[str, Sequence[BugCandidate]],
+    max_candidates: int,
+    seed: int,
+    salt: str = "",
+    shuffle_modifiers: bool = False,
 ) -> list[BugCandidate]:
-    """Up to `max_candidates`, shuffled per modifier by seed and dealt round-robin so every modifier is tried."""
+    """Up to `max_candidates`, shuffled per modifier by seed and dealt round-robin so every modifier is tried.
+
+    The deal goes through the modifiers in name order, or in a seeded order with `shuffle_modifiers`: when the
+    budget is smaller than the number of modifiers (many tiny repositories), each then gets its fair share.
+    """
     queues = []
     for modifier in sorted(by_modifier):
         pool = list(by_modifier[modifier])
         random.Random(f"{seed}:{salt}:{modifier}").shuffle(pool)
         queues.append(pool)
+    if shuffle_modifiers:
+        random.Random(f"{seed}:{salt}:modifier-order").shuffle(queues)
     picked: list[BugCandidate] = []
     while len(picked) < max_candidates and any(queues):
         for queue in queues:
@@ -76,21 +89,20 @@ def sample_candidates(
 def problem_statement(
     repo: str, failing: Mapping[str, TestOutcome], total_failing: int, max_listed: int = 5
 ) -> str:
-    """An issue-style description of what breaks: failing test ids and pytest's one-line reasons only."""
-    lines = [
-        f"Some behaviour of `{repo}` is broken: {total_failing} test(s) in its suite fail.",
-        "",
-        "Failing tests and the errors they report:",
-    ]
+    """An issue-style description of what breaks: failing test ids and their one-line reasons only.
+
+    Short on purpose (it is in every trajectory) and without the repository's name: the agent works in
+    /workspace, and a held-out repository's name would be text no training prompt ever showed. `repo` is kept
+    in the signature for statements that want it.
+    """
+    del repo
+    lines = [f"{total_failing} test(s) fail:"]
     for node in sorted(failing)[:max_listed]:
         message = failing[node].message or "(the test did not run: its module could not be collected)"
         lines.append(f"- `{node}`: {message}")
     if total_failing > max_listed:
         lines.append(f"- ... and {total_failing - max_listed} more")
-    lines += [
-        "",
-        "Fix the library code so that these tests pass again without breaking the tests that pass now.",
-    ]
+    lines.append("Fix the code so that they pass without breaking the tests that pass now.")
     return "\n".join(lines)
 
 
@@ -114,11 +126,16 @@ async def synthesize_repo(
     min_bugged_timeout_s: float = 10.0,
     python: str = "python",
     pytest_args: Sequence[str] = (),
+    gate: asyncio.Semaphore | None = None,
+    shuffle_modifiers: bool = False,
 ) -> tuple[list[TaskInstance], RepoReport]:
     """Validated tasks from one repository, and a report of what was tried and why candidates were rejected.
 
     A bugged suite gets `bugged_timeout_factor` times the slowest clean run (at least `min_bugged_timeout_s`,
     at most `test_timeout_s`): a bug that loops forever is rejected in seconds, not after the full limit.
+    The suite runs with the repository's own test command (`spec.test_cmd`), pytest if it has none. `gate`, when
+    given, bounds every sandbox of this call, clean runs included (share one across concurrent repositories);
+    otherwise `workers` candidate sandboxes run at once. `shuffle_modifiers`: see sample_candidates.
     """
     unknown = sorted(set(modifiers) - set(MODIFIERS))
     if unknown:
@@ -132,14 +149,18 @@ async def synthesize_repo(
         report.skipped = "no_tests"
         return [], report
 
+    gate = gate if gate is not None else asyncio.Semaphore(workers)
     clean: list[dict[str, TestOutcome]] = []
     slowest_clean_s = 0.0
     for _ in range(clean_runs):
-        sandbox = await provider.start(spec.path)
-        try:
-            result, outcomes = await run_pytest(sandbox, test_timeout_s, python, extra_args=pytest_args)
-        finally:
-            await sandbox.close()
+        async with gate:
+            sandbox = await provider.start(spec.path)
+            try:
+                result, outcomes = await run_tests(
+                    sandbox, test_timeout_s, spec.test_cmd, python, extra_args=pytest_args
+                )
+            finally:
+                await sandbox.close()
         if result.timed_out:
             report.skipped = "clean_suite_timeout"
         elif not outcomes:
@@ -167,18 +188,16 @@ async def synthesize_repo(
                 report.rejections["unparseable_source"] += 1
                 break
     report.sites = {m: len(c) for m, c in by_modifier.items()}
-    sampled = sample_candidates(by_modifier, max_candidates, seed, salt=spec.name)
+    sampled = sample_candidates(by_modifier, max_candidates, seed, spec.name, shuffle_modifiers)
     report.candidates = dict(Counter(c.modifier for c in sampled))
-
-    gate = asyncio.Semaphore(workers)
 
     async def validate(candidate: BugCandidate) -> TaskInstance | str:
         async with gate:
             try:
                 sandbox = await provider.start(spec.path, candidate.bug_patch)
                 try:
-                    result, bugged = await run_pytest(
-                        sandbox, bugged_timeout_s, python, extra_args=pytest_args
+                    result, bugged = await run_tests(
+                        sandbox, bugged_timeout_s, spec.test_cmd, python, extra_args=pytest_args
                     )
                 finally:
                     await sandbox.close()
@@ -203,6 +222,7 @@ async def synthesize_repo(
             FAIL_TO_PASS=fail_to_pass,
             PASS_TO_PASS=pass_to_pass,
             image=spec.image,
+            test_cmd=spec.test_cmd,
             source=SOURCE,
             modifier=candidate.modifier,
         )
@@ -219,6 +239,29 @@ async def synthesize_repo(
     report.valid = dict(Counter(t.modifier or "" for t in tasks))
     report.duration_s = loop.time() - started
     return tasks, report
+
+
+def merge_reports(name: str, reports: Sequence[RepoReport]) -> RepoReport:
+    """One report for many repositories (e.g. hundreds of micro repositories): counts summed; the bugged-suite
+    timeout and the duration the largest (repositories are synthesized concurrently, so durations overlap);
+    each skipped repository counted as a `repo_skipped:REASON` rejection."""
+    merged = RepoReport(name=name, repos=sum(r.repos for r in reports))
+    sites: Counter[str] = Counter()
+    tried: Counter[str] = Counter()
+    valid: Counter[str] = Counter()
+    for r in reports:
+        merged.clean_tests += r.clean_tests
+        merged.clean_passing += r.clean_passing
+        merged.bugged_timeout_s = max(merged.bugged_timeout_s, r.bugged_timeout_s)
+        merged.duration_s = max(merged.duration_s, r.duration_s)
+        merged.rejections.update(r.rejections)
+        if r.skipped:
+            merged.rejections[f"repo_skipped:{r.skipped}"] += 1
+        sites.update(r.sites)
+        tried.update(r.candidates)
+        valid.update(r.valid)
+    merged.sites, merged.candidates, merged.valid = dict(sites), dict(tried), dict(valid)
+    return merged
 
 
 def _not_run(outcomes: Mapping[str, TestOutcome]) -> int:

@@ -1,7 +1,8 @@
 """Running a pytest suite in a sandbox and reading per-test outcomes from its `-rA` summary.
 
 The `-rA` short summary (one `PASSED nodeid` / `FAILED nodeid - message` line per test) is what SWE-bench and
-SWE-smith grade from too; it needs no file to be written inside the sandbox.
+SWE-smith grade from too; it needs no file to be written inside the sandbox. A task may name its own test
+command (TaskInstance.test_cmd, e.g. a micro repository's dependency-free harness) printing the same lines.
 """
 
 from __future__ import annotations
@@ -74,6 +75,18 @@ def pytest_command(
     return f"COLUMNS={SUMMARY_WIDTH} " + " ".join(shlex.quote(a) for a in args)
 
 
+def task_test_command(
+    test_cmd: str = "", python: str = "python", test_ids: Sequence[str] = (), extra_args: Sequence[str] = ()
+) -> str:
+    """A task's own test command with the node ids appended, or pytest_command() when it has none.
+
+    `extra_args` are pytest flags: they apply to the default command only.
+    """
+    if not test_cmd:
+        return pytest_command(python, test_ids, extra_args)
+    return " ".join([test_cmd, *(shlex.quote(t) for t in test_ids)])
+
+
 def parse_pytest_summary(output: str) -> dict[str, TestOutcome]:
     """Node id -> outcome from pytest's `-rA` short summary; a later line for the same id wins."""
     results: dict[str, TestOutcome] = {}
@@ -128,4 +141,17 @@ async def run_pytest(
 ) -> tuple[ExecResult, dict[str, TestOutcome]]:
     """Run pytest in the sandbox's /workspace; returns the raw result and the per-test outcomes."""
     result = await sandbox.exec(pytest_command(python, test_ids, extra_args), timeout=timeout)
+    return result, parse_pytest_summary(result.output)
+
+
+async def run_tests(
+    sandbox: Sandbox,
+    timeout: float,
+    test_cmd: str = "",
+    python: str = "python",
+    test_ids: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+) -> tuple[ExecResult, dict[str, TestOutcome]]:
+    """Run a task's test command (empty: pytest) in /workspace; the raw result and the per-test outcomes."""
+    result = await sandbox.exec(task_test_command(test_cmd, python, test_ids, extra_args), timeout=timeout)
     return result, parse_pytest_summary(result.output)

@@ -1,7 +1,9 @@
 """The curate stage: synthesize and load tasks, decontaminate, split train/eval by repository, write them.
 
 Artifacts: train.parquet and eval.parquet (TaskInstance rows) and curate_report.json (yield by repository and
-modifier, rejection reasons, dataset row rejections, decontamination counts).
+modifier, rejection reasons, dataset row rejections, decontamination counts). Micro repositories (`micro`) are
+synthesized like the others; their tasks keep their generator split (eval vocabulary -> eval.parquet) and the
+report counts them as two repositories, 'micro-train' and 'micro-eval'.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from swerl.config import CurateConfig, DatasetSource
+from swerl.config import CurateConfig, DatasetSource, MicroSource
 from swerl.data.decontam import decontaminate, normalize_repo
 from swerl.data.loaders import LoadReport, load_tasks
+from swerl.data.micro import SPLITS, micro_repo_spec, micro_split
 from swerl.data.repos import RepoSpec, resolve_repos
 from swerl.data.schema import TaskInstance
-from swerl.data.synth import RepoReport, summarize, synthesize_repo
+from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.stage import StageContext, StageResult
@@ -64,28 +67,58 @@ def build_provider(cfg: CurateConfig) -> LocalSandboxProvider:
     )
 
 
+def micro_specs(micro: MicroSource) -> list[RepoSpec]:
+    """The configured micro repositories, materialized (train ones first), as repositories to synthesize from."""
+    counts = {"train": micro.train_repos, "eval": micro.eval_repos}
+    return [micro_repo_spec(split, micro.seed, index) for split in SPLITS for index in range(counts[split])]
+
+
 async def _synthesize_all(
-    cfg: CurateConfig, specs: Sequence[RepoSpec], seed: int, provider: LocalSandboxProvider
+    cfg: CurateConfig,
+    specs: Sequence[RepoSpec],
+    seed: int,
+    provider: LocalSandboxProvider,
+    micro: frozenset[str] = frozenset(),
 ) -> tuple[list[TaskInstance], list[RepoReport]]:
-    tasks: list[TaskInstance] = []
-    reports: list[RepoReport] = []
-    for spec in specs:
-        repo_tasks, report = await synthesize_repo(
-            spec,
-            provider,
-            modifiers=list(cfg.modifiers),
-            max_candidates=cfg.max_candidates_per_repo,
-            max_tasks=cfg.max_tasks_per_repo,
-            seed=seed,
-            workers=cfg.validation_workers,
-            test_timeout_s=cfg.sandbox.timeout_s,
-            clean_runs=cfg.clean_runs,
-            bugged_timeout_factor=cfg.bugged_timeout_factor,
-            min_bugged_timeout_s=cfg.min_bugged_timeout_s,
+    """Every repository at once, in order of results: one gate keeps validation_workers sandboxes busy overall.
+
+    Repositories named in `micro` deal their few candidates over the modifiers in a seeded order (a budget of 3
+    in name order would never reach swap_*).
+    """
+    gate = asyncio.Semaphore(cfg.validation_workers)
+    results = await asyncio.gather(
+        *(
+            synthesize_repo(
+                spec,
+                provider,
+                modifiers=list(cfg.modifiers),
+                max_candidates=cfg.max_candidates_per_repo,
+                max_tasks=cfg.max_tasks_per_repo,
+                seed=seed,
+                workers=cfg.validation_workers,
+                test_timeout_s=cfg.sandbox.timeout_s,
+                clean_runs=cfg.clean_runs,
+                bugged_timeout_factor=cfg.bugged_timeout_factor,
+                min_bugged_timeout_s=cfg.min_bugged_timeout_s,
+                gate=gate,
+                shuffle_modifiers=spec.name in micro,
+            )
+            for spec in specs
         )
-        tasks += repo_tasks
-        reports.append(report)
-    return tasks, reports
+    )
+    tasks = [task for repo_tasks, _ in results for task in repo_tasks]
+    return tasks, [report for _, report in results]
+
+
+def _merge_micro_reports(reports: Sequence[RepoReport], micro: Sequence[RepoSpec]) -> list[RepoReport]:
+    """Other repositories' reports as they are, then one 'micro-train' and one 'micro-eval' report (if any)."""
+    split_of = {spec.name: micro_split(spec.repo) for spec in micro}
+    merged = [r for r in reports if r.name not in split_of]
+    for split in SPLITS:
+        group = [r for r in reports if split_of.get(r.name) == split]
+        if group:
+            merged.append(merge_reports(f"micro-{split}", group))
+    return merged
 
 
 def _load_sources(
@@ -103,15 +136,19 @@ def _load_sources(
 def split_by_repo(
     tasks: Sequence[TaskInstance], eval_repos: Sequence[str]
 ) -> tuple[list[TaskInstance], list[TaskInstance], list[str]]:
-    """(train, eval, unmatched eval entries): a task is eval when its repository is listed (by full name or name)."""
+    """(train, eval, unmatched eval entries): a task is eval when its repository is listed (by full name or name).
+
+    A micro repository's task keeps its generator split whatever `eval_repos` says (swerl-micro/eval-* -> eval).
+    """
     wanted = {normalize_repo(r) for r in eval_repos}
     train: list[TaskInstance] = []
     held_out: list[TaskInstance] = []
     matched: set[str] = set()
     for task in tasks:
         repo = normalize_repo(task.repo)
-        keys = {repo, repo.rsplit("/", 1)[-1]} & wanted
-        if keys:
+        fixed = micro_split(repo)
+        keys = {repo, repo.rsplit("/", 1)[-1]} & wanted if fixed is None else set()
+        if keys or fixed == "eval":
             matched |= keys
             held_out.append(task.model_copy(update={"split": "eval"}))
         else:
@@ -142,15 +179,28 @@ def yield_table(reports: Sequence[RepoReport]) -> list[dict[str, Any]]:
 def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     """Synthesize and load tasks, decontaminate, split by repository and write train/eval parquet files."""
     specs = resolve_repos(cfg.repos)
+    micro = micro_specs(cfg.micro) if cfg.micro else []
+    names = {s.name for s in specs}
+    clashing = sorted(s.name for s in micro if s.name in names) + sorted(
+        n for n in names if n in ("micro-train", "micro-eval")
+    )
+    if clashing:
+        raise ValueError(f"repositories named like micro repositories or their report: {clashing[:5]}")
     provider = build_provider(cfg)
     # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
     limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
     ctx.log_params(limits | {"enforced_limits.python": cfg.sandbox.python or sys.executable})
     ctx.log.info("curate: sandbox limits %s", limits)
     ctx.log.info("curate: synthesizing from %d repositories: %s", len(specs), [s.name for s in specs])
+    if micro:
+        ctx.log.info("curate: and from %d micro repositories (%s)", len(micro), cfg.micro)
+    all_specs = specs + micro
     synthesized, repo_reports = (
-        _run_async(_synthesize_all(cfg, specs, ctx.seed, provider)) if specs else ([], [])
+        _run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
+        if all_specs
+        else ([], [])
     )
+    repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     tasks = synthesized + loaded
 
@@ -179,6 +229,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
             "eval": len(held_out),
             "eval_repos": cfg.eval_repos,
             "unmatched": unmatched,
+            "micro": cfg.micro.model_dump() if cfg.micro else None,
         },
     }
     ctx.write_artifact("curate_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
@@ -217,6 +268,7 @@ def _markdown(synth: dict[str, Any], split: dict[str, Any], decontam: dict[str, 
         "",
         f"- candidates validated: {synth['candidates']}, valid tasks: {synth['valid']}",
         f"- train: {split['train']}, eval: {split['eval']} (held-out repos: {split['eval_repos'] or 'none'})",
+        f"- micro repositories: {split['micro'] or 'none'}",
         f"- skipped repositories: {synth['skipped_repos'] or 'none'}",
         f"- rejection reasons: {synth['rejections'] or 'none'}",
     ]

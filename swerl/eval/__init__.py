@@ -1,0 +1,1 @@
+"""Evaluation: pass@k with confidence intervals over held-out tasks."""

@@ -1,0 +1,200 @@
+"""What the agent stages share: running coroutines from sync stage code, moving model directories through the
+store, the episode limits and sandbox provider from config, episodes with infrastructure retries, and the
+durable checkpoint folder a crashed stage resumes from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from swerl.agent.episode import EpisodeLimits
+from swerl.agent.trajectory import EpisodeStatus, Trajectory
+from swerl.config import AgentConfig, SandboxLimits
+from swerl.data.schema import TaskInstance
+from swerl.data.taskio import tasks_from_parquet
+from swerl.sandbox.local import LocalSandboxProvider
+from swerl.stage import Manifest, StageContext
+from swerl.storage import Store
+
+T = TypeVar("T")
+
+COMPLETE_MARKER = "COMPLETE"
+"""Written last into a checkpoint folder in the store: a folder without it was cut by a crash."""
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion, on a helper thread if this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="swerl-stage-loop")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def sandbox_provider(limits: SandboxLimits, git_baseline: bool = False) -> LocalSandboxProvider:
+    """The local (bubblewrap) sandbox provider with every limit from config."""
+    return LocalSandboxProvider(
+        limits.python or sys.executable,
+        memory_mb=limits.memory_mb,
+        max_processes=limits.max_processes,
+        cpu_time_s=limits.cpu_time_s,
+        file_size_mb=limits.file_size_mb,
+        tmp_size_mb=limits.tmp_size_mb,
+        max_open_files=limits.max_open_files,
+        max_output_bytes=limits.max_output_bytes,
+        start_timeout_s=limits.start_timeout_s,
+        git_baseline=git_baseline,
+    )
+
+
+def episode_limits(agent: AgentConfig) -> EpisodeLimits:
+    return EpisodeLimits(
+        max_turns=agent.max_turns,
+        max_trajectory_tokens=agent.max_trajectory_tokens,
+        max_new_tokens_per_turn=agent.max_new_tokens_per_turn,
+        command_timeout_s=agent.command_timeout_s,
+        max_observation_chars=agent.max_observation_chars,
+        test_timeout_s=agent.test_timeout_s,
+        episode_timeout_s=agent.episode_timeout_s,
+        max_malformed_calls=agent.max_malformed_calls,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs and outputs through the store
+
+
+def input_manifest(ctx: StageContext, stage: str) -> Manifest:
+    if stage not in ctx.inputs:
+        raise ValueError(
+            f"stage {ctx.stage} needs the output of stage {stage!r}; inputs: {sorted(ctx.inputs)}"
+        )
+    return ctx.inputs[stage]
+
+
+def read_input(store: Store, manifest: Manifest, name: str) -> bytes:
+    return store.read_bytes(store.rel_of(manifest.artifact(name).uri))
+
+
+def load_tasks(store: Store, manifest: Manifest, name: str) -> list[TaskInstance]:
+    """Tasks from a curate manifest's parquet artifact (train.parquet / eval.parquet)."""
+    return tasks_from_parquet(read_input(store, manifest, name))
+
+
+def put_dir(ctx: StageContext, name: str, local: Path) -> None:
+    """Publish every file of a local directory as artifacts `name/RELPATH` of the stage."""
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"{local} holds no files to publish as {name}")
+    for path in files:
+        ctx.put_artifact(f"{name}/{path.relative_to(local).as_posix()}", path)
+
+
+def get_dir(store: Store, manifest: Manifest, name: str, local: Path) -> Path:
+    """Download the artifacts `name/...` of a manifest into a local directory (a model folder, typically)."""
+    prefix = f"{name}/"
+    records = [a for n, a in manifest.artifacts.items() if n.startswith(prefix)]
+    if not records:
+        raise ValueError(f"stage {manifest.stage} ({manifest.uri}) published no {name}/ directory")
+    for record in records:
+        store.get_file(store.rel_of(record.uri), local / record.name[len(prefix) :])
+    return local
+
+
+class DurableCheckpoints:
+    """Training checkpoints mirrored to the store under the stage's key (not its attempt), so a rerun of a
+    crashed stage resumes from the newest complete one. A folder counts once its COMPLETE marker is written."""
+
+    def __init__(self, ctx: StageContext, local_root: Path) -> None:
+        self.store = ctx.store
+        self.prefix = ctx.prefix.rsplit("/", 1)[0] + "/checkpoints"
+        self.local_root = local_root
+        self.uploaded: set[str] = set()
+
+    def _complete(self) -> list[str]:
+        names = [rel.rsplit("/", 1)[-1] for rel in self.store.list(self.prefix)]
+        return sorted(n for n in names if self.store.exists(f"{self.prefix}/{n}/{COMPLETE_MARKER}"))
+
+    def restore_latest(self) -> Path | None:
+        """Download the newest complete checkpoint into local_root; None when there is none."""
+        complete = self._complete()
+        if not complete:
+            return None
+        name = complete[-1]
+        target = self.local_root / name
+        files = json.loads(self.store.read_bytes(f"{self.prefix}/{name}/{COMPLETE_MARKER}"))
+        for rel in files:
+            self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
+        self.uploaded.add(name)
+        return target
+
+    def sync(self) -> list[str]:
+        """Upload local checkpoint folders not uploaded yet (marker with the file list last); returns names."""
+        done = []
+        for folder in sorted(p for p in self.local_root.glob("step_*") if p.is_dir()):
+            if folder.name in self.uploaded:
+                continue
+            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+            for rel in files:
+                self.store.put_file(folder / rel, f"{self.prefix}/{folder.name}/{rel}")
+            self.store.write_bytes(
+                f"{self.prefix}/{folder.name}/{COMPLETE_MARKER}", json.dumps(files).encode()
+            )
+            self.uploaded.add(folder.name)
+            done.append(folder.name)
+        return done
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Episodes with the failure rule
+
+
+async def episode_with_retries(
+    run: Callable[[int], Awaitable[Trajectory]], retries: int, counts: dict[str, int]
+) -> Trajectory:
+    """Run an episode; rerun it (up to `retries` times) while it ends in an infrastructure error.
+
+    `run(retry)` runs one try. Every infrastructure error is counted in counts['infra_error.CAUSE']; the last
+    try's trajectory is returned, infra_error or not (callers leave those out of scores and baselines).
+    """
+    trajectory = await run(0)
+    for retry in range(1, retries + 1):
+        if trajectory.status is not EpisodeStatus.INFRA_ERROR:
+            break
+        counts[f"infra_error.{trajectory.infra_cause}"] = (
+            counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
+        )
+        trajectory = await run(retry)
+    if trajectory.status is EpisodeStatus.INFRA_ERROR:
+        counts[f"infra_error.{trajectory.infra_cause}"] = (
+            counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
+        )
+        counts["infra_error.gave_up"] = counts.get("infra_error.gave_up", 0) + 1
+    return trajectory
+
+
+def seeded_sample(items: Sequence[T], k: int, seed: int | str) -> list[T]:
+    """k items (all when fewer) in a seeded order independent of the input order's accidents."""
+    chosen = list(items)
+    random.Random(seed).shuffle(chosen)
+    return chosen[:k]

@@ -1,0 +1,198 @@
+"""The GRPO stage (synchronous): each step samples B training tasks x n attempts with the current policy, runs
+the episodes concurrently in sandboxes, and takes one GRPO update; the new weights go to the engine with a
+version number before the next step.
+
+The failure rule: an attempt that ends in an infrastructure error is rerun (agent.infra_retries); if it still
+fails it is left out of its group's baseline and of the loss, never scored 0. Checkpoints (model, optimizer,
+RNG, step, task-stream position) are mirrored to the store under the stage key; a crashed stage resumes there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swerl.agent.episode import run_episode
+from swerl.agent.trajectory import Trajectory
+from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
+from swerl.data.schema import TaskInstance
+from swerl.engine.base import Engine, SamplingParams, logprob_temperature
+from swerl.engine.local import LocalEngine
+from swerl.stage import StageContext, StageResult
+from swerl.stages.common import (
+    DurableCheckpoints,
+    episode_limits,
+    episode_with_retries,
+    get_dir,
+    input_manifest,
+    load_tasks,
+    put_dir,
+    run_async,
+    sandbox_provider,
+    seeded_sample,
+)
+from swerl.train.grpo_trainer import GRPOTrainer, rollout_groups
+from swerl.train.model import load_model_and_tokenizer, save_model_and_tokenizer
+
+
+class GRPOStage(StrictModel):
+    """What the GRPO stage's checkpoint key covers."""
+
+    grpo: GRPOConfig
+    agent: AgentConfig
+    engine: EngineConfig
+
+
+def check_config(cfg: GRPOStage, context: int) -> None:
+    caps = {"agent.max_trajectory_tokens": cfg.agent.max_trajectory_tokens,
+            "engine.max_context_tokens": cfg.engine.max_context_tokens}  # fmt: skip
+    over = {k: v for k, v in caps.items() if context and v > context}
+    if over:
+        raise ValueError(f"token caps exceed the model's context of {context} tokens: {over}")
+    if cfg.agent.max_trajectory_tokens > cfg.engine.max_context_tokens:
+        raise ValueError(
+            f"agent.max_trajectory_tokens ({cfg.agent.max_trajectory_tokens}) exceeds engine.max_context_tokens "
+            f"({cfg.engine.max_context_tokens}): episodes would be cut by the engine, not by the agent's cap"
+        )
+
+
+def step_tasks(order: list[TaskInstance], step: int, per_step: int) -> list[TaskInstance]:
+    """The tasks of a step: the next `per_step` of a seeded order, wrapping around (the data position is
+    step * per_step, so a resumed run continues exactly where the checkpoint was taken)."""
+    start = step * per_step
+    return [order[(start + i) % len(order)] for i in range(per_step)]
+
+
+def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
+    g = cfg.grpo
+    started = time.monotonic()
+    torch.set_num_threads(g.threads)
+    sft = input_manifest(ctx, "sft")
+    tasks = load_tasks(ctx.store, input_manifest(ctx, "curate"), "train.parquet")
+    if not tasks:
+        raise ValueError("the curate stage produced no training tasks for GRPO")
+    order = seeded_sample(tasks, len(tasks), f"grpo:{ctx.seed}:{g.task_seed_offset}")
+    start_dir = get_dir(ctx.store, sft, "model", ctx.workdir / "sft_model")
+    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
+    resume = durable.restore_latest()
+    model, tokenizer = load_model_and_tokenizer(start_dir)
+    check_config(cfg, int(getattr(model.config, "max_position_embeddings", 0) or 0))
+    reference = load_model_and_tokenizer(start_dir)[0] if g.kl_coef > 0 else None
+    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.temperature,
+                              top_p=g.top_p)  # fmt: skip
+    trainer = GRPOTrainer(
+        model, lr=g.lr, weight_decay=g.weight_decay, grad_clip=g.grad_clip, clip_eps_low=g.clip_eps_low,
+        clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, kl_coef=g.kl_coef, ref_model=reference,
+        scale_adv_by_std=g.scale_adv_by_std, micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs,
+        num_minibatches=g.num_minibatches, logprob_temperature=logprob_temperature(sampling), seed=ctx.seed,
+        tokenizer=tokenizer,
+    )  # fmt: skip
+    serve_dir = start_dir
+    if resume is not None:
+        trainer.load(resume)
+        serve_dir = resume
+        ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
+    limits = episode_limits(cfg.agent)
+    provider = sandbox_provider(cfg.agent.sandbox, git_baseline=True)
+    counts: dict[str, int] = {}
+    history: list[dict[str, float]] = []
+
+    async def loop() -> None:
+        async with LocalEngine(
+            serve_dir, max_batch_size=cfg.engine.max_batch_size, max_context_tokens=cfg.engine.max_context_tokens,
+            seed=ctx.seed, weight_version=trainer.step, intra_op_threads=cfg.engine.threads,
+        ) as engine:  # fmt: skip
+
+            async def episode(
+                engine: Engine, task: TaskInstance, *, attempt: int, group_id: str
+            ) -> Trajectory:
+                async def once(retry: int) -> Trajectory:
+                    return await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
+                                             group_id=group_id, rid=f"{group_id}/{attempt}/{retry}")  # fmt: skip
+
+                return await episode_with_retries(once, cfg.agent.infra_retries, counts)
+
+            while trainer.step < g.steps:
+                if g.time_budget_s is not None and time.monotonic() - started > g.time_budget_s:
+                    ctx.log.info(
+                        "grpo: time budget of %.0f s spent after %d steps", g.time_budget_s, trainer.step
+                    )
+                    break
+                step_started = time.monotonic()
+                batch = step_tasks(order, trainer.step, g.tasks_per_step)
+                groups = await rollout_groups(engine, batch, g.attempts_per_task, episode, g.rollout_concurrency,
+                                              group_prefix=f"s{trainer.step}-")  # fmt: skip
+                rollout_s = time.monotonic() - step_started
+                stats = await asyncio.to_thread(trainer.train_step, groups)
+                sync_started = time.monotonic()
+                export = trainer.export_weights(ctx.workdir / "exports")
+                await engine.update_weights_from_disk(str(export), trainer.step)
+                stats |= {"time_rollout_s": rollout_s, "time_weight_sync_s": time.monotonic() - sync_started,
+                          "time_total_s": time.monotonic() - step_started}  # fmt: skip
+                stats |= {f"failures/{k}": float(v) for k, v in counts.items()}
+                stats |= episode_stats(groups)
+                history.append(stats)
+                ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
+                ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", trainer.step, g.steps,
+                             stats["reward_mean"], stats["groups"] - stats["groups_without_signal"]
+                             - stats["groups_dropped"], stats["groups"], stats["time_total_s"])  # fmt: skip
+                due = g.checkpoint_every > 0 and trainer.step % g.checkpoint_every == 0
+                if due and trainer.step < g.steps:
+                    save(trainer, durable, g, len(order))
+
+    run_async(loop())
+    if history:  # the final state, whatever the checkpoint interval
+        save(trainer, durable, g, len(order))
+    out = ctx.workdir / "model"
+    save_model_and_tokenizer(trainer.model, tokenizer, out)
+    put_dir(ctx, "model", out)
+    rewards = [h["reward_mean"] for h in history]
+    report: dict[str, Any] = {
+        "steps": trainer.step,
+        "steps_this_attempt": len(history),
+        "resumed": resume.name if resume else None,
+        "reward_by_step": rewards,
+        "failures": counts,
+        "history": history,
+        "wall_s": time.monotonic() - started,
+    }
+    ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"]}
+    if rewards:
+        third = max(1, len(rewards) // 3)
+        metrics |= {"reward_first_third": sum(rewards[:third]) / third,
+                    "reward_last_third": sum(rewards[-third:]) / third}  # fmt: skip
+    lines = ["# GRPO", "", f"- {trainer.step} steps of {g.tasks_per_step} tasks x {g.attempts_per_task} attempts",
+             f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
+             f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
+    return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
+                       summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
+                       f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
+
+
+def save(trainer: GRPOTrainer, durable: DurableCheckpoints, g: GRPOConfig, num_tasks: int) -> Path:
+    position = trainer.step * g.tasks_per_step
+    path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
+                        num_examples=num_tasks, keep_last=2)  # fmt: skip
+    durable.sync()
+    return path
+
+
+def episode_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
+    """Per-step episode shape: malformed calls, trajectory tokens, wall time per episode."""
+    flat = [t for group in groups for t in group]
+    if not flat:
+        return {}
+    statuses = Counter(t.status.value for t in flat)
+    return {
+        "malformed_calls_mean": sum(t.malformed_tool_calls for t in flat) / len(flat),
+        "trajectory_tokens_mean": sum(len(t.token_ids) for t in flat) / len(flat),
+        "episode_seconds_mean": sum(t.timings.total_s for t in flat) / len(flat),
+        "submitted_rate": (statuses["resolved"] + statuses["unresolved"]) / len(flat),
+    }

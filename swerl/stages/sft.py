@@ -1,0 +1,244 @@
+"""The SFT stage: the base model (loaded from a checkpoint, or built tiny with a locally trained tokenizer), then
+supervised fine-tuning on the traces with packing and assistant-only loss.
+
+Artifacts: base/ (the starting model and tokenizer, evaluated as "base"), model/ (the fine-tuned one), and
+sft_report.json. Checkpoints are mirrored to the store under the stage key: a crashed stage resumes from the
+newest one, with the same step plan, and loses at most `checkpoint_every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swerl.agent.traces import load_trace_rows, normalize_messages, traces_to_examples
+from swerl.config import AgentConfig, EngineConfig, SFTConfig, StrictModel
+from swerl.data.repos import iter_files, resolve_environment
+from swerl.stage import StageContext, StageResult
+from swerl.stages.common import DurableCheckpoints, input_manifest, load_tasks, put_dir, read_input
+from swerl.train.checkpoint import latest_checkpoint
+from swerl.train.model import (
+    build_tiny_model,
+    load_model_and_tokenizer,
+    save_model_and_tokenizer,
+    train_tokenizer,
+)
+from swerl.train.sft import StepMetrics, train_sft
+
+STDLIB_FILES = (
+    "textwrap.py",
+    "string.py",
+    "bisect.py",
+    "heapq.py",
+    "fractions.py",
+    "statistics.py",
+    "calendar.py",
+)
+"""Standard-library modules added to the tokenizer corpus: general Python text, so that identifiers the training
+tasks never use still split into sensible pieces (never the held-out tasks' own text)."""
+
+
+class SFTStage(StrictModel):
+    """What the SFT stage's checkpoint key covers (the caps decide which traces fit the model's context)."""
+
+    sft: SFTConfig
+    agent: AgentConfig
+    engine: EngineConfig
+
+
+def model_context(model: PreTrainedModel) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 0)
+
+
+def check_caps(cfg: SFTStage, context: int) -> None:
+    """Token caps must fit the model's context: a clear error before any training."""
+    caps = {
+        "sft.seq_len": cfg.sft.seq_len,
+        "agent.max_trajectory_tokens": cfg.agent.max_trajectory_tokens,
+        "engine.max_context_tokens": cfg.engine.max_context_tokens,
+    }
+    over = {k: v for k, v in caps.items() if context and v > context}
+    if over:
+        raise ValueError(f"token caps exceed the model's context of {context} tokens: {over}")
+
+
+def tokenizer_corpus(rows: list[dict[str, Any]], repo_dirs: list[Path]) -> Iterator[str]:
+    """Trace texts, the training repositories' Python sources and a few standard-library modules."""
+    for row in rows:
+        yield "\n".join(m["content"] for m in normalize_messages(row["messages"]))
+    for root in repo_dirs:
+        for rel in iter_files(root):
+            if rel.suffix == ".py":
+                yield (root / rel).read_text(errors="replace")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in STDLIB_FILES:
+        if (stdlib / name).is_file():
+            yield (stdlib / name).read_text(errors="replace")
+
+
+def base_model(
+    cfg: SFTStage, ctx: StageContext, rows: list[dict[str, Any]], out: Path
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the configured checkpoint, or build the tiny model and train its tokenizer; saved to `out`."""
+    if cfg.sft.model_path:
+        model, tokenizer = load_model_and_tokenizer(cfg.sft.model_path)
+    else:
+        tiny = cfg.sft.tiny
+        repo_dirs: list[Path] = []
+        if "curate" in ctx.inputs:
+            images = sorted({t.image for t in load_tasks(ctx.store, ctx.inputs["curate"], "train.parquet")})
+            repo_dirs = [
+                resolve_environment(image) for image in images if image.startswith(("local://", "micro://"))
+            ]
+        tokenizer = train_tokenizer(
+            tokenizer_corpus(rows, repo_dirs), tiny.vocab_size, ctx.workdir / "tokenizer"
+        )
+        model = build_tiny_model(
+            tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads, tiny.ffn_size,
+            tiny.max_positions, moe=tiny.moe, num_experts=tiny.num_experts,
+            num_experts_per_tok=tiny.experts_per_token, seed=ctx.seed,
+        )  # fmt: skip
+    check_caps(cfg, model_context(model))
+    save_model_and_tokenizer(model, tokenizer, out)
+    return model, tokenizer
+
+
+def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
+    started = time.monotonic()
+    torch.set_num_threads(cfg.sft.threads)
+    traces = input_manifest(ctx, "traces")
+    local_traces = ctx.workdir / "traces.jsonl"
+    local_traces.write_bytes(read_input(ctx.store, traces, "traces.jsonl"))
+    rows = load_trace_rows(local_traces)
+    if not rows:
+        raise ValueError(f"the traces stage ({traces.uri}) wrote no traces")
+
+    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
+    resume = durable.restore_latest()
+    base_dir = ctx.workdir / "base"
+    if resume is not None:
+        # The base model of a resumed run is the one the first attempt built: same seed, same data.
+        model, tokenizer = load_model_and_tokenizer(resume)
+        ctx.log.info("sft: resuming from checkpoint %s", resume.name)
+        base_model_obj, _ = base_model(cfg, ctx, rows, base_dir)
+        del base_model_obj
+    else:
+        model, tokenizer = base_model(cfg, ctx, rows, base_dir)
+    put_dir(ctx, "base", base_dir)
+    examples = traces_to_examples(tokenizer, rows)
+    if not examples:
+        raise ValueError("no resolved traces to train on")
+    lengths = [len(ids) for ids, _ in examples]
+    targets = [sum(mask) for _, mask in examples]
+    s = cfg.sft
+    train_kwargs: dict[str, Any] = dict(
+        seq_len=s.seq_len, rows_per_micro_batch=s.rows_per_micro_batch, grad_accum_steps=s.grad_accum_steps,
+        lr=s.lr, min_lr_ratio=s.min_lr_ratio, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
+        bf16=s.bf16, seed=ctx.seed, truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+
+    plan_rel = f"{durable.prefix}/plan.json"
+    if ctx.store.exists(plan_rel):
+        plan = json.loads(ctx.store.read_bytes(plan_rel))
+    else:
+        plan = {"max_steps": s.max_steps, "seconds_per_step": None}
+        if s.time_budget_s is not None:
+            # Measure a few steps on a copy, so the cosine schedule ends when the budget does.
+            probe = build_probe(model)
+            times: list[float] = []
+            calibration = train_kwargs | {"warmup_steps": 0}
+            train_sft(probe, examples, max_steps=4, **calibration, on_step=lambda m: times.append(m.seconds))
+            del probe
+            per_step = statistics.fmean(times[1:])
+            plan = {"max_steps": max(s.warmup_steps + 1, min(s.max_steps, int(s.time_budget_s / per_step))),
+                    "seconds_per_step": per_step}  # fmt: skip
+        ctx.store.write_bytes(plan_rel, json.dumps(plan).encode())
+    max_steps = int(plan["max_steps"])
+    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %d steps planned%s", len(examples),
+                 statistics.fmean(lengths), statistics.fmean(targets), max_steps,
+                 f" ({plan['seconds_per_step']:.2f} s/step measured)" if plan["seconds_per_step"] else "")  # fmt: skip
+
+    curve: list[StepMetrics] = []
+    log_every = max(1, max_steps // 100)
+
+    def on_step(metrics: StepMetrics) -> None:
+        curve.append(metrics)
+        if metrics.step % log_every == 0 or metrics.step == max_steps:
+            ctx.log_metrics(
+                {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
+                 "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
+                 "train/padding_fraction": metrics.padding_fraction},
+                step=metrics.step,
+            )  # fmt: skip
+        if metrics.step % max(1, max_steps // 10) == 0:
+            ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
+                         metrics.tokens_per_second)  # fmt: skip
+        durable.sync()  # checkpoints written after the previous step reach the store now
+
+    train_started = time.monotonic()
+    result = train_sft(
+        model, examples, max_steps=max_steps, warmup_steps=min(s.warmup_steps, max_steps - 1), **train_kwargs,
+        checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints,
+        tokenizer=tokenizer, resume_from=latest_checkpoint(durable.local_root) if resume else None,
+        on_step=on_step,
+    )  # fmt: skip
+    durable.sync()
+    train_s = time.monotonic() - train_started
+    out = ctx.workdir / "model"
+    save_model_and_tokenizer(model, tokenizer, out)
+    put_dir(ctx, "model", out)
+    tokens = sum(m.num_tokens for m in curve)
+    report = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "examples": len(examples),
+        "tokens_per_example": statistics.fmean(lengths),
+        "targets_per_example": statistics.fmean(targets),
+        "steps": result.state.step,
+        "steps_this_attempt": len(curve),
+        "resumed_from": resume.name if resume else None,
+        "tokens_this_attempt": tokens,
+        "epochs": result.state.epoch,
+        "final_loss": curve[-1].loss if curve else None,
+        "tokens_per_second": tokens / train_s if train_s > 0 else 0.0,
+        "train_s": train_s,
+        "wall_s": time.monotonic() - started,
+        "plan": plan,
+    }
+    ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    metrics = {
+        "parameters": float(report["parameters"]),
+        "examples": float(len(examples)),
+        "steps": float(result.state.step),
+        "tokens_per_second": float(report["tokens_per_second"]),
+        "final_loss": float(statistics.fmean(m.loss for m in curve[-10:])) if curve else float("nan"),
+    }
+    markdown = "\n".join(
+        [
+            "# SFT",
+            "",
+            f"- model: {cfg.sft.model_path or 'tiny Qwen3 built from config'}, {report['parameters']:,} parameters,"
+            f" vocab {report['vocab_size']}",
+            f"- {len(examples)} traces, mean {report['tokens_per_example']:.0f} tokens "
+            f"({report['targets_per_example']:.0f} trained)",
+            f"- {result.state.step} steps, {report['epochs']} epochs, final loss {metrics['final_loss']:.3f}, "
+            f"{report['tokens_per_second']:.0f} tokens/s",
+        ]
+    )
+    return StageResult(metrics=metrics, markdown={"sft": markdown + "\n"},
+                       summary=f"{result.state.step} steps, loss {metrics['final_loss']:.3f}")  # fmt: skip
+
+
+def build_probe(model: PreTrainedModel) -> PreTrainedModel:
+    """A same-shaped copy to time steps on (the real model must not take calibration updates)."""
+    probe = type(model)(model.config)
+    probe.load_state_dict(model.state_dict())
+    return probe
