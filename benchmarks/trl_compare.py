@@ -85,6 +85,7 @@ from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.train.grpo_trainer import GRPOTrainer as SwerlGRPOTrainer
 from swerl.train.model import CHAT_TEMPLATE, build_tiny_model, render_messages, render_text, train_tokenizer
 from swerl.train.sft import (
+    IGNORE_INDEX,
     DataPosition,
     build_optimizer,
     next_micro_batches,
@@ -92,8 +93,6 @@ from swerl.train.sft import (
     seed_everything,
     train_step,
 )
-
-IGNORE_INDEX = -100
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model, tokenizer, template

@@ -234,6 +234,8 @@ class TracesConfig(StrictModel):
     """The oracle views a file with this many lines or fewer whole (`cat -n FILE`), longer ones around the bug."""
     context_lines: int = Field(3, ge=0, le=1000)
     """Lines shown around the bug when the oracle views part of a file."""
+    test_command: str | None = None
+    """What the oracle runs to see the failures; None: the task's own test command (pytest when it has none)."""
 
 
 class SFTConfig(StrictModel):

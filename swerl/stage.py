@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from swerl.config import config_hash
 from swerl.storage import Artifact, Store
@@ -47,6 +47,11 @@ class InputRef(BaseModel):
 
 class Manifest(BaseModel):
     """What a stage wrote: artifacts with hashes, its config hash, its inputs, its MLflow run, its timings."""
+
+    # A metric may be NaN (a held-out pass@1 with every task missing, a resumed SFT with no step left): written
+    # as NaN, not null, so that the manifest reads back (a null would fail the float check and the stage could
+    # never be skipped again).
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     version: int = MANIFEST_VERSION
     stage: str

@@ -285,3 +285,37 @@ def test_infra_errors_are_not_scored(
     )
     assert trajectory.status is EpisodeStatus.INFRA_ERROR and trajectory.infra_cause == "engine_http"
     assert trajectory.reward is None and trajectory.timings.tests_s == 0.0 and trajectory.num_turns == 1
+
+
+def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
+    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """A well-formed call resets the count: 2 malformed, a command, then 3 in a row hit max_malformed_calls=3."""
+    malformed = "I will run the tests."
+    texts = [
+        malformed,
+        malformed,
+        format_tool_call("bash", {"command": "true"}),
+        malformed,
+        malformed,
+        malformed,
+    ]
+    engine = ScriptedEngine.from_texts(tokenizer, [*texts, format_tool_call("submit", {})])
+    limits = EpisodeLimits(max_turns=10, max_malformed_calls=3, test_timeout_s=60)
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
+    )
+    assert trajectory.status is EpisodeStatus.MALFORMED and trajectory.num_turns == 6
+    assert trajectory.malformed_tool_calls == 5 and len(engine.requests) == 6  # submit never sampled
+    assert trajectory.reward == 0.0 and trajectory.timings.tests_s > 0  # graded on the unfixed bug
+    assert trajectory.messages[-1] == {"role": "assistant", "content": malformed}  # no observation after it
+    assert trajectory.token_ids == render_messages(tokenizer, trajectory.messages)[0]
+
+    # Exactly N in a row from the start: malformed_tool_calls == N.
+    engine = ScriptedEngine.from_texts(tokenizer, [malformed], cycle=True)
+    limits = EpisodeLimits(max_turns=10, max_malformed_calls=2, test_timeout_s=60)
+    trajectory = asyncio.run(
+        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
+    )
+    assert trajectory.status is EpisodeStatus.MALFORMED and trajectory.reward == 0.0
+    assert trajectory.malformed_tool_calls == 2 == trajectory.num_turns

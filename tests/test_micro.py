@@ -43,7 +43,7 @@ from swerl.storage import Store
 from swerl.tracking import Tracker
 
 MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
-GOLDEN_TRAIN_0_0 = "0c45bd430e86c10601538d7fa23a2caf081e7a262846177b38f7fcea5e137c42"
+GOLDEN_TRAIN_0_0 = "f7110d6f893385f29ae1c3e1f41059fa226a3b1d61e54c18e3afa56723ad302f"
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_generation_is_pinned():
     """Same bytes on every machine: a change here must come with a GENERATOR_VERSION bump."""
     files = micro_repo_files("train", 0, 0)
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    assert (GENERATOR_VERSION, digest) == (1, GOLDEN_TRAIN_0_0), files["mod.py"]
+    assert (GENERATOR_VERSION, digest) == (2, GOLDEN_TRAIN_0_0), files["mod.py"]
 
 
 def test_subprocess_generation_matches_under_hash_randomization():

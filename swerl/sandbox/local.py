@@ -205,6 +205,7 @@ class LocalSandboxProvider:
         self.max_open_files = max_open_files
         self.max_output_bytes = max_output_bytes
         self.start_timeout_s = start_timeout_s
+        self._python_ok = False
         self.kill_grace_s = kill_grace_s
         self.extra_env = dict(extra_env or {})
         self.git_baseline = git_baseline
@@ -261,7 +262,9 @@ class LocalSandboxProvider:
                 max_output_bytes=self.max_output_bytes,
                 kill_grace_s=self.kill_grace_s,
             )
-            probe = await sandbox.exec("test -w /workspace && python -c 'pass'", timeout=self.start_timeout_s)
+            # The interpreter's binds are checked once per provider; later starts only check the workspace.
+            check = "test -w /workspace" if self._python_ok else "test -w /workspace && python -c 'pass'"
+            probe = await sandbox.exec(check, timeout=self.start_timeout_s)
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -271,6 +274,7 @@ class LocalSandboxProvider:
         if probe.exit_code != 0:
             await sandbox.close()
             raise InfraError("start_failed", f"sandbox start check failed: {probe.output.strip()}")
+        self._python_ok = True
         return sandbox
 
     def _prepare(self, root: Path, env_dir: Path, uid: int, setup_patch: str | None) -> None:

@@ -77,6 +77,7 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
                 workers=cfg.traces.workers,
                 context_lines=cfg.traces.context_lines,
                 view_whole_file_lines=cfg.traces.view_whole_file_lines,
+                test_command=cfg.traces.test_command,
             )
         )
         rows = oracle_rows(traces)

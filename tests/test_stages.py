@@ -1,0 +1,453 @@
+"""The agent stages (traces -> sft -> grpo -> evaluate) through run_stage, on real micro tasks.
+
+Nothing is faked: the curate stage synthesizes tasks from micro repositories once per module, the oracle solves
+them in real bubblewrap sandboxes, a tiny Qwen3 model (hidden 32, one layer, a 500-token vocabulary) is trained,
+sampled by the local engine and graded in sandboxes. The store is a file:// folder and MLflow a sqlite file, both
+shared by the module (MLflow migrates a new database for ~10 s). The only injected fault is the crash in the SFT
+resume test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from swerl.agent.toolcall import ToolCall, parse_tool_call
+from swerl.agent.tools import TOOL_SPECS
+from swerl.agent.traces import load_trace_rows, write_traces
+from swerl.config import (
+    AgentConfig,
+    CurateConfig,
+    EngineConfig,
+    EvaluateConfig,
+    GRPOConfig,
+    MicroSource,
+    SFTConfig,
+    TinyModelConfig,
+    TracesConfig,
+)
+from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
+from swerl.stage import (
+    Manifest,
+    StageContext,
+    StageOutcome,
+    StageResult,
+    load_manifest,
+    run_stage,
+    stage_key,
+)
+from swerl.stages import grpo as grpo_module
+from swerl.stages import sft as sft_module
+from swerl.stages.common import COMPLETE_MARKER, DurableCheckpoints, get_dir
+from swerl.stages.curate import run_curate
+from swerl.stages.evaluate import EvaluateStage, run_evaluate
+from swerl.stages.grpo import GRPOStage, run_grpo
+from swerl.stages.sft import SFTStage, run_sft
+from swerl.stages.traces import TracesStage, run_traces
+from swerl.storage import Store
+from swerl.tracking import Tracker
+from swerl.train.model import load_model_and_tokenizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+TEST_COMMAND = "python run_tests.py -q"
+MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
+CONTEXT = 1536  # the tiny model's positions: every oracle trace of these tasks fits (the longest is ~1400)
+
+AGENT = AgentConfig(
+    max_turns=4,
+    max_trajectory_tokens=1024,
+    max_new_tokens_per_turn=16,
+    max_malformed_calls=2,
+    command_timeout_s=20,
+    test_timeout_s=30,
+    episode_timeout_s=120,
+    infra_retries=1,
+)
+ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=1024, threads=1)
+TINY = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
+                       max_positions=CONTEXT)  # fmt: skip
+SFT = SFTConfig(tiny=TINY, seq_len=CONTEXT, rows_per_micro_batch=2, max_steps=6, lr=5e-3, warmup_steps=1,
+                checkpoint_every=2, keep_checkpoints=2, threads=1)  # fmt: skip
+GRPO = GRPOConfig(steps=2, tasks_per_step=2, attempts_per_task=2, rollout_concurrency=4, checkpoint_every=1,
+                  threads=1)  # fmt: skip
+EVALUATE = EvaluateConfig(max_tasks=2, attempts=1, concurrency=4, bootstrap_samples=200, temperature=0.7)
+
+
+@dataclass
+class Env:
+    store: Store
+    tracker: Tracker
+
+    def run(self, stage: str, fn: Any, cfg: Any, inputs: list[Manifest] | None = None) -> StageOutcome:
+        return run_stage(stage, fn, cfg, store=self.store, tracker=self.tracker, parent=None, inputs=inputs,
+                         seed=0, log=logging.getLogger(f"swerl.test.{stage}"))  # fmt: skip
+
+    def artifact(self, manifest: Manifest, name: str) -> bytes:
+        return self.store.read_bytes(self.store.rel_of(manifest.artifact(name).uri))
+
+    def json(self, manifest: Manifest, name: str) -> Any:
+        return json.loads(self.artifact(manifest, name))
+
+    def metric_history(self, manifest: Manifest, key: str) -> list[tuple[int, float]]:
+        assert manifest.mlflow_run_id
+        history = self.tracker.client.get_metric_history(manifest.mlflow_run_id, key)
+        return sorted((m.step, m.value) for m in history)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWERL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "swerl-cache"))
+        yield
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    root = tmp_path_factory.mktemp("stages")
+    return Env(Store(f"file://{root}/store"), Tracker(f"sqlite:///{root}/mlflow.db", "stages-test"))
+
+
+@pytest.fixture
+def scratch_env(env: Env, tmp_path: Path) -> Env:
+    """A store of the test's own (the module's MLflow database): for literal input manifests."""
+    return Env(Store(f"file://{tmp_path}/store"), env.tracker)
+
+
+@pytest.fixture(scope="module")
+def curate(env: Env) -> Manifest:
+    cfg = CurateConfig(repos=[], micro=MicroSource(train_repos=3, eval_repos=2), modifiers=MODIFIERS,
+                       max_candidates_per_repo=2, clean_runs=1, validation_workers=2)  # fmt: skip
+    manifest = env.run("curate", run_curate, cfg).manifest
+    assert tasks_from_parquet(env.artifact(manifest, "train.parquet"))
+    assert len(tasks_from_parquet(env.artifact(manifest, "eval.parquet"))) >= 2
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def traces(env: Env, curate: Manifest) -> Manifest:
+    cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND, view_whole_file_lines=40), agent=AGENT)
+    return env.run("traces", run_traces, cfg, [curate]).manifest
+
+
+@pytest.fixture(scope="module")
+def sft(env: Env, curate: Manifest, traces: Manifest) -> Manifest:
+    """The uninterrupted SFT run (the resume test trains the same config under another stage name)."""
+    return env.run("sft", run_sft, SFTStage(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]).manifest
+
+
+@pytest.fixture(scope="module")
+def grpo(env: Env, curate: Manifest, sft: Manifest) -> Manifest:
+    return env.run("grpo", run_grpo, GRPOStage(grpo=GRPO, agent=AGENT, engine=ENGINE), [curate, sft]).manifest
+
+
+def empty_curate(cfg: Any, ctx: StageContext) -> StageResult:
+    """A curate stage that found nothing: both task files exist and hold no row."""
+    ctx.write_artifact("train.parquet", tasks_to_parquet([]))
+    ctx.write_artifact("eval.parquet", tasks_to_parquet([]))
+    return StageResult()
+
+
+def stage_key_of(stage: str, cfg: Any, inputs: list[Manifest] | None = None) -> str:
+    return stage_key(stage, cfg, inputs or [], 0)
+
+
+def state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    model, _ = load_model_and_tokenizer(directory)
+    return model.state_dict()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# traces
+
+
+def test_oracle_traces_are_swe_smith_rows_that_start_with_the_test_command(
+    env: Env, curate: Manifest, traces: Manifest
+) -> None:
+    assert set(traces.artifacts) == {"traces.jsonl", "traces_report.json"}
+    assert [ref.stage for ref in traces.inputs] == ["curate"]
+    train = tasks_from_parquet(env.artifact(curate, "train.parquet"))
+    rows = [json.loads(line) for line in env.artifact(traces, "traces.jsonl").decode().splitlines() if line]
+    assert rows and {r["instance_id"] for r in rows} <= {t.instance_id for t in train}
+    for row in rows:
+        assert row["resolved"] is True and row["model"] == "oracle" and row["traj_id"]
+        roles = [m["role"] for m in row["messages"]]
+        assert roles[:2] == ["system", "user"] and "assistant" in roles and "tool" in roles
+        assert all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in row["messages"])
+        first = parse_tool_call(
+            next(m["content"] for m in row["messages"] if m["role"] == "assistant"), TOOL_SPECS
+        )
+        assert isinstance(first, ToolCall) and first.name == "bash", first
+        assert first.arguments["command"] == TEST_COMMAND
+        last = parse_tool_call(row["messages"][-1]["content"], TOOL_SPECS)
+        assert isinstance(last, ToolCall) and last.name == "submit"
+
+    report = env.json(traces, "traces_report.json")
+    oracle = report["oracle"]
+    assert report["source"] == "oracle" and report["traces"] == len(rows) == traces.metrics["traces"]
+    assert oracle["attempted"] == len(train) and oracle["traced"] == len(rows)
+    assert oracle["traced"] + sum(oracle["skipped"].values()) == oracle["attempted"]
+    by_role = report["messages_by_role"]
+    assert by_role["system"] == by_role["user"] == len(rows)
+    assert by_role["assistant"] == sum(sum(m["role"] == "assistant" for m in r["messages"]) for r in rows)
+    assert traces.metrics["assistant_turns_per_trace"] == by_role["assistant"] / len(rows)
+
+
+def test_dataset_traces_are_checked_row_by_row(env: Env, traces: Manifest, tmp_path: Path) -> None:
+    (tmp_path / "oracle.jsonl").write_bytes(env.artifact(traces, "traces.jsonl"))
+    rows = load_trace_rows(tmp_path / "oracle.jsonl")
+    good = write_traces(rows[:2], tmp_path / "good" / "traces.jsonl")
+    outcome = env.run("traces", run_traces, TracesStage(traces=TracesConfig(source="dataset", dataset=str(good)),
+                                                       agent=AGENT))  # fmt: skip
+    report = env.json(outcome.manifest, "traces_report.json")
+    assert report["source"] == "dataset" and report["dataset"] == str(good) and report["traces"] == 2
+    assert outcome.manifest.inputs == []
+
+    no_assistant = dict(rows[0], traj_id="no-assistant.0",
+                        messages=[m for m in rows[0]["messages"] if m["role"] != "assistant"])  # fmt: skip
+    bad = write_traces([rows[1], no_assistant], tmp_path / "bad" / "traces.jsonl")
+    cfg = TracesStage(traces=TracesConfig(source="dataset", dataset=str(bad)), agent=AGENT)
+    with pytest.raises(ValueError, match=r"trace row 1 \(traj_id='no-assistant.0'\) has no assistant turn"):
+        env.run("traces", run_traces, cfg)
+    assert load_manifest(env.store, "traces", stage_key_of("traces", cfg)) is None
+
+
+def test_dataset_source_without_a_dataset_is_refused(env: Env) -> None:
+    cfg = TracesStage(traces=TracesConfig(source="dataset"), agent=AGENT)
+    with pytest.raises(ValueError, match="traces.dataset must name a trace dataset"):
+        env.run("traces", run_traces, cfg)
+
+
+def test_traces_refuse_a_curation_without_training_tasks(scratch_env: Env) -> None:
+    empty = scratch_env.run("curate", empty_curate, CurateConfig(repos=[])).manifest
+    cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND), agent=AGENT)
+    with pytest.raises(ValueError, match="no training tasks"):
+        scratch_env.run("traces", run_traces, cfg, [empty])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sft
+
+
+def test_sft_publishes_loadable_base_and_model_and_the_loss_falls(
+    env: Env, traces: Manifest, sft: Manifest, tmp_path: Path
+) -> None:
+    names = set(sft.artifacts)
+    assert "sft_report.json" in names
+    assert {
+        "base/config.json",
+        "model/config.json",
+        "base/model.safetensors",
+        "model/model.safetensors",
+    } <= names
+    base_model, base_tokenizer = load_model_and_tokenizer(get_dir(env.store, sft, "base", tmp_path / "base"))
+    model, tokenizer = load_model_and_tokenizer(get_dir(env.store, sft, "model", tmp_path / "model"))
+    for m in (base_model, model):
+        assert (m.config.hidden_size, m.config.num_hidden_layers) == (32, 1)
+        assert m.config.max_position_embeddings == CONTEXT
+    assert len(tokenizer) == len(base_tokenizer) <= TINY.vocab_size + 16
+    trained = model.state_dict()
+    assert any(not torch.equal(v, trained[k]) for k, v in base_model.state_dict().items())
+
+    report = env.json(sft, "sft_report.json")
+    assert (report["steps"], report["steps_this_attempt"], report["resumed_from"]) == (6, 6, None)
+    assert report["examples"] == traces.metrics["traces"]  # every oracle trace fits seq_len
+    assert sft.metrics["steps"] == 6
+    losses = env.metric_history(sft, "train/loss")
+    assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6]
+    assert losses[-1][1] < losses[0][1] - 0.3, losses
+    assert report["final_loss"] == pytest.approx(losses[-1][1])
+    checkpoints = f"stages/sft/{sft.key}/checkpoints"
+    assert env.store.exists(f"{checkpoints}/step_00000006/{COMPLETE_MARKER}")
+
+
+def test_sft_refuses_a_model_path_without_a_model(
+    env: Env, curate: Manifest, traces: Manifest, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    cfg = SFTStage(sft=SFT.model_copy(update={"model_path": str(empty)}), agent=AGENT, engine=ENGINE)
+    with pytest.raises(FileNotFoundError, match=r"missing: model config \(config.json\).*weights.*tokenizer"):
+        env.run("sft", run_sft, cfg, [curate, traces])
+
+
+def test_sft_refuses_token_caps_beyond_the_model_context(
+    env: Env, curate: Manifest, traces: Manifest
+) -> None:
+    agent = AGENT.model_copy(update={"max_trajectory_tokens": 4096})
+    engine = ENGINE.model_copy(update={"max_context_tokens": 3000})
+    cfg = SFTStage(sft=SFT, agent=agent, engine=engine)
+    with pytest.raises(ValueError, match=f"context of {CONTEXT} tokens") as caught:
+        env.run("sft", run_sft, cfg, [curate, traces])
+    message = str(caught.value)
+    assert "agent.max_trajectory_tokens" in message and "engine.max_context_tokens" in message
+    assert "sft.seq_len" not in message
+
+
+def test_sft_resumes_exactly_from_the_store_after_a_crash(
+    env: Env,
+    curate: Manifest,
+    traces: Manifest,
+    sft: Manifest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A crash after step 4's checkpoint reached the store: the rerun resumes there and ends bitwise equal to
+    the uninterrupted run (the `sft` fixture: same config, inputs and seed, another stage name)."""
+    cfg = SFTStage(sft=SFT, agent=AGENT, engine=ENGINE)
+    inputs = [curate, traces]
+    key = stage_key_of("sft-crash", cfg, inputs)
+    original = DurableCheckpoints.sync
+
+    def crashing_sync(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if "step_00000004" in done:
+            raise RuntimeError("injected crash after step_00000004 was synced")
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        env.run("sft-crash", run_sft, cfg, inputs)
+    monkeypatch.undo()
+    assert load_manifest(env.store, "sft-crash", key) is None
+    checkpoints = f"stages/sft-crash/{key}/checkpoints"
+    assert env.store.exists(f"{checkpoints}/step_00000004/{COMPLETE_MARKER}")
+    assert not env.store.exists(f"{checkpoints}/step_00000006")
+
+    resumed = env.run("sft-crash", run_sft, cfg, inputs)
+    assert not resumed.skipped and resumed.manifest.key == key
+    report = env.json(resumed.manifest, "sft_report.json")
+    assert (report["resumed_from"], report["steps_this_attempt"], report["steps"]) == ("step_00000004", 2, 6)
+    assert [step for step, _ in env.metric_history(resumed.manifest, "train/loss")] == [5, 6]
+
+    reference = state_dict(get_dir(env.store, sft, "model", tmp_path / "reference"))
+    weights = state_dict(get_dir(env.store, resumed.manifest, "model", tmp_path / "resumed"))
+    assert reference.keys() == weights.keys()
+    assert all(torch.equal(reference[k], weights[k]) for k in reference), [
+        k for k in reference if not torch.equal(reference[k], weights[k])
+    ]
+
+
+def test_sft_crashed_after_its_last_checkpoint_publishes_it_and_is_skipped_next_time(
+    env: Env, curate: Manifest, traces: Manifest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The rerun trains no step (its final_loss is NaN) and its manifest must still read back: it once was
+    written with a null metric that failed validation, so every later run of the stage raised."""
+    cfg = SFTStage(
+        sft=SFT.model_copy(update={"max_steps": 2, "checkpoint_every": 0}), agent=AGENT, engine=ENGINE
+    )
+    original = sft_module.save_model_and_tokenizer
+
+    def crash_on_the_final_model(model: Any, tokenizer: Any, out: Path) -> Path:
+        if out.name == "model":
+            raise RuntimeError("injected crash after the final checkpoint was synced")
+        return original(model, tokenizer, out)
+
+    monkeypatch.setattr(sft_module, "save_model_and_tokenizer", crash_on_the_final_model)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        env.run("sft-late-crash", run_sft, cfg, [curate, traces])
+    monkeypatch.undo()
+
+    resumed = env.run("sft-late-crash", run_sft, cfg, [curate, traces])
+    report = env.json(resumed.manifest, "sft_report.json")
+    assert (report["resumed_from"], report["steps_this_attempt"], report["steps"]) == ("step_00000002", 0, 2)
+    assert math.isnan(resumed.manifest.metrics["final_loss"])
+    checkpoint = f"stages/sft-late-crash/{resumed.manifest.key}/checkpoints/step_00000002"
+    for name in ("config.json", "model.safetensors"):
+        env.store.get_file(f"{checkpoint}/{name}", tmp_path / "checkpoint" / name)
+    expected = state_dict(get_dir(env.store, resumed.manifest, "model", tmp_path / "model"))
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint", local_files_only=True).state_dict()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+    again = env.run("sft-late-crash", run_sft, cfg, [curate, traces])
+    assert again.skipped and again.manifest.attempt == resumed.manifest.attempt
+    assert math.isnan(again.manifest.metrics["final_loss"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# grpo
+
+
+def test_grpo_takes_its_steps_and_publishes_the_model(env: Env, grpo: Manifest, tmp_path: Path) -> None:
+    report = env.json(grpo, "grpo_report.json")
+    assert (report["steps"], report["steps_this_attempt"], report["resumed"]) == (2, 2, None)
+    assert len(report["history"]) == len(report["reward_by_step"]) == 2
+    for stats in report["history"]:
+        assert stats["trajectories"] == GRPO.tasks_per_step * GRPO.attempts_per_task
+        assert stats["groups"] == GRPO.tasks_per_step and 0.0 <= stats["reward_mean"] <= 1.0
+    for name in ("train/reward_mean", "train/loss", "train/groups", "train/time_rollout_s"):
+        assert [step for step, _ in env.metric_history(grpo, name)] == [1, 2], name
+    assert grpo.metrics["steps"] == 2
+    model, _ = load_model_and_tokenizer(get_dir(env.store, grpo, "model", tmp_path / "grpo"))
+    assert model.config.max_position_embeddings == CONTEXT
+    assert env.store.exists(f"stages/grpo/{grpo.key}/checkpoints/step_00000002/{COMPLETE_MARKER}")
+
+
+def test_grpo_refuses_an_agent_cap_beyond_the_engine_context(
+    env: Env, curate: Manifest, sft: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    episodes: list[Any] = []
+
+    async def no_episode(*args: Any, **kwargs: Any) -> Any:
+        episodes.append(args)
+        raise AssertionError("an episode ran before the config was checked")
+
+    monkeypatch.setattr(grpo_module, "run_episode", no_episode)
+    agent = AGENT.model_copy(update={"max_trajectory_tokens": CONTEXT})  # fits the model, not the engine
+    cfg = GRPOStage(grpo=GRPO, agent=agent, engine=ENGINE)
+    with pytest.raises(ValueError, match=rf"agent.max_trajectory_tokens \({CONTEXT}\) exceeds "
+                                         rf"engine.max_context_tokens \({ENGINE.max_context_tokens}\)"):  # fmt: skip
+        env.run("grpo", run_grpo, cfg, [curate, sft])
+    assert episodes == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# evaluate
+
+
+def test_evaluate_scores_every_model_on_the_same_held_out_tasks(
+    env: Env, curate: Manifest, sft: Manifest, grpo: Manifest
+) -> None:
+    cfg = EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE)
+    outcome = env.run("evaluate", run_evaluate, cfg, [curate, sft, grpo])
+    manifest, result = outcome.manifest, outcome.result
+    assert result is not None
+    held_out = {t.instance_id: t for t in tasks_from_parquet(env.artifact(curate, "eval.parquet"))}
+    ids = env.json(manifest, "eval_tasks.json")
+    assert len(ids) == min(EVALUATE.max_tasks, len(held_out)) and set(ids) <= set(held_out)
+
+    results = env.json(manifest, "eval_results.json")
+    assert set(results) == {"base", "sft", "grpo"}
+    run = env.tracker.client.get_run(manifest.mlflow_run_id)
+    for name, summary in results.items():
+        episodes = [json.loads(line) for line in env.artifact(manifest, f"episodes_{name}.jsonl").splitlines()
+                    if line.strip()]  # fmt: skip
+        assert sorted(e["task_id"] for e in episodes) == sorted(ids * EVALUATE.attempts), name
+        assert summary["tasks"] + summary["missing"] == len(ids)
+        assert 0.0 <= summary["ci_low"] <= summary["pass@1"] <= summary["ci_high"] <= 1.0, summary
+        assert sum(summary["statuses"].values()) == len(ids) * EVALUATE.attempts
+        assert {row["repo"] for row in summary["by_repo"]} == {held_out[i].repo for i in ids}
+        assert {row["modifier"] for row in summary["by_modifier"]} == {held_out[i].modifier for i in ids}
+        assert all({"pass@1", "ci_low", "ci_high", "tasks"} <= set(row) for row in summary["by_modifier"])
+        for key in ("pass_at_1", "ci_low", "ci_high", "tasks", "missing"):
+            assert run.data.metrics[f"{name}/{key}"] == manifest.metrics[f"{name}/{key}"]
+        assert manifest.metrics[f"{name}/pass_at_1"] == summary["pass@1"]
+    assert [row["model"] for row in result.tables["pass-at-1"]] == ["base", "sft", "grpo"]
+    assert "| grpo |" in result.markdown["evaluation"]
+
+
+def test_evaluate_refuses_a_curation_without_held_out_tasks(scratch_env: Env) -> None:
+    empty = scratch_env.run("curate", empty_curate, CurateConfig(repos=[])).manifest
+    cfg = EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE)
+    with pytest.raises(ValueError, match="no held-out tasks"):
+        scratch_env.run("evaluate", run_evaluate, cfg, [empty])
