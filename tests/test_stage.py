@@ -236,7 +236,8 @@ def test_nested_under_a_parent_run(store: Store, tracker: Tracker) -> None:
     ("force", "expected"),
     [
         ([], set()),
-        (["curate"], {"curate", "sft", "grpo", "evaluate"}),
+        (["curate"], {"curate", "traces", "sft", "grpo", "evaluate"}),
+        (["traces"], {"traces", "sft", "grpo", "evaluate"}),
         (["sft"], {"sft", "grpo", "evaluate"}),
         (["grpo"], {"grpo", "evaluate"}),
         (["evaluate"], {"evaluate"}),

@@ -3,8 +3,8 @@
 Nothing is faked: the curate stage synthesizes tasks from micro repositories once per module, the oracle solves
 them in real bubblewrap sandboxes, a tiny Qwen3 model (hidden 32, one layer, a 500-token vocabulary) is trained,
 sampled by the local engine and graded in sandboxes. The store is a file:// folder and MLflow a sqlite file, both
-shared by the module (MLflow migrates a new database for ~10 s). The only injected fault is the crash in the SFT
-resume test.
+shared by the module (MLflow migrates a new database for ~10 s). The only injected faults are the crashes of the
+SFT resume tests (and a guard that fails if GRPO starts an episode with a refused config).
 """
 
 from __future__ import annotations

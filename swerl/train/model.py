@@ -38,10 +38,13 @@ TOOL_RESPONSE_CLOSE = "</tool_response>"
 CONTROL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 TOOL_TAG_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
 
-# Every newline, digit and punctuation character is its own pre-token: line numbers and operators then tokenize
-# the same way in an observation (`cat -n` output) and in an action (`sed -n 12,14p`), and a segment that ends
-# with "\n" tokenizes independently of what follows (see render_messages).
-_ISOLATE_PATTERN = r"\n|\p{N}|[^\s\p{L}\p{N}]"
+# Every newline and digit is its own pre-token: line numbers then tokenize the same way in an observation (`cat -n`
+# output) and in an action (`sed -n 12,14p`), and a segment that ends with "\n" tokenizes independently of what
+# follows (see render_messages). Runs of punctuation stay together (the byte-level regex keeps ` ?[^\s\p{L}\p{N}]+`
+# as one pre-token), so BPE may merge them: `{"`, `":`, ` <=` are one token each, which makes a tool call ~35%
+# shorter than with every punctuation character alone, and an operator with its leading space tokenizes the same
+# in code and in a sed substitution.
+_ISOLATE_PATTERN = r"\n|\p{N}"
 
 # Qwen3's template minus the <think> handling: Qwen3 strips reasoning from earlier assistant turns, which would
 # make a conversation's render differ from the prefix the model was sampled on. This one is prefix-stable:
