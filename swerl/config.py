@@ -123,6 +123,21 @@ class MicroSource(StrictModel):
     """Micro repositories generated from the disjoint eval vocabulary; their tasks go to eval.parquet."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Generator seed: the same seed and index give byte-identical repositories on any machine."""
+    generator_version: int = Field(default_factory=lambda: _micro_version())
+    """The generator's version (part of the curate key, so a new generator reruns curation); must be current."""
+
+    @field_validator("generator_version")
+    @classmethod
+    def _current_generator(cls, v: int) -> int:
+        if v != _micro_version():
+            raise ValueError(f"micro generator version {v} is not this swerl's ({_micro_version()})")
+        return v
+
+
+def _micro_version() -> int:
+    from swerl.data.micro import GENERATOR_VERSION
+
+    return GENERATOR_VERSION
 
 
 class CurateConfig(StrictModel):
@@ -234,6 +249,8 @@ class TracesConfig(StrictModel):
     """The oracle views a file with this many lines or fewer whole (`cat -n FILE`), longer ones around the bug."""
     context_lines: int = Field(3, ge=0, le=1000)
     """Lines shown around the bug when the oracle views part of a file."""
+    view_function_lines: int = Field(0, ge=0, le=100_000)
+    """> 0: the oracle views the function the failing test names (`grep -n -A N-1 'def NAME(' FILE`), N lines."""
     test_command: str | None = None
     """What the oracle runs to see the failures; None: the task's own test command (pytest when it has none)."""
 

@@ -101,3 +101,16 @@ def test_every_shipped_bug_gets_a_plan_that_fixes_it_with_real_sed(tmp_path: Pat
                         text = broken.splitlines()[line - 1]
                         assert text.replace(old, new, 1).replace(new, old, 1) == text
     assert kinds["sed"] > kinds["str_replace"] > 0
+
+
+def test_enclosing_function_finds_the_innermost_def_holding_a_line() -> None:
+    from swerl.agent.oracle import enclosing_function
+
+    source = (
+        "def a(x):\n    return x\n\n\ndef b(y):\n    def inner():\n        return 1\n    return inner()\n"
+    )
+    assert enclosing_function(source, 2) == "a"
+    assert enclosing_function(source, 7) == "inner"
+    assert enclosing_function(source, 8) == "b"
+    assert enclosing_function(source, 3) is None  # between functions
+    assert enclosing_function("def broken(:\n", 1) is None  # unparseable: no guess

@@ -43,7 +43,7 @@ from swerl.storage import Store
 from swerl.tracking import Tracker
 
 MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
-GOLDEN_TRAIN_0_0 = "f7110d6f893385f29ae1c3e1f41059fa226a3b1d61e54c18e3afa56723ad302f"
+GOLDEN_TRAIN_0_0 = "abe06016d0bb72ad7054577586a4b225188da26ab6666e4cd09efb8fb2e1fa07"
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_generation_is_pinned():
     """Same bytes on every machine: a change here must come with a GENERATOR_VERSION bump."""
     files = micro_repo_files("train", 0, 0)
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    assert (GENERATOR_VERSION, digest) == (2, GOLDEN_TRAIN_0_0), files["mod.py"]
+    assert (GENERATOR_VERSION, digest) == (3, GOLDEN_TRAIN_0_0), files["mod.py"]
 
 
 def test_subprocess_generation_matches_under_hash_randomization():
@@ -350,7 +350,11 @@ def test_curate_stage_with_micro_repositories(tmp_path: Path):
     by_repo = report["synthesis"]["by_repo"]
     assert set(by_repo) == {"micro-train", "micro-eval"}
     assert by_repo["micro-train"]["repos"] == 3 and by_repo["micro-eval"]["repos"] == 2
-    assert report["synthesis"]["candidates"] == 15 == result.metrics["candidates"]
+    # At most 3 candidates per repository (a function may have fewer sites).
+    assert (
+        5 <= report["synthesis"]["candidates"] <= 15
+        and report["synthesis"]["candidates"] == result.metrics["candidates"]
+    )
     assert report["synthesis"]["valid"] == len(train) + len(held_out)
     assert {r["repo"] for r in result.tables["yield"]} == {"micro-train", "micro-eval"}
     assert result.metrics["valid_repo.micro-train"] + result.metrics["valid_repo.micro-eval"] == len(

@@ -136,7 +136,8 @@ def curate(env: Env) -> Manifest:
 
 @pytest.fixture(scope="module")
 def traces(env: Env, curate: Manifest) -> Manifest:
-    cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND, view_whole_file_lines=40), agent=AGENT)
+    cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND, view_whole_file_lines=40, view_function_lines=7),
+                      agent=AGENT)  # fmt: skip
     return env.run("traces", run_traces, cfg, [curate]).manifest
 
 
@@ -191,6 +192,13 @@ def test_oracle_traces_are_swe_smith_rows_that_start_with_the_test_command(
         assert first.arguments["command"] == TEST_COMMAND
         last = parse_tool_call(row["messages"][-1]["content"], TOOL_SPECS)
         assert isinstance(last, ToolCall) and last.name == "submit"
+        # The second call views the function a failing test is named after, whose name the statement shows.
+        view = parse_tool_call(
+            [m["content"] for m in row["messages"] if m["role"] == "assistant"][1], TOOL_SPECS
+        )
+        assert isinstance(view, ToolCall) and view.arguments["command"].startswith("grep -n -A 6 'def "), view
+        function = view.arguments["command"].split("'def ")[1].split("(")[0]
+        assert f"test_{function}_" in row["messages"][1]["content"]
 
     report = env.json(traces, "traces_report.json")
     oracle = report["oracle"]

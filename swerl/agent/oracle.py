@@ -11,6 +11,7 @@ if grading the workspace afterwards gives reward 1.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import random
 import re
@@ -121,10 +122,13 @@ async def solve_task(
     python: str = "python",
     test_command: str | None = None,
     view_whole_file_lines: int = 0,
+    view_function_lines: int = 0,
 ) -> OracleTrace:
     """Solve one task in a fresh sandbox; raises OracleSkip (with a reason) when no valid trace results.
 
     test_command defaults to the task's own `test_cmd` (else TEST_COMMAND). A file of at most
+    view_function_lines > 0 views the function holding the bug, when the problem statement names it (a failing
+    test called after it): `grep -n -A N 'def NAME(' FILE`, N = view_function_lines - 1. Otherwise a file of at most
     view_whole_file_lines lines is viewed whole (`cat -n FILE`): every line number the edit copies is then on
     screen, whatever the failure output shows.
     """
@@ -141,8 +145,13 @@ async def solve_task(
             raise OracleSkip(exc.reason) from None
         except FileNotFoundError:
             raise OracleSkip("file_missing") from None
-        source_lines = len((await sandbox.read_file(plan.file)).splitlines())
-        if source_lines <= view_whole_file_lines:
+        source = await sandbox.read_file(plan.file)
+        function = enclosing_function(source, plan.line) if view_function_lines > 0 else None
+        # Named in the statement: a failing test called after it (`test_NAME_1`) counts.
+        if function is not None and function in task.problem_statement:
+            command = f"grep -n -A {view_function_lines - 1} 'def {function}(' {shlex.quote(plan.file)}"
+            await session.act("bash", {"command": command})
+        elif len(source.splitlines()) <= view_whole_file_lines:
             await session.act("bash", {"command": f"cat -n {shlex.quote(plan.file)}"})
         else:
             await session.act("bash", {"command": plan.view_command(context_lines)})
@@ -168,6 +177,21 @@ async def solve_task(
         await sandbox.close()
 
 
+def enclosing_function(source: str, line: int) -> str | None:
+    """Name of the innermost function whose lines hold `line` (1-based), or None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
+                best = node
+    return best.name if best is not None else None
+
+
 def _first_file(diff: str) -> str:
     for line in diff.splitlines():
         if line.startswith("+++ ") and line[4:].strip() != "/dev/null":
@@ -188,6 +212,7 @@ async def generate_oracle_traces(
     python: str = "python",
     test_command: str | None = None,
     view_whole_file_lines: int = 0,
+    view_function_lines: int = 0,
 ) -> tuple[list[OracleTrace], OracleReport]:
     """Traces for every task the oracle solves (in task order), and counts of what it skipped and why.
 
@@ -215,6 +240,7 @@ async def generate_oracle_traces(
                         python,
                         test_command,
                         view_whole_file_lines,
+                        view_function_lines,
                     )
                 except OracleSkip as exc:
                     if exc.reason != "wrong_edit_passes":

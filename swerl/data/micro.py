@@ -37,7 +37,7 @@ from swerl.data.repos import RepoSpec, iter_files
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 """Part of every cache path and environment reference's meaning: bump it whenever generated files change."""
 
 SPLITS = ("train", "eval")
@@ -448,6 +448,35 @@ def {f}({total}, {limit}):
 
 TEMPLATE_NAMES: tuple[str, ...] = tuple(t.name for t in TEMPLATES)
 
+PLAIN_TEMPLATES: tuple[Template, ...] = (
+    _t("total", """
+def {f}({items}):
+    return sum({items})
+""", {"f": ((_L, 0, 9, 0, 5),)}),
+    _t("biggest", """
+def {f}({items}):
+    return max({items})
+""", {"f": ((_L, 0, 9, 1, 5),)}),
+    _t("size", """
+def {f}({items}):
+    return len({items})
+""", {"f": ((_L, 0, 9, 0, 5),)}),
+    _t("ordered", """
+def {f}({items}):
+    return sorted({items})
+""", {"f": ((_L, 0, 9, 0, 5),)}),
+    _t("magnitude", """
+def {f}({x}):
+    return abs({x})
+""", {"f": ((_I, -9, 9),)}),
+    _t("backwards", """
+def {f}({items}):
+    return list(reversed({items}))
+""", {"f": ((_L, 0, 9, 0, 5),)}),
+)  # fmt: skip
+"""Functions without a site for any modifier: the second function of a module, whose tests stay passing (the
+task's PASS_TO_PASS) wherever the bug is."""
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Words
@@ -684,27 +713,16 @@ def render_repo(templates: Sequence[Template], split: str, key: str) -> dict[str
 
 
 def choose_templates(rng: _Rng) -> list[Template]:
-    """2-3 functions' worth of at least two distinct templates, the module kept under _MAX_MODULE_LINES lines.
+    """One function that can hold a bug and one plain function (no bug site), in a random order.
 
-    Two templates at least: a bug in one leaves the other's tests passing (a task needs PASS_TO_PASS tests).
+    The bug is then always in the one function with operators, which the agent finds by reading the file, not by
+    matching a failing test's name to a definition: a 4M-parameter model does not learn to copy or match novel
+    identifiers within a CPU budget (TINY-MODEL-NOTES; docs/experiments.md). The plain function's tests are the
+    task's PASS_TO_PASS.
     """
-    target = 2 + rng.below(2)
-    order = rng.shuffled(TEMPLATES)
-    if target == 3 and rng.below(2):  # helper-and-caller pairs fit only here: give them a fair share
-        pairs = [t for t in order if t.functions == 2]
-        order = pairs[:1] + [t for t in order if t is not pairs[0]]
-    chosen: list[Template] = []
-    functions = lines = 0
-    for template in order:
-        size = template.code.count("\n") + (2 if chosen else 0)
-        alone = not chosen and template.functions >= target
-        if not alone and functions + template.functions <= target and lines + size <= _MAX_MODULE_LINES:
-            chosen.append(template)
-            functions += template.functions
-            lines += size
-        if functions == target:
-            break
-    return chosen
+    buggy = rng.shuffled([t for t in TEMPLATES if t.functions == 1])[0]
+    plain = rng.shuffled(list(PLAIN_TEMPLATES))[0]
+    return [buggy, plain] if rng.below(2) else [plain, buggy]
 
 
 def micro_repo_files(split: str, seed: int, index: int) -> dict[str, str]:

@@ -78,6 +78,7 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
                 context_lines=cfg.traces.context_lines,
                 view_whole_file_lines=cfg.traces.view_whole_file_lines,
                 test_command=cfg.traces.test_command,
+                view_function_lines=cfg.traces.view_function_lines,
             )
         )
         rows = oracle_rows(traces)
