@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from swerl.config import CurateConfig, DatasetSource, MicroSource
 from swerl.data.decontam import decontaminate, normalize_repo
@@ -25,46 +24,7 @@ from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_re
 from swerl.data.taskio import tasks_to_parquet
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.stage import StageContext, StageResult
-
-T = TypeVar("T")
-
-
-def _run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion, on a helper thread if this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="swerl-curate")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def build_provider(cfg: CurateConfig) -> LocalSandboxProvider:
-    """The validation sandbox provider, from the stage's limits."""
-    limits = cfg.sandbox
-    return LocalSandboxProvider(
-        limits.python or sys.executable,
-        memory_mb=limits.memory_mb,
-        max_processes=limits.max_processes,
-        cpu_time_s=limits.cpu_time_s,
-        file_size_mb=limits.file_size_mb,
-        tmp_size_mb=limits.tmp_size_mb,
-        max_open_files=limits.max_open_files,
-        max_output_bytes=limits.max_output_bytes,
-        start_timeout_s=limits.start_timeout_s,
-    )
+from swerl.stages.common import run_async, sandbox_provider
 
 
 def micro_specs(micro: MicroSource) -> list[RepoSpec]:
@@ -186,7 +146,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     )
     if clashing:
         raise ValueError(f"repositories named like micro repositories or their report: {clashing[:5]}")
-    provider = build_provider(cfg)
+    provider = sandbox_provider(cfg.sandbox)
     # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
     limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
     ctx.log_params(limits | {"enforced_limits.python": cfg.sandbox.python or sys.executable})
@@ -196,7 +156,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         ctx.log.info("curate: and from %d micro repositories (%s)", len(micro), cfg.micro)
     all_specs = specs + micro
     synthesized, repo_reports = (
-        _run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
+        run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
         if all_specs
         else ([], [])
     )
