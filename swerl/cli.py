@@ -91,6 +91,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         for svc in reversed(started):
             svc.stop()
 
+    # Ctrl-C and SIGTERM stop everything, even when the parent started us with SIGINT ignored (an ignored
+    # disposition is inherited across exec, and Python then installs no KeyboardInterrupt handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         weed_ports = services.SeaweedPorts(

@@ -62,7 +62,11 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
     ]
     try:
         deadline = time.monotonic() + 400
-        while not all(_answers(u) for u in urls):
+        # Ready means: every server answers and `swerl up` itself says so (it may still be in its own health wait
+        # when a server first answers; a Ctrl-C during start-up is another case).
+        while not (
+            all(_answers(u) for u in urls) and "Local services are up" in (tmp_path / "up.log").read_text()
+        ):
             assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "services not healthy in time"
             time.sleep(1)
