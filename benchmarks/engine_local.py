@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/engine_local.py [--batch 8] [--prompt 512] [--new 128] [--threads 1]
 
-Builds the CPU demo's tiny Qwen3 (byte-level BPE of 4096 tokens trained on the standard library's source,
-hidden 256, 4 layers, FFN 768: ~4.5M parameters) in a temporary directory, then times greedy generation of
+Builds the CPU demo's tiny Qwen3 (common.build_demo_model: byte-level BPE of 4096 tokens on the standard library's
+source, hidden 256, 4 layers, FFN 768: ~4.5M parameters) in a temporary directory, then times greedy generation of
 `--new` tokens after `--prompt`-token prompts: Hugging Face `generate` on one request (the baseline), the engine
 on one request, and the engine on `--batch` concurrent requests. Prints tokens/s and each ratio to the baseline.
 """
@@ -12,36 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import build_demo_model
 
 from swerl.engine.base import GenerateRequest, SamplingParams
 from swerl.engine.local import LocalEngine
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
-
-
-def build_model(out: Path) -> Path:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [path.read_text(errors="replace") for path in sorted(stdlib.glob("*.py"))[:120]]
-    tokenizer = train_tokenizer(texts, vocab_size=4096, out_dir=out)
-    model = build_tiny_model(
-        tokenizer,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=768,
-        max_position_embeddings=4096,
-    )
-    print(
-        f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}"
-    )
-    return save_model_and_tokenizer(model, tokenizer, out)
 
 
 def prompts(count: int, length: int, vocab: int) -> list[list[int]]:
@@ -82,7 +62,7 @@ async def engine_tokens_per_second(engine: LocalEngine, batch: list[list[int]], 
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(Path(tmp))
+        path = build_demo_model(Path(tmp))
         engine = LocalEngine(
             path,
             max_batch_size=args.batch,

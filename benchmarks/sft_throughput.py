@@ -16,27 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sysconfig
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
+from common import stdlib_texts
 
 from swerl.train.model import build_tiny_model, train_tokenizer
 from swerl.train.sft import StepMetrics, train_sft
-
-
-def stdlib_texts(max_bytes: int) -> list[str]:
-    """Python files of the local standard library, up to max_bytes in all."""
-    texts, total = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(errors="ignore")
-        texts.append(text)
-        total += len(text)
-        if total >= max_bytes:
-            break
-    return texts
 
 
 def random_examples(

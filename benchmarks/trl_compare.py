@@ -60,7 +60,6 @@ import random
 import re
 import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 import warnings
@@ -76,6 +75,7 @@ import datasets
 import torch
 import transformers
 import trl
+from common import stdlib_texts
 from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
@@ -96,18 +96,6 @@ from swerl.train.sft import (
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model, tokenizer, template
-
-
-def stdlib_texts(max_bytes: int) -> list[str]:
-    """Python files of the local standard library, up to max_bytes in all."""
-    texts, total = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(errors="ignore")
-        texts.append(text)
-        total += len(text)
-        if total >= max_bytes:
-            break
-    return texts
 
 
 def new_model(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:

@@ -20,6 +20,7 @@ def test_trl_compare_tiny_run_prints_both_ratios(
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "trl_compare", module)  # dataclasses resolve annotations through it
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when run as a script: `from common import ...`
     spec.loader.exec_module(module)
     # One round of one timed step each; a small tokenizer corpus, short rows and tiny GRPO groups. Besides the
     # timings this runs the benchmark's own checks: TRL's packed SFT dataset holds exactly swerl's examples and

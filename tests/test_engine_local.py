@@ -367,3 +367,71 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(
         assert isinstance(result, InfraError) and result.cause == "engine_http" and "injected" in str(result)
     assert len(after.output_ids) == 10 and after.finish_reason == "length"
     assert stats["requests_failed"] == 2 and stats["requests_completed"] == 1
+
+
+def test_prefix_cache_reuses_a_trajectory_turns_and_matches_a_full_prefill(model_dirs: dict[str, Path]) -> None:
+    """The next turn of a trajectory (same rid, input = previous input + output + new tokens) prefills only the new
+    tokens, samples what a full prefill samples and reports the same log-probs; other rids, a flush and a weight
+    update reuse nothing."""
+
+    def turn(rid: str | None, prompt: list[int]) -> GenerateRequest:
+        return request(prompt, max_new_tokens=8, temperature=0.8).model_copy(update={"rid": rid})
+
+    async def conversation(cache_size: int) -> tuple[list[GenerateResponse], dict[str, Any]]:
+        async with engine(model_dirs["v0"], prefix_cache_size=cache_size, seed=3) as local:
+            first_prompt = prompt_of(20)
+            first, other = await asyncio.gather(
+                local.generate(turn("a", first_prompt)), local.generate(turn("b", prompt_of(9, 5)))
+            )
+            second_prompt = first_prompt + first.output_ids + prompt_of(6, 2)
+            second = await local.generate(turn("a", second_prompt))
+            third = await local.generate(turn("c", second_prompt))  # another trajectory: nothing cached under c
+            return [first, other, second, third], local.stats()
+
+    cached, stats = run(conversation(cache_size=4))
+    plain, plain_stats = run(conversation(cache_size=0))
+    for with_cache, without in zip(cached, plain, strict=True):
+        assert with_cache.output_ids == without.output_ids
+        assert torch.allclose(
+            torch.tensor(with_cache.output_token_logprobs),
+            torch.tensor(without.output_token_logprobs),
+            atol=ALIGNMENT_TOLERANCE,
+        )
+    # turn 2 of "a" reused its 20 prompt tokens and 7 of its 8 outputs (the last output was never fed)
+    assert stats["prefix_cached_tokens"] == 20 + 7
+    assert plain_stats["prefix_cached_tokens"] == 0
+    assert stats["prefill_tokens"] == plain_stats["prefill_tokens"] - 27
+
+    async def after_reset(reset: str) -> int:
+        async with engine(model_dirs["v0"], prefix_cache_size=4) as local:
+            response = await local.generate(turn("a", prompt_of(20)))
+            if reset == "flush":
+                assert await local.flush_cache()
+            else:
+                await local.update_weights_from_disk(str(model_dirs["v1"]), weight_version=1)
+            await local.generate(turn("a", prompt_of(20) + response.output_ids + [11]))
+            return int(local.stats()["prefix_cached_tokens"])
+
+    assert run(after_reset("flush")) == 0
+    assert run(after_reset("update")) == 0
+
+
+def test_prefix_cache_evicts_the_least_recently_used(model_dirs: dict[str, Path]) -> None:
+    async def scenario() -> int:
+        async with engine(model_dirs["v0"], prefix_cache_size=1) as local:
+            prompts = {rid: prompt_of(10, offset) for rid, offset in (("a", 0), ("b", 4))}
+            outputs = {}
+            for rid, prompt in prompts.items():  # b evicts a
+                response = await local.generate(request(prompt, 4).model_copy(update={"rid": rid}))
+                outputs[rid] = response.output_ids
+            for rid in ("b", "a"):  # b finds its prefix; a was evicted
+                follow = prompts[rid] + outputs[rid] + [12]
+                await local.generate(request(follow, 4).model_copy(update={"rid": rid}))
+            return int(local.stats()["prefix_cached_tokens"])
+
+    assert run(scenario()) == 10 + 3
+
+
+def test_negative_prefix_cache_size_is_refused(model_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="prefix_cache_size"):
+        engine(model_dirs["v0"], prefix_cache_size=-1)

@@ -7,13 +7,20 @@ import logging
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from swerl.config import load_config
 from swerl.pipeline import open_session
 from swerl.stage import StageContext, StageResult
+from swerl.stages.common import put_dir
 from swerl.stages.evaluate import EvaluateStage, run_evaluate
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.sft import SFTStage, run_sft
 from swerl.stages.traces import TracesStage, run_traces
+
+
+class LiteralModel(BaseModel):
+    model: str
 
 
 def main() -> None:
@@ -24,6 +31,7 @@ def main() -> None:
     )
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--stages", default="traces,sft,grpo,evaluate")
+    parser.add_argument("--sft-model", type=Path, help="use this model folder as the SFT stage's output")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     for noisy in ("httpx", "alembic", "mlflow"):
@@ -43,9 +51,19 @@ def main() -> None:
         ).manifest
         if "sft" not in wanted:
             return
-        sft = s.run_stage(
-            "sft", run_sft, SFTStage(sft=cfg.sft, agent=cfg.agent, engine=cfg.engine), [curate, traces]
-        ).manifest
+        if args.sft_model is not None:
+
+            def literal_sft(_: object, ctx: StageContext) -> StageResult:
+                put_dir(ctx, "model", args.sft_model)
+                put_dir(ctx, "base", args.sft_model)
+                return StageResult(summary=f"literal model {args.sft_model}")
+
+            literal = LiteralModel(model=str(args.sft_model.resolve()))
+            sft = s.run_stage("sft", literal_sft, literal, [curate]).manifest
+        else:
+            sft = s.run_stage(
+                "sft", run_sft, SFTStage(sft=cfg.sft, agent=cfg.agent, engine=cfg.engine), [curate, traces]
+            ).manifest
         if "grpo" not in wanted:
             return
         grpo = s.run_stage(

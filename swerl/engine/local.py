@@ -11,6 +11,12 @@ left-padded to the batch's length (batching.RunningBatch); a decode step feeds e
 explicit per-row position ids and a padding mask, so padding changes neither positions nor attention, and
 appends in place (batching.GrowingLayer). Finished rows leave the batch and all-padding columns are trimmed.
 
+Prefix cache (SGLang's radix cache, per trajectory): with `prefix_cache_size` > 0, a finished request's KV cache
+is kept under its `rid` (least recently used first out); the next request with that rid (an agent's next turn,
+whose input starts with the previous input and output) prefills only the tokens past the longest common prefix.
+Weight updates and flush_cache empty it, as SGLang flushes its cache on a weight update, so a cached prefix was
+always computed by the weights now served.
+
 Semantics follow SGLang's /generate, so one client drives both:
 - log-probs are of the temperature-scaled distribution softmax(logits / T), before top-p filtering; greedy
   (T = 0) reports log_softmax(logits). `return_original_logprob=True` reports the unscaled distribution for
@@ -107,6 +113,8 @@ class LocalEngine:
         weight_version: version of the weights loaded from model_path.
         intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models
             decode fastest with 1 (thread synchronisation costs more than the work, worst on a busy machine).
+        prefix_cache_size: most finished requests whose KV cache is kept for reuse by the next request with the
+            same rid (0: no prefix cache).
     """
 
     DECODE_STEPS_PER_ITERATION = 16
@@ -123,9 +131,12 @@ class LocalEngine:
         return_original_logprob: bool = False,
         weight_version: int = 0,
         intra_op_threads: int | None = 1,
+        prefix_cache_size: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_size < 0:
+            raise ValueError(f"prefix_cache_size must be >= 0, got {prefix_cache_size}")
         model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype)
         config = model.config
         positions = getattr(config, "max_position_embeddings", None)
@@ -157,9 +168,14 @@ class LocalEngine:
         self._wakeup = asyncio.Event()
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
+        self._paused = False
         self._counters: collections.Counter[str] = collections.Counter()
         self._batch_sizes: collections.Counter[int] = collections.Counter()
         self._seconds = {"prefill": 0.0, "decode": 0.0}  # time the worker spent in each
+        self.prefix_cache_size = prefix_cache_size
+        # rid -> (tokens whose KV is cached, per layer (keys, values) of (1, H_kv, T, D)); the worker alone uses it
+        self._prefixes: collections.OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]]
+        self._prefixes = collections.OrderedDict()
         self.intra_op_threads = intra_op_threads
         # One worker thread runs every forward pass, so model steps never overlap; torch's thread count is
         # per thread under OpenMP, so setting it there leaves the rest of the process alone.
@@ -293,6 +309,7 @@ class LocalEngine:
                 if state.finish_reason is None:
                     joining.append((state, cache))
                 else:
+                    self._store_prefix(state, [(layer.keys, layer.values) for layer in _layers(cache)])
                     finished.append(state)
             if joining:
                 self._batch.add(joining)
@@ -300,8 +317,11 @@ class LocalEngine:
                 if finished or not self._batch or self._loop_needed():
                     break
                 self._decode(version)
-                finished += [row for row in self._batch.rows if row.finish_reason is not None]
-                self._batch.keep([row.finish_reason is None for row in self._batch.rows])
+                done = [row.finish_reason is not None for row in self._batch.rows]
+                if any(done):
+                    self._keep_prefixes([i for i, is_done in enumerate(done) if is_done])
+                    finished += [row for row, is_done in zip(self._batch.rows, done, strict=True) if is_done]
+                    self._batch.keep([not is_done for is_done in done])
         except Exception as error:  # returned, not raised: the requests finished so far still get answers
             return finished, error
         return finished, None
@@ -317,13 +337,59 @@ class LocalEngine:
 
     def _prefill(self, state: _Request, version: int) -> DynamicCache:
         started = time.perf_counter()
-        prompt = torch.tensor([state.request.input_ids])  # (1, P)
+        input_ids = state.request.input_ids
         cache = DynamicCache(config=self.model.config)
+        reused = self._reuse_prefix(state.request.rid, input_ids, cache)
+        prompt = torch.tensor([input_ids[reused:]])  # (1, P - reused)
         output = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._sample_into(state, output.logits[0, -1], version)
         self._counters["prefill_tokens"] += prompt.shape[1]
+        self._counters["prefix_cached_tokens"] += reused
         self._seconds["prefill"] += time.perf_counter() - started
         return cache
+
+    def _reuse_prefix(self, rid: str | None, input_ids: list[int], cache: DynamicCache) -> int:
+        """Fill `cache` with the cached KV of rid's longest common prefix with input_ids (at least one input token
+        is left to prefill, for its logits); returns how many tokens it covers."""
+        entry = self._prefixes.pop(rid, None) if rid is not None else None
+        if entry is None:
+            return 0
+        tokens, layers = entry
+        limit = min(len(tokens), len(input_ids) - 1)
+        common = 0
+        while common < limit and tokens[common] == input_ids[common]:
+            common += 1
+        if common == 0:
+            return 0
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys[:, :, :common], values[:, :, :common], index)
+        return common
+
+    def _store_prefix(self, state: _Request, layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
+        """Keep a finished request's KV (prompt and every output token but the last, which was never fed)."""
+        rid = state.request.rid
+        if self.prefix_cache_size == 0 or rid is None:
+            return
+        tokens = list(state.request.input_ids) + state.output_ids[:-1]
+        kept = [(_cached(keys)[:, :, -len(tokens) :], _cached(values)[:, :, -len(tokens) :]) for keys, values in layers]
+        self._prefixes[rid] = (tokens, kept)
+        self._prefixes.move_to_end(rid)
+        while len(self._prefixes) > self.prefix_cache_size:
+            self._prefixes.popitem(last=False)
+
+    def _keep_prefixes(self, rows: list[int]) -> None:
+        """Store the prefix of each finished batch row (its real tokens are the row's last `position` columns)."""
+        if self.prefix_cache_size == 0 or self._batch.cache is None:
+            return
+        layers = _layers(self._batch.cache)
+        for index in rows:
+            state = self._batch.rows[index]
+            length = self._batch.positions[index]
+            self._store_prefix(
+                state,
+                [(_cached(layer.keys)[index : index + 1, :, -length:].clone(),
+                  _cached(layer.values)[index : index + 1, :, -length:].clone()) for layer in layers],
+            )  # fmt: skip
 
     def _decode(self, version: int) -> None:
         started = time.perf_counter()
@@ -368,6 +434,11 @@ class LocalEngine:
         if self._closed:
             raise InfraError("engine_unreachable", "the local engine is closed")
         state_dict = await asyncio.to_thread(self._read_weights, Path(model_path))
+        if self._paused:  # the pause holds the step lock: no step is running, swap now
+            await self._in_worker(self._swap_weights, state_dict)
+            self.weight_version = weight_version
+            self._counters["weight_updates"] += 1
+            return
         self._step_lock_waiters += 1  # asks the worker to end its iteration after the step in flight
         try:
             async with self._step_lock:
@@ -376,6 +447,33 @@ class LocalEngine:
                 self._counters["weight_updates"] += 1
         finally:
             self._step_lock_waiters -= 1
+
+    async def pause_generation(self) -> None:
+        """Stop scheduling after the step in flight (SGLang's in_place pause): requests keep their KV cache and
+        wait, new ones queue; weight updates still work. Idempotent."""
+        if self._paused:
+            return
+        self._step_lock_waiters += 1
+        try:
+            await self._step_lock.acquire()
+        finally:
+            self._step_lock_waiters -= 1
+        self._paused = True
+
+    async def continue_generation(self) -> None:
+        """Resume scheduling after pause_generation. Idempotent."""
+        if not self._paused:
+            return
+        self._paused = False
+        self._step_lock.release()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def ping_worker(self) -> None:
+        """Return once the worker thread has run a no-op (after the model step it is busy with, if any)."""
+        await self._in_worker(lambda: None)
 
     def _read_weights(self, path: Path) -> dict[str, torch.Tensor]:
         if not (path / "config.json").is_file():
@@ -401,9 +499,13 @@ class LocalEngine:
     @torch.no_grad()
     def _swap_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict, strict=True)
+        self._prefixes.clear()  # computed by the old weights
 
     async def flush_cache(self) -> bool:
-        """SGLang's /flush_cache: this engine keeps no prefix cache, so there is nothing to flush."""
+        """SGLang's /flush_cache: empty the prefix cache (between model steps)."""
+        if self._closed:
+            return True
+        await self._in_worker(self._prefixes.clear)
         return True
 
     async def health(self) -> bool:
@@ -428,6 +530,7 @@ class LocalEngine:
                     "generated_tokens",
                     "decode_steps",
                     "decode_tokens",
+                    "prefix_cached_tokens",
                     "weight_updates",
                 )
             },
@@ -446,6 +549,7 @@ class LocalEngine:
     async def close(self) -> None:
         """Stop the scheduler after the step in flight; requests still waiting or running fail with InfraError."""
         self._closed = True
+        await self.continue_generation()  # a paused scheduler would never see the close
         self._wakeup.set()
         if self._scheduler is not None:
             # Not cancel(): a cancelled await would leave the worker thread mutating the batch.
@@ -471,3 +575,13 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> set[int
     elif configured:
         ids.update(int(token) for token in configured)
     return ids
+
+
+def _layers(cache: Cache) -> list[Any]:
+    """The cache's layers (each with keys and values of (B, H_kv, T, D))."""
+    return list(cache.layers)
+
+
+def _cached(tensor: torch.Tensor | None) -> torch.Tensor:
+    assert tensor is not None, "a filled cache layer"
+    return tensor
