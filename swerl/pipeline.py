@@ -117,26 +117,24 @@ def open_session(
         parent.log_text(resolved, "config.yaml")
         parent.log_params(cfg.model_dump(mode="json", by_alias=True))
         parent.log_params({"forced_stages": sorted(forced)})
+        log_machine_limits(cfg, parent)
         session = PipelineSession(cfg, store, tracker, parent, run_id, forced)
         yield session
         parent.log_metrics({"pipeline_duration_s": time.monotonic() - t0})
         store.write_json(f"pipelines/{run_id}/summary.json", session.summary())
 
 
-CHECKPOINT_STAGES = ("sft", "grpo")
+def log_machine_limits(cfg: PipelineConfig, parent: StageRun) -> None:
+    """Every run logs what the machine allows against what the config asks (`swerl doctor`) at start."""
+    from swerl.doctor import diagnose
 
-
-def pending_checkpoints(store: Store) -> list[str]:
-    """Manifest URIs of checkpoint-producing stages that no evaluation manifest lists as its input."""
-    evaluated: set[str] = set()
-    for key_dir in store.list("stages/evaluate"):
-        rel = f"{key_dir}/manifest.json"
-        if store.exists(rel):
-            evaluated.update(ref.uri for ref in Manifest.model_validate_json(store.read_bytes(rel)).inputs)
-    pending = []
-    for stage in CHECKPOINT_STAGES:
-        for key_dir in store.list(f"stages/{stage}"):
-            rel = f"{key_dir}/manifest.json"
-            if store.exists(rel) and store.uri(rel) not in evaluated:
-                pending.append(store.uri(rel))
-    return pending
+    try:
+        report = diagnose(cfg)
+    except Exception as exc:  # noqa: BLE001 - reading limits must never stop a run; say it could not
+        log.warning("could not read the machine's limits: %s", exc)
+        return
+    log.info("machine limits at start (swerl doctor):\n%s", report.text())
+    if not report.ok:
+        log.warning("swerl doctor refuses this config on this machine; the run may hit a cap (see above)")
+    parent.log_params(report.params())
+    parent.set_tags({"swerl.doctor": "ok" if report.ok else "refused"})

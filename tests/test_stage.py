@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
 from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
-from swerl.pipeline import open_session, pending_checkpoints, stages_to_force
+from swerl.pipeline import open_session, stages_to_force
 from swerl.stage import (
     Manifest,
     StageContext,
@@ -254,32 +254,6 @@ def test_stages_to_force_rejects_unknown_stage() -> None:
     assert "nope" in str(err.value) and all(s in str(err.value) for s in STAGES)
 
 
-def test_pending_checkpoints(store: Store, tracker: Tracker) -> None:
-    assert pending_checkpoints(store) == []
-    curate = run_stage("curate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None).manifest
-    sft = run_stage(
-        "sft", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[curate]
-    ).manifest
-    grpo = run_stage(
-        "grpo", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[sft]
-    ).manifest
-    with pytest.raises(RuntimeError):  # a failed grpo attempt leaves a key folder but no checkpoint
-        run_stage(
-            "grpo",
-            ToyStage(fail=True),
-            ToyConfig(n=99),
-            store=store,
-            tracker=tracker,
-            parent=None,
-            inputs=[sft],
-        )
-    assert sorted(pending_checkpoints(store)) == sorted([sft.uri, grpo.uri])  # curate is no checkpoint
-    run_stage("evaluate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[grpo])
-    assert pending_checkpoints(store) == [sft.uri]
-    run_stage("evaluate", ToyStage(), ToyConfig(), store=store, tracker=tracker, parent=None, inputs=[sft])
-    assert pending_checkpoints(store) == []
-
-
 def _pipeline_cfg(tmp_path: Path, tracking_uri: str) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {
@@ -311,6 +285,10 @@ def test_session_saves_config_summary_and_tags(tmp_path: Path, mlflow_server: st
     assert parent.data.tags["prefect.flow_run_id"] == "flow-run-1"
     assert parent.data.tags["swerl.stage.curate"] == "ran"
     assert parent.data.params["run.seed"] == "5" and parent.data.params["forced_stages"] == "[]"
+    # every run logs the machine's limits against the config at start (swerl doctor)
+    assert parent.data.tags["swerl.doctor"] in ("ok", "refused")
+    assert int(parent.data.params["doctor.machine.nofile_soft"]) > 0
+    assert "doctor.check.memory" in parent.data.params
     assert "pipeline_duration_s" in parent.data.metrics
     stage_run = client.get_run(out.manifest.mlflow_run_id or "")
     assert stage_run.data.tags["mlflow.parentRunId"] == parent.info.run_id

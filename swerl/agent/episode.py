@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.grading import grade, start_task_sandbox
+from swerl.agent.grading import grade, task_environment
 from swerl.agent.toolcall import ToolCallError, parse_tool_call
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
 from swerl.agent.trajectory import EpisodeStatus, PhaseTimings, Trajectory
@@ -237,8 +237,11 @@ async def run_episode(
     infra: InfraError | None = None
     sandbox: Sandbox | None = None
     try:
-        sandbox = await start_task_sandbox(sandbox_provider, task)
-        episode.timings.sandbox_start_s = time.monotonic() - started
+        env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
+        sandbox_requested = time.monotonic()
+        episode.timings.env_install_s = sandbox_requested - started
+        sandbox = await sandbox_provider.start(env_dir, setup_patch)
+        episode.timings.sandbox_start_s = time.monotonic() - sandbox_requested
         tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars)
         try:
             async with asyncio.timeout(limits.episode_timeout_s) as deadline:
@@ -262,6 +265,7 @@ async def run_episode(
     finally:
         if sandbox is not None:
             await sandbox.close()
+            episode.timings.sandbox_s = time.monotonic() - sandbox_requested
     episode.close()
     episode.timings.total_s = time.monotonic() - started
     return Trajectory(

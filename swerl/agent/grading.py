@@ -41,14 +41,18 @@ class Grade:
     detail: str = ""
 
 
-async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
-    """A sandbox in the task's starting state: its environment, with the bug applied for bug-kind tasks."""
+def task_environment(task: TaskInstance) -> tuple[Path, str | None]:
+    """The task's environment directory and setup patch (the bug, for bug-kind tasks)."""
     try:
         env_dir = resolve_environment(task.image, task.base_commit)  # checked for micro:// repositories
     except ValueError as exc:  # an environment that is not there is never the policy's fault
         raise InfraError("image_missing", str(exc)) from exc
-    setup_patch = task.patch if task.patch_kind == "bug" else None
-    return await provider.start(Path(env_dir), setup_patch)
+    return Path(env_dir), task.patch if task.patch_kind == "bug" else None
+
+
+async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
+    """A sandbox in the task's starting state: its environment, with the bug applied for bug-kind tasks."""
+    return await provider.start(*task_environment(task))
 
 
 async def _git(sandbox: Sandbox, args: str) -> tuple[int, str]:

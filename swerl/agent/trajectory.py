@@ -38,11 +38,16 @@ class PhaseTimings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    env_install_s: float = 0.0
+    """Preparing the task's environment (repository materialized, image pulled) before the sandbox starts."""
     sandbox_start_s: float = 0.0
     llm_s: float = 0.0
     tools_s: float = 0.0
+    """The agent's commands (exec) in the sandbox."""
     tests_s: float = 0.0
     total_s: float = 0.0
+    sandbox_s: float = 0.0
+    """Sandbox-seconds: from the start request to the end of close (what a cloud backend bills)."""
 
 
 class Trajectory(BaseModel):

@@ -39,6 +39,29 @@ def kill_group(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def kill_processes_mentioning(text: str) -> int:
+    """SIGKILL every process whose command line contains `text`; returns how many were signalled.
+
+    A bubblewrap killed within milliseconds of its start can orphan its namespace's init before that process
+    has asked for --die-with-parent's signal, in another process group than the one kill_group reaches. Its
+    command line still names the sandbox's directory, which is how close() finds it.
+    """
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def read_status(fd: int) -> dict[str, int]:
     """Merge the JSON documents bubblewrap wrote to its status pipe (child-pid, exit-code)."""
     os.set_blocking(fd, False)

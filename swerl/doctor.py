@@ -1,0 +1,292 @@
+"""`swerl doctor`: what this machine allows, against what the config asks, before a run hits a cap silently.
+
+It reads the machine (open files, processes and threads, memory, disk, Docker engine and networks, bubblewrap and
+user namespaces) and derives from the config the peak number of sandboxes, processes, file descriptors and
+memory any stage needs (stages run one after another, so the peak is the largest stage). Each check is a line
+with both numbers; a failing check makes `swerl doctor` exit non-zero. Every pipeline run logs this report at
+start (and to MLflow as params; nothing secret is read, only whether E2B_API_KEY is set).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swerl.config import PipelineConfig, SandboxLimits
+
+FDS_PER_SANDBOX = {"local": 6, "docker": 2, "e2b": 4}
+"""Host file descriptors one sandbox holds while a command runs (local: stdout, stdin and status pipes of the
+bwrap child plus their transport; docker: one API connection; e2b: its HTTP/2 connections)."""
+FDS_BASE = 512
+"""Descriptors swerl itself holds without any sandbox (Python, torch, MLflow's sqlite, Prefect, logs)."""
+PROCESSES_BASE = 512
+"""Processes and threads the pipeline itself runs (engine and torch threads, services)."""
+NETWORKS_WARN = 28
+"""Docker's default address pools give ~31 bridge networks; swerl never makes one, but others on the host might."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class DoctorReport:
+    machine: dict[str, Any]
+    demand: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def text(self) -> str:
+        lines = ["machine:"] + [f"  {k}: {v}" for k, v in self.machine.items()]
+        lines += ["config demand (peak over stages):"] + [f"  {k}: {v}" for k, v in self.demand.items()]
+        lines += ["checks:"] + [f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in self.checks]
+        failed = [c.name for c in self.checks if not c.ok]
+        lines.append(f"doctor: {'refused: ' + ', '.join(failed) if failed else 'ok'}")
+        return "\n".join(lines)
+
+    def params(self) -> dict[str, Any]:
+        """Flat params for MLflow (limits only: no paths of secrets, no environment values)."""
+        flat = {f"doctor.machine.{k}": v for k, v in self.machine.items()}
+        flat |= {f"doctor.demand.{k}": v for k, v in self.demand.items()}
+        flat |= {f"doctor.check.{c.name}": "ok" if c.ok else "FAIL" for c in self.checks}
+        return flat
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the machine allows
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _meminfo_mb() -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, rest = line.split(":", 1)
+            values[key] = int(rest.split()[0]) // 1024
+    except (OSError, ValueError):
+        pass
+    return values
+
+
+def _tasks_running() -> int:
+    """Threads alive on the machine now (they count against pid_max and threads-max)."""
+    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in os.listdir("/proc") if pid.isdigit()
+               if os.path.isdir(f"/proc/{pid}/task"))  # fmt: skip
+
+
+def _limit(value: int) -> int | str:
+    return "unlimited" if value == resource.RLIM_INFINITY else value
+
+
+def _bwrap_works() -> tuple[bool, str]:
+    path = shutil.which("bwrap")
+    if path is None:
+        return False, "bwrap not found (apt-get install bubblewrap)"
+    probe = [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap probe failed: {exc}"
+    if done.returncode != 0:
+        return False, f"bwrap cannot create namespaces: {done.stderr.strip()[:200]}"
+    return True, f"{path} runs with user, pid, mount and network namespaces"
+
+
+def _docker_state() -> tuple[bool, int | None, str]:
+    """(dockerd reachable, networks count, detail)."""
+    try:
+        import docker
+    except ImportError:
+        return False, None, "docker SDK not installed"
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        networks = len(client.networks.list())
+        client.close()
+        return True, networks, "dockerd answers"
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason is reported
+        return False, None, f"dockerd not reachable: {str(exc)[:160]}"
+
+
+def _free_mb(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free // (1024 * 1024)
+
+
+def read_machine(cfg: PipelineConfig) -> dict[str, Any]:
+    nofile_soft, nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nproc_soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    mem = _meminfo_mb()
+    machine: dict[str, Any] = {
+        "cpus": os.cpu_count() or 1,
+        "is_root": os.geteuid() == 0,
+        "nofile_soft": _limit(nofile_soft),
+        "nofile_hard": _limit(nofile_hard),
+        "nproc_soft": _limit(nproc_soft),
+        "pid_max": _read_int("/proc/sys/kernel/pid_max"),
+        "threads_max": _read_int("/proc/sys/kernel/threads-max"),
+        "threads_running": _tasks_running(),
+        "max_user_namespaces": _read_int("/proc/sys/user/max_user_namespaces"),
+        "mem_total_mb": mem.get("MemTotal"),
+        "mem_available_mb": mem.get("MemAvailable"),
+    }
+    for name, path in _disk_paths(cfg).items():
+        machine[f"disk_free_mb.{name}"] = _free_mb(path)
+    backends = _backends(cfg)
+    if "local" in backends:
+        machine["bwrap_ok"], machine["bwrap"] = _bwrap_works()
+    reachable, networks, detail = _docker_state()
+    machine["dockerd_reachable"], machine["docker_networks"], machine["docker"] = reachable, networks, detail
+    if "e2b" in backends:
+        machine["e2b_api_key_set"] = bool(os.environ.get("E2B_API_KEY"))
+    return machine
+
+
+def _disk_paths(cfg: PipelineConfig) -> dict[str, Path]:
+    paths = {"sandbox_tmp": Path(tempfile.gettempdir()), "runs": Path("runs").resolve()}
+    root = cfg.storage.root
+    if root.startswith("file://") or "://" not in root:
+        paths["store"] = Path(root.removeprefix("file://")).resolve()
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the config asks
+
+
+def _backends(cfg: PipelineConfig) -> set[str]:
+    return {cfg.curate.sandbox.backend, cfg.agent.sandbox.backend}
+
+
+def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits]]:
+    """Sandboxes each stage wants at once, with the limits its sandboxes get."""
+    g = cfg.grpo
+    return {
+        "curate.validation_workers": (cfg.curate.validation_workers, cfg.curate.sandbox),
+        "traces.workers": (cfg.traces.workers, cfg.agent.sandbox),
+        "grpo." + ("max_in_flight" if g.mode == "async" else "rollout_concurrency"): (
+            g.max_in_flight if g.mode == "async" else g.rollout_concurrency,
+            cfg.agent.sandbox,
+        ),
+        "evaluate.concurrency": (cfg.evaluate.concurrency, cfg.agent.sandbox),
+    }
+
+
+def _sandboxes(concurrency: int, limits: SandboxLimits, pooled: bool) -> int:
+    """Sandboxes alive at once: capped by the pool, plus its warm ones."""
+    if not pooled:
+        return concurrency
+    return min(concurrency, limits.pool.max_concurrent) + limits.pool.warm_size
+
+
+def demand(cfg: PipelineConfig) -> dict[str, Any]:
+    peak = {"sandboxes": 0, "memory_mb": 0, "processes": 0, "fds": 0, "disk_mb": 0}
+    for name, (concurrency, limits) in stage_concurrency(cfg).items():
+        sandboxes = _sandboxes(concurrency, limits, pooled=not name.startswith("curate"))
+        # tmpfs /tmp pages are RAM on the local backend
+        per_sandbox_mb = limits.memory_mb + (limits.tmp_size_mb if limits.backend == "local" else 0)
+        per_sandbox_mb = 0 if limits.backend == "e2b" else per_sandbox_mb  # e2b VMs use no host memory
+        stage = {
+            "sandboxes": sandboxes,
+            "memory_mb": sandboxes * per_sandbox_mb,
+            "processes": sandboxes * (limits.max_processes if limits.backend == "local" else 3),
+            "fds": sandboxes * FDS_PER_SANDBOX[limits.backend],
+            "disk_mb": sandboxes * limits.file_size_mb if limits.backend == "local" else 0,
+        }
+        peak = {k: max(peak[k], stage[k]) for k in peak}
+    e = cfg.engine
+    episodes = max(c for c, _ in stage_concurrency(cfg).values())
+    connections = (
+        0 if e.kind == "local" else e.num_engines * ((e.max_connections or episodes) + e.control_connections)
+    )
+    peak["fds"] += connections + cfg.storage.max_pool_connections + FDS_BASE
+    peak["processes"] += PROCESSES_BASE
+    return {**peak, "engine_connections": connections, "episodes": episodes}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
+    out: list[Check] = []
+    for name, (concurrency, limits) in stage_concurrency(cfg).items():
+        if name.startswith("curate"):
+            continue
+        pool = limits.pool.max_concurrent
+        out.append(Check(f"pool.{name}", concurrency <= pool,
+                         f"{name} {concurrency} vs agent.sandbox.pool.max_concurrent {pool}"
+                         + ("" if concurrency <= pool else f": {concurrency - pool} episodes would wait for a sandbox")))  # fmt: skip
+    e = cfg.engine
+    if e.kind != "local" and e.max_connections is not None:
+        out.append(Check("engine.max_connections", e.max_connections >= need["episodes"],
+                         f"{e.max_connections} connections per engine vs {need['episodes']} episodes at once"))  # fmt: skip
+    available = machine.get("mem_available_mb")
+    if available is not None:
+        out.append(Check("memory", need["memory_mb"] <= available,
+                         f"{need['sandboxes']} sandboxes x (memory_mb + tmpfs) = {need['memory_mb']} MB "
+                         f"vs {available} MB available"))  # fmt: skip
+    soft = machine["nofile_soft"]
+    if soft != "unlimited":
+        out.append(Check("open_files", need["fds"] <= soft,
+                         f"~{need['fds']} descriptors needed vs RLIMIT_NOFILE soft {soft} (hard "
+                         f"{machine['nofile_hard']}; raise with ulimit -n)"))  # fmt: skip
+    caps = [v for v in (machine.get("pid_max"), machine.get("threads_max")) if v]
+    if caps:
+        room = min(caps) - machine["threads_running"]
+        out.append(Check("processes", need["processes"] <= room,
+                         f"{need['processes']} processes/threads at worst (sandboxes x max_processes + "
+                         f"{PROCESSES_BASE}) vs {room} left under min(pid_max, threads-max) {min(caps)}"))  # fmt: skip
+    nproc = machine["nproc_soft"]
+    if not machine["is_root"] and nproc != "unlimited":
+        own = need["sandboxes"] * 3 + PROCESSES_BASE
+        out.append(Check("nproc", own <= nproc, f"~{own} processes of this user vs RLIMIT_NPROC {nproc}"))
+    for key, free in machine.items():
+        if key.startswith("disk_free_mb."):
+            want = need["disk_mb"] + 1024
+            out.append(Check(f"disk.{key.removeprefix('disk_free_mb.')}", free >= want,
+                             f"{free} MB free vs {want} MB (sandboxes x file_size_mb + 1 GB)"))  # fmt: skip
+    backends = _backends(cfg)
+    if "local" in backends:
+        out.append(Check("bubblewrap", bool(machine.get("bwrap_ok")), str(machine.get("bwrap"))))
+        userns = machine.get("max_user_namespaces")
+        if not machine["is_root"] and userns is not None:
+            out.append(Check("user_namespaces", userns >= need["sandboxes"],
+                             f"max_user_namespaces {userns} vs {need['sandboxes']} sandboxes"))  # fmt: skip
+    if "docker" in backends:
+        out.append(Check("dockerd", bool(machine["dockerd_reachable"]), str(machine["docker"])))
+        networks = machine.get("docker_networks")
+        if networks is not None:
+            out.append(Check("docker_networks", networks < NETWORKS_WARN,
+                             f"{networks} networks (containers use network none; ~31 is the bridge-pool cap)"))  # fmt: skip
+    if "e2b" in backends:
+        out.append(Check("e2b_api_key", bool(machine.get("e2b_api_key_set")), "E2B_API_KEY set in the environment"
+                         if machine.get("e2b_api_key_set") else "E2B_API_KEY is not set"))  # fmt: skip
+    return out
+
+
+def diagnose(cfg: PipelineConfig, machine: dict[str, Any] | None = None) -> DoctorReport:
+    """The doctor's report for a config (machine read now unless given, e.g. by a test)."""
+    machine = read_machine(cfg) if machine is None else machine
+    need = demand(cfg)
+    return DoctorReport(machine=machine, demand=need, checks=checks(cfg, machine, need))

@@ -1,0 +1,226 @@
+"""Sandbox images for the Docker backend: the offline base image and per-repository environment images.
+
+No image registry is reachable from the machines this project is developed on, so the base image is built
+offline: `debootstrap --variant=minbase` into a directory (from the Debian mirror apt already uses), a few files
+added (the sandbox user, `python` on PATH), then `tar | docker import`. An environment image is the base plus
+one repository at ENV_SOURCE (a `docker build` with a two-line Dockerfile and no network); a container copies it
+to its private /workspace at start. images/ holds the Dockerfiles for machines that can pull from a registry.
+
+    python -m swerl.sandbox.images base [--name NAME] [--mirror URL]
+    python -m swerl.sandbox.images env DIR [--base NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BASE_IMAGE = "swerl-base:bookworm"
+"""The default base image name (what `python -m swerl.sandbox.images base` builds)."""
+ENV_REPOSITORY = "swerl-env"
+"""Environment images are tagged swerl-env:<content hash of the repository>."""
+ENV_SOURCE = "/opt/swerl/env"
+"""Where an environment image holds the repository, exactly as it must appear at /workspace."""
+SANDBOX_UID = 10001
+"""The unprivileged user every sandboxed command runs as (also the owner of ENV_SOURCE)."""
+PACKAGES = ("python3", "python3-venv", "git")
+"""What debootstrap adds to the minimal base (the CPU default's repositories are pure Python)."""
+LABEL = "org.swerl.image"
+"""Label on every image swerl builds: 'base' or 'env'."""
+
+_SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def debian_mirror(sources_dir: Path = Path("/etc/apt/sources.list.d"), suite: str = "bookworm") -> str:
+    """The Debian mirror apt already uses for `suite` (deb822 .sources or one-line .list files)."""
+    candidates = sorted(sources_dir.glob("*.sources")) + sorted(sources_dir.glob("*.list"))
+    candidates += [sources_dir.parent / "sources.list"]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for stanza in re.split(r"\n\s*\n", text):
+            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.+)$", stanza, flags=re.M))
+            if suite in fields.get("Suites", "").split() and "URIs" in fields:
+                return fields["URIs"].split()[0]
+        for line in text.splitlines():
+            parts = re.sub(r"\[[^\]]*\]", " ", line).split()  # drop [arch=... signed-by=...] options
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == suite:
+                return parts[1]
+    raise RuntimeError(f"no Debian mirror for {suite} in {sources_dir} (pass --mirror)")
+
+
+def image_present(name: str) -> bool:
+    """Whether the local Docker engine has an image by this name."""
+    found = subprocess.run(["docker", "image", "inspect", name], capture_output=True, text=True)
+    return found.returncode == 0
+
+
+def build_base(name: str = BASE_IMAGE, mirror: str | None = None, rebuild: bool = False) -> str:
+    """Build the base image offline (debootstrap + docker import); an existing image is reused."""
+    if image_present(name) and not rebuild:
+        print(f"{name}: present, reused")
+        return name
+    for tool in ("debootstrap", "docker"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(
+                f"{tool} not found (apt-get install {'docker.io' if tool == 'docker' else tool})"
+            )
+    mirror = mirror or debian_mirror()
+    with tempfile.TemporaryDirectory(prefix="swerl-rootfs-", dir="/var/tmp") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        include = ",".join(PACKAGES)
+        print(f"debootstrap bookworm from {mirror} into {rootfs} (a few minutes)")
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={include}", "bookworm", str(rootfs), mirror],
+            check=True,
+        )
+        finish_rootfs(rootfs)
+        changes = [
+            "ENV PATH=/usr/local/bin:/usr/bin:/bin",
+            "ENV LANG=C.UTF-8",
+            "WORKDIR /workspace",
+            'CMD ["/bin/bash"]',
+            f"LABEL {LABEL}=base",
+        ]
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            ["docker", "import", *[arg for c in changes for arg in ("--change", c)], "-", name],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+        )
+        assert tar.stdout is not None
+        tar.stdout.close()
+        if tar.wait() != 0 or imported.returncode != 0:
+            raise RuntimeError(f"docker import failed: {imported.stderr.strip()}")
+    print(f"{name}: built")
+    return name
+
+
+def finish_rootfs(rootfs: Path) -> None:
+    """Add the sandbox user, `python`, /workspace and ENV_SOURCE; drop apt's caches."""
+    uid = SANDBOX_UID
+    with (rootfs / "etc/passwd").open("a") as f:
+        f.write(f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash\n")
+    with (rootfs / "etc/group").open("a") as f:
+        f.write(f"sandbox:x:{uid}:\n")
+    python = rootfs / "usr/local/bin/python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    if not python.exists():
+        python.symlink_to("/usr/bin/python3")
+    for directory in ("workspace", ENV_SOURCE.lstrip("/")):
+        (rootfs / directory).mkdir(parents=True, exist_ok=True)
+        os.chown(rootfs / directory, uid, uid)
+    for cache in ("var/cache/apt", "var/lib/apt/lists"):
+        for entry in (rootfs / cache).glob("*"):
+            if entry.is_file():
+                entry.unlink()
+
+
+def env_digest(env_dir: Path, base: str) -> str:
+    """A content hash of a repository directory (paths, modes, bytes) and the base image name."""
+    digest = hashlib.sha256(base.encode())
+    for path in _walk(env_dir):
+        rel = path.relative_to(env_dir).as_posix()
+        digest.update(f"\0{rel}\0{path.lstat().st_mode:o}\0".encode())
+        digest.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def env_image_name(env_dir: Path, base: str = BASE_IMAGE) -> str:
+    """The tag of a repository's environment image: swerl-env:<content hash>."""
+    return f"{ENV_REPOSITORY}:{env_digest(env_dir, base)}"
+
+
+def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
+    """Build (or reuse) the environment image of a repository directory on `base`; returns its tag.
+
+    `client` is a docker.DockerClient. The build runs with network "none": it only copies files.
+    """
+    import docker.errors
+
+    tag = env_image_name(env_dir, base)
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    try:  # checked first: a build FROM a missing image would try to pull it from a registry
+        client.images.get(base)
+    except docker.errors.ImageNotFound as exc:
+        raise RuntimeError(f"base image {base} is missing") from exc
+    dockerfile = f"FROM {base}\nCOPY --chown={SANDBOX_UID}:{SANDBOX_UID} src/ {ENV_SOURCE}/\n"
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            data = dockerfile.encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            tar.add(env_dir, arcname="src", filter=_skip_caches)
+        context.seek(0)
+        log = client.api.build(
+            fileobj=context,
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode="none",
+            labels={LABEL: "env", "org.swerl.env.source": str(env_dir)},
+            use_config_proxy=False,
+            decode=True,
+        )
+        errors = [entry["error"] for entry in log if "error" in entry]
+    if errors:
+        raise RuntimeError(f"building {tag} from {env_dir} failed: {errors[-1].strip()}")
+    return tag
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP)
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            if not name.endswith(".pyc"):
+                yield Path(dirpath) / name
+
+
+def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    name = info.name.rsplit("/", 1)[-1]
+    return None if name in _SKIP or name.endswith(".pyc") else info
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m swerl.sandbox.images", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    base = sub.add_parser("base", help="build the base image offline (reused when present)")
+    base.add_argument("--name", default=BASE_IMAGE)
+    base.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses)")
+    base.add_argument("--rebuild", action="store_true")
+    env = sub.add_parser(
+        "env", help="build a repository's environment image on the base (reused when present)"
+    )
+    env.add_argument("env_dir", type=Path)
+    env.add_argument("--base", default=BASE_IMAGE)
+    args = parser.parse_args(argv)
+    if args.command == "base":
+        build_base(args.name, args.mirror, args.rebuild)
+    else:
+        import docker
+
+        print(build_env(docker.from_env(), args.env_dir.resolve(), args.base))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""`swerl doctor` against this machine: it refuses configs that would hit a cap, with the numbers; local passes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from swerl.cli import main
+from swerl.config import load_config
+from swerl.doctor import _meminfo_mb, diagnose
+
+
+def test_local_config_passes(capsys) -> None:
+    # memory_mb is an address-space cap counted against memory free now: smaller here, so that the test does not
+    # depend on what else runs on the machine (the CPU default's 1024 MB x 16 passes with ~18 GB free)
+    assert main(["doctor", "configs/local.yaml", "--set", "agent.sandbox.memory_mb=256"]) == 0
+    out = capsys.readouterr().out
+    assert "doctor: ok" in out and "mem_available_mb" in out and "nofile_soft" in out
+
+
+def test_refuses_more_sandbox_memory_than_the_machine_has(capsys) -> None:
+    ram = _meminfo_mb()["MemTotal"]
+    per_sandbox = ram // 8 + 1024  # 16 sandboxes of this are over twice the machine
+    code = main(["doctor", "configs/local.yaml", "--set", f"agent.sandbox.memory_mb={per_sandbox}"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL memory" in out and f"= {16 * (per_sandbox + 64)} MB" in out and "refused: memory" in out
+
+
+def test_refuses_a_pool_smaller_than_the_rollout_concurrency() -> None:
+    cfg = load_config("configs/local.yaml", ["agent.sandbox.pool.max_concurrent=4"])
+    report = diagnose(cfg)
+    failed = {c.name: c.detail for c in report.checks if not c.ok}
+    assert set(failed) == {"pool.grpo.rollout_concurrency", "pool.evaluate.concurrency"}
+    assert "12 episodes would wait for a sandbox" in failed["pool.grpo.rollout_concurrency"]
+    assert report.params()["doctor.check.pool.grpo.rollout_concurrency"] == "FAIL"
+
+
+def test_refuses_when_open_files_are_too_few() -> None:
+    # A real lower RLIMIT_NOFILE for the doctor's process (prlimit), not a patched reading.
+    done = subprocess.run(
+        ["prlimit", "--nofile=300:300", sys.executable, "-m", "swerl.cli", "doctor", "configs/local.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL open_files: ~624 descriptors needed vs RLIMIT_NOFILE soft 300" in done.stdout
