@@ -369,7 +369,9 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(
     assert stats["requests_failed"] == 2 and stats["requests_completed"] == 1
 
 
-def test_prefix_cache_reuses_a_trajectory_turns_and_matches_a_full_prefill(model_dirs: dict[str, Path]) -> None:
+def test_prefix_cache_reuses_a_trajectory_turns_and_matches_a_full_prefill(
+    model_dirs: dict[str, Path],
+) -> None:
     """The next turn of a trajectory (same rid, input = previous input + output + new tokens) prefills only the new
     tokens, samples what a full prefill samples and reports the same log-probs; other rids, a flush and a weight
     update reuse nothing."""
@@ -385,7 +387,8 @@ def test_prefix_cache_reuses_a_trajectory_turns_and_matches_a_full_prefill(model
             )
             second_prompt = first_prompt + first.output_ids + prompt_of(6, 2)
             second = await local.generate(turn("a", second_prompt))
-            third = await local.generate(turn("c", second_prompt))  # another trajectory: nothing cached under c
+            # another trajectory: nothing is cached under c
+            third = await local.generate(turn("c", second_prompt))
             return [first, other, second, third], local.stats()
 
     cached, stats = run(conversation(cache_size=4))

@@ -73,8 +73,11 @@ class GenerateResponse(BaseModel):
         }
 
     @classmethod
-    def from_sglang(cls, body: dict[str, Any]) -> GenerateResponse:
-        """Parse SGLang's native /generate JSON (finish_reason may be a dict or null while streaming)."""
+    def from_sglang(cls, body: dict[str, Any], default_weight_version: int = 0) -> GenerateResponse:
+        """Parse SGLang's native /generate JSON (finish_reason may be a dict or null while streaming).
+
+        default_weight_version is used where the server does not report meta_info.weight_version.
+        """
         meta = body["meta_info"]
         pairs = meta.get("output_token_logprobs") or []
         reason = meta.get("finish_reason") or {"type": "abort"}
@@ -83,11 +86,19 @@ class GenerateResponse(BaseModel):
             output_ids=body.get("output_ids") or [int(p[1]) for p in pairs],
             output_token_logprobs=[float(p[0]) for p in pairs],
             finish_reason=reason_type if reason_type in ("stop", "length") else "abort",
-            weight_version=int(meta.get("weight_version") or 0),
+            weight_version=_version(meta.get("weight_version"), default_weight_version),
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", len(pairs))),
             output_token_weight_versions=meta.get("output_token_weight_versions"),
         )
+
+
+def _version(reported: Any, default: int) -> int:
+    """SGLang reports weight_version as a string (its default is "default"); swerl's versions are integers."""
+    try:
+        return int(reported)
+    except (TypeError, ValueError):
+        return default
 
 
 @runtime_checkable

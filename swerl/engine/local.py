@@ -174,7 +174,9 @@ class LocalEngine:
         self._seconds = {"prefill": 0.0, "decode": 0.0}  # time the worker spent in each
         self.prefix_cache_size = prefix_cache_size
         # rid -> (tokens whose KV is cached, per layer (keys, values) of (1, H_kv, T, D)); the worker alone uses it
-        self._prefixes: collections.OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]]
+        self._prefixes: collections.OrderedDict[
+            str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]
+        ]
         self._prefixes = collections.OrderedDict()
         self.intra_op_threads = intra_op_threads
         # One worker thread runs every forward pass, so model steps never overlap; torch's thread count is
@@ -365,13 +367,18 @@ class LocalEngine:
             cache.update(keys[:, :, :common], values[:, :, :common], index)
         return common
 
-    def _store_prefix(self, state: _Request, layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
+    def _store_prefix(
+        self, state: _Request, layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]
+    ) -> None:
         """Keep a finished request's KV (prompt and every output token but the last, which was never fed)."""
         rid = state.request.rid
         if self.prefix_cache_size == 0 or rid is None:
             return
         tokens = list(state.request.input_ids) + state.output_ids[:-1]
-        kept = [(_cached(keys)[:, :, -len(tokens) :], _cached(values)[:, :, -len(tokens) :]) for keys, values in layers]
+        kept = [
+            (_cached(keys)[:, :, -len(tokens) :], _cached(values)[:, :, -len(tokens) :])
+            for keys, values in layers
+        ]
         self._prefixes[rid] = (tokens, kept)
         self._prefixes.move_to_end(rid)
         while len(self._prefixes) > self.prefix_cache_size:

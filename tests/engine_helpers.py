@@ -1,0 +1,100 @@
+"""Shared by the engine tests: tiny models on disk and real engine processes on 127.0.0.1, stopped by pid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from swerl.engine.base import GenerateRequest, SamplingParams
+from swerl.engine.launcher import EngineLauncher, LocalServerSpec
+from swerl.services import Service, free_port
+from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
+
+CORPUS = [
+    "def add(left, right):\n    return left + right\n",
+    "for index in range(10):\n    total += index * 2  # 3.14 != 2.71\n",
+    "task 0: name a letter\nthe quick brown fox jumps over the lazy dog\n",
+]
+MODEL: dict[str, Any] = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+)
+CONTEXT = 128
+VOCAB = 300
+
+
+def make_models(root: Path) -> dict[str, Path]:
+    """Two same-architecture tiny models (v0, v1) and one of another architecture (wide)."""
+    tokenizer = train_tokenizer(CORPUS * 20, vocab_size=VOCAB, out_dir=root / "tokenizer")
+    dirs = {}
+    for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96)):
+        model = build_tiny_model(tokenizer, **{**MODEL, "hidden_size": hidden}, seed=seed)
+        dirs[name] = save_model_and_tokenizer(model, tokenizer, root / name)
+    return dirs
+
+
+def launch_local(model_dir: Path, num_engines: int, log_dir: Path, **spec: Any) -> EngineLauncher:
+    """num_engines real local engine servers (python -m swerl.engine.server), healthy on return."""
+    options = dict(max_batch_size=8, max_context_tokens=CONTEXT, threads=1, seed=0) | spec
+    launcher = EngineLauncher(
+        LocalServerSpec(str(model_dir), **options),
+        num_engines,
+        log_dir,
+        startup_timeout_s=240,
+        stop_timeout_s=5,
+    )
+    asyncio.run(launcher.start())
+    return launcher
+
+
+def launch_emulated(log_dir: Path, latency_s: float = 0.05, output_tokens: int = 4) -> Service:
+    """The latency-emulating engine server (no model) in its own process."""
+    port = free_port()
+    argv = [sys.executable, "-m", "swerl.engine.emulated_server", "--port", str(port),
+            "--latency-s", str(latency_s), "--output-tokens", str(output_tokens)]  # fmt: skip
+    service = Service(
+        f"emulated-{port}", argv, f"http://127.0.0.1:{port}/health", log_dir / f"emulated-{port}.log"
+    )
+    service.stop_timeout_s = 5
+    return service.start()
+
+
+def base_url(service: Service) -> str:
+    return service.health_url.rsplit("/", 1)[0]
+
+
+def post(url: str, body: bytes = b"{}") -> bytes:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+        return bytes(response.read())
+
+
+def greedy(
+    prompt: list[int], max_new_tokens: int = 8, rid: str | None = None, **params: Any
+) -> GenerateRequest:
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **params)
+    return GenerateRequest(input_ids=prompt, sampling_params=sampling, rid=rid)
+
+
+def prompt_of(length: int, offset: int = 0) -> list[int]:
+    return [10 + (offset + 7 * index) % 250 for index in range(length)]
+
+
+def process_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
