@@ -1,0 +1,84 @@
+"""Which checkpoints in the store await evaluation (the scheduled evaluation flow evaluates each of them).
+
+A checkpoint is a published manifest of a checkpoint-producing stage: `stages/sft/KEY/manifest.json` (base and
+SFT models) or `stages/grpo/KEY/manifest.json` (the GRPO model). It has been evaluated when some evaluate manifest
+lists it among its inputs with the same fingerprint (a forced rerun that republished the stage under the same key
+changes the fingerprint, so the new model is evaluated again). Its held-out tasks come from the curate manifest it
+was trained from (its `curate` input), so a checkpoint is always evaluated on the held-out split of its own run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swerl.stage import Manifest
+from swerl.storage import Store
+
+CHECKPOINT_STAGES = ("sft", "grpo")
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    checkpoint: Manifest
+    curate: Manifest
+
+    @property
+    def label(self) -> str:
+        return f"{self.checkpoint.stage}/{self.checkpoint.key}"
+
+
+def _manifests(store: Store, stage: str) -> list[Manifest]:
+    out = []
+    for key_dir in store.list(f"stages/{stage}"):
+        rel = f"{key_dir}/manifest.json"
+        if store.exists(rel):
+            out.append(Manifest.model_validate_json(store.read_bytes(rel)))
+    return out
+
+
+def evaluated_inputs(store: Store) -> set[tuple[str, str]]:
+    """(uri, fingerprint) of every manifest some evaluation has taken as input."""
+    return {(ref.uri, ref.fingerprint) for m in _manifests(store, "evaluate") for ref in m.inputs}
+
+
+def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str]]:
+    """Checkpoints not evaluated yet (oldest first), and why others cannot be evaluated (for the report)."""
+    done = evaluated_inputs(store)
+    pending: list[PendingCheckpoint] = []
+    problems: list[str] = []
+    for stage in CHECKPOINT_STAGES:
+        for manifest in _manifests(store, stage):
+            if (manifest.uri, manifest.fingerprint) in done:
+                continue
+            ref = next((r for r in manifest.inputs if r.stage == "curate"), None)
+            if ref is None:
+                problems.append(f"{manifest.uri}: no curate input, so no held-out tasks to evaluate it on")
+                continue
+            rel = store.rel_of(ref.uri)
+            if not store.exists(rel):
+                problems.append(f"{manifest.uri}: its curate manifest {ref.uri} is gone")
+                continue
+            curate = Manifest.model_validate_json(store.read_bytes(rel))
+            if curate.fingerprint != ref.fingerprint:
+                problems.append(
+                    f"{manifest.uri}: its curate manifest {ref.uri} was rerun since (other tasks)"
+                )
+                continue
+            pending.append(PendingCheckpoint(manifest, curate))
+    pending.sort(key=lambda p: (p.checkpoint.finished_at, p.checkpoint.uri))
+    return pending, problems
+
+
+def schedule_report(
+    evaluated: list[tuple[PendingCheckpoint, str]], problems: list[str], store_uri: str
+) -> str:
+    """Markdown summary of one scheduled evaluation run: what was evaluated, with what result, what was not."""
+    lines = ["# Scheduled evaluation", "", f"Store: `{store_uri}`", ""]
+    if not evaluated and not problems:
+        lines.append("No checkpoint awaits evaluation.")
+    if evaluated:
+        lines += ["| checkpoint | manifest | result |", "| --- | --- | --- |"]
+        lines += [f"| {p.label} | `{p.checkpoint.uri}` | {result} |" for p, result in evaluated]
+    if problems:
+        lines += ["", "Not evaluated:", ""] + [f"- {p}" for p in problems]
+    return "\n".join(lines) + "\n"
