@@ -7,17 +7,25 @@ Three policies appear in an asynchronous step (all log-probs are per sampled tok
 - old: the trainer's log-probs at the start of the step, recomputed from the same weights as the engine's
   version where possible (for one optimizer step per batch, old == current, detached);
 - current: the trainer's log-probs being optimised.
-The PPO ratio current/old is clipped; the TIS weight old/behaviour, truncated at a cap and detached, corrects for
-the gap between trainer and engine.
+The PPO ratio current/old is clipped; the importance weight old/behaviour, detached, corrects for the gap between
+trainer and engine (numerics, and the policy lag of an asynchronous step). Two corrections, each at token or
+sequence level (a sequence's weight is the product of its tokens' weights):
+- TIS (truncated importance sampling): the weight is capped at `tis_cap` and multiplies the token's loss;
+- MIS (masked importance sampling): tokens (or whole sequences) whose weight leaves [mis_low, mis_high] get no
+  loss at all, so a sample the trainer's policy would hardly have produced cannot dominate the step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
+
+ISLevel = Literal["token", "sequence"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,9 @@ class PolicyLossStats:
     tis_clip_fraction: float  # tokens whose raw weight exceeded the cap
     logprob_diff_mean: float  # |old - behaviour|: trainer vs engine log-prob mismatch
     ess_ratio: float  # (sum w)^2 / (n sum w^2) of the raw weights; 1 when trainer and engine agree
+    mis_mask_fraction: float = (
+        0.0  # tokens masked out by MIS (their own or their sequence's weight out of bounds)
+    )
 
 
 def group_advantages(
@@ -122,6 +133,11 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    *,
+    tis_level: ISLevel = "token",
+    mis_low: float = 0.0,
+    mis_high: float | None = None,
+    mis_level: ISLevel = "token",
 ) -> tuple[Tensor, PolicyLossStats]:
     """Token-level clipped GRPO loss with truncated importance sampling and an optional k3 KL penalty.
 
@@ -129,7 +145,10 @@ def policy_loss(
         pg_t = -w_t * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = min(exp(old - behaviour), tis_cap)
         kl_t = exp(ref - logprobs) - (ref - logprobs) - 1   (k3, >= 0, unbiased for KL(current || ref))
         loss = sum_t mask_t (pg_t + kl_coef kl_t) / normalizer
-    The weight w is detached. A token is clipped (gets no gradient) when A > 0 and r > 1 + eps_high, or A < 0
+    The weight w is detached. With tis_level="sequence", w_t = min(prod_s exp(old_s - behaviour_s), tis_cap) over
+    the row's masked tokens (each row is one trajectory). With mis_high set, a token whose weight (mis_level
+    "token") or whose row's weight (mis_level "sequence") is outside [mis_low, mis_high] is masked out of pg_t
+    (it still counts in the normalizer: masking is not renormalisation). A token is clipped (gets no gradient) when A > 0 and r > 1 + eps_high, or A < 0
     and r < 1 - eps_low; exactly on a boundary it is not clipped.
 
     Normalisation is token-level across the whole batch (as DAPO): every masked token weighs the same, so long
@@ -146,6 +165,8 @@ def policy_loss(
         )
     if tis_cap <= 0:
         raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if mis_high is not None and not 0 <= mis_low <= 1 <= mis_high:
+        raise ValueError(f"need 0 <= mis_low <= 1 <= mis_high, got {mis_low}, {mis_high}")
     keep = loss_mask.bool()  # (B, T)
     mask = keep.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -167,9 +188,19 @@ def policy_loss(
     clipped_ratio = ratio.detach().clamp(1 - clip_eps_low, 1 + clip_eps_high)
     surrogate = torch.where(clipped, clipped_ratio, ratio) * advantages  # (B, T)
 
-    raw_weight = torch.exp(old_logprobs - behaviour_logprobs)  # (B, T)
-    tis_weight = raw_weight.clamp(max=tis_cap)
+    token_log_weight = torch.where(keep, old_logprobs - behaviour_logprobs, 0.0)  # (B, T)
+    raw_weight = torch.exp(token_log_weight)  # (B, T)
+    sequence_log_weight = token_log_weight.sum(dim=-1, keepdim=True).expand_as(token_log_weight)  # (B, T)
+    tis_log_weight = token_log_weight if tis_level == "token" else sequence_log_weight
+    # Capped in log space: a long sequence's product of weights may overflow exp().
+    tis_weight = torch.exp(tis_log_weight.clamp(max=math.log(tis_cap)))  # (B, T)
     pg_per_token = -tis_weight * surrogate  # (B, T)
+    mis_keep = torch.ones_like(keep)
+    if mis_high is not None:
+        mis_log_weight = token_log_weight if mis_level == "token" else sequence_log_weight
+        low = math.log(mis_low) if mis_low > 0 else -math.inf
+        mis_keep = (mis_log_weight >= low) & (mis_log_weight <= math.log(mis_high))
+        pg_per_token = torch.where(mis_keep, pg_per_token, 0.0)
     pg_loss = (pg_per_token * mask).sum() / denominator
 
     kl_value = torch.zeros((), dtype=logprobs.dtype)
@@ -193,8 +224,9 @@ def policy_loss(
             clip_fraction=_masked_mean(clipped.to(mask.dtype), mask, count),
             ratio_mean=_masked_mean(ratio, mask, count),
             tis_mean=_masked_mean(tis_weight, mask, count),
-            tis_clip_fraction=_masked_mean((raw_weight > tis_cap).to(mask.dtype), mask, count),
+            tis_clip_fraction=_masked_mean((tis_log_weight > math.log(tis_cap)).to(mask.dtype), mask, count),
             logprob_diff_mean=_masked_mean((old_logprobs - behaviour_logprobs).abs(), mask, count),
             ess_ratio=float(ess),
+            mis_mask_fraction=_masked_mean((~mis_keep).to(mask.dtype), mask, count),
         )
     return loss, stats

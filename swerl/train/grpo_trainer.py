@@ -47,6 +47,7 @@ from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.engine.base import Engine
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from swerl.train.grpo import (
+    ISLevel,
     PolicyLossStats,
     gather_logprobs,
     group_advantages,
@@ -227,6 +228,8 @@ class GRPOTrainer:
         grad_clip: max total gradient norm; None measures without clipping.
         clip_eps_low, clip_eps_high: PPO ratio clip range [1 - low, 1 + high] (DAPO's clip-higher when high > low).
         tis_cap: truncation of the importance weight exp(old - behaviour) against the engine's log-probs.
+        tis_level: "token" (each token's weight) or "sequence" (the product over the trajectory).
+        mis_low, mis_high: masked importance sampling bounds (None: off); mis_level as tis_level.
         kl_coef: weight of the k3 KL penalty against ref_model (ignored without one).
         ref_model: a frozen reference policy for the KL penalty; None for no penalty (the recipe's default).
         scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
@@ -254,6 +257,10 @@ class GRPOTrainer:
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.28,
         tis_cap: float = 2.0,
+        tis_level: ISLevel = "token",
+        mis_low: float = 0.0,
+        mis_high: float | None = None,
+        mis_level: ISLevel = "token",
         kl_coef: float = 0.0,
         ref_model: PreTrainedModel | None = None,
         scale_adv_by_std: bool = False,
@@ -279,6 +286,7 @@ class GRPOTrainer:
         self.optimizer = build_optimizer(model, lr, weight_decay, betas, adam_eps)
         self.grad_clip = grad_clip
         self.clip_eps_low, self.clip_eps_high, self.tis_cap = clip_eps_low, clip_eps_high, tis_cap
+        self.tis_level, self.mis_low, self.mis_high, self.mis_level = tis_level, mis_low, mis_high, mis_level
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.kl_coef = kl_coef if ref_model is not None else 0.0
         self.scale_adv_by_std = scale_adv_by_std
@@ -351,6 +359,10 @@ class GRPOTrainer:
                         ref_logprobs=reference.get(index),
                         kl_coef=self.kl_coef,
                         normalizer=normalizer,
+                        tis_level=self.tis_level,
+                        mis_low=self.mis_low,
+                        mis_high=self.mis_high,
+                        mis_level=self.mis_level,
                     )
                     loss.backward()
                     update_loss += float(loss.detach())
@@ -477,7 +489,7 @@ class _Observed:
     def __init__(self, tis_cap: float) -> None:
         self.tis_cap = tis_cap
         self.tokens = self.entropy = self.diff = self.weight = self.weight_square = self.tis_clipped = 0.0
-        self.step_tokens = self.clipped = self.pg_loss = self.kl = 0.0
+        self.step_tokens = self.clipped = self.pg_loss = self.kl = self.mis_masked = 0.0
 
     @torch.no_grad()
     def add(self, micro: MicroBatch, old: Tensor, logits: Tensor, temperature: float) -> None:
@@ -495,6 +507,7 @@ class _Observed:
     def add_loss(self, stats: PolicyLossStats) -> None:
         self.step_tokens += stats.num_tokens
         self.clipped += stats.clip_fraction * stats.num_tokens
+        self.mis_masked += stats.mis_mask_fraction * stats.num_tokens
         self.pg_loss += stats.pg_loss  # already divided by the minibatch's tokens: sums to its mean
         self.kl += stats.kl
 
@@ -507,6 +520,7 @@ class _Observed:
             "ess_ratio": ess,
             "tis_clip_fraction": self.tis_clipped / tokens,
             "clip_fraction": self.clipped / max(1.0, self.step_tokens),
+            "mis_mask_fraction": self.mis_masked / max(1.0, self.step_tokens),
             "pg_loss": self.pg_loss / updates,
             "kl": self.kl / updates,
         }

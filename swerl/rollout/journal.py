@@ -1,0 +1,154 @@
+"""Crash safety of asynchronous rollouts: every finished attempt is written to the store as it finishes, and the
+trainer's checkpoint holds the ledger of the groups it consumed.
+
+Groups are numbered by their data position `seq` (group seq runs task order[seq % len(order)]); a requeued
+group keeps its seq and gets the next `generation`. The journal holds `g{seq}/r{generation}-a{attempt}.json`
+per finished attempt (the trajectory with its start and finish times). After a crash, the newest checkpoint's
+ledger says which groups the restored model has consumed (trained or discarded); every other group below the
+highest seq in the journal is either complete (back to the buffer), partial (only its missing attempts rerun)
+or absent (rerun). So nothing finished is lost and nothing is trained twice, whatever the timing of the crash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swerl.agent.trajectory import Trajectory
+from swerl.storage import Store
+
+LEDGER_FILE = "rollout_ledger.json"
+_ATTEMPT_NAME = re.compile(r"^r(\d+)-a(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class FinishedAttempt:
+    """One attempt's final trajectory (after infra retries) and when it ran (epoch seconds)."""
+
+    seq: int
+    generation: int
+    trajectory: Trajectory
+    started_at: float
+    finished_at: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.finished_at - self.started_at
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "seq": self.seq,
+                "generation": self.generation,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "trajectory": self.trajectory.model_dump(mode="json"),
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> FinishedAttempt:
+        body = json.loads(data)
+        return cls(body["seq"], body["generation"], Trajectory.model_validate(body["trajectory"]),
+                   body["started_at"], body["finished_at"])  # fmt: skip
+
+
+@dataclass
+class FinishedGroup:
+    """All n attempts of one group (attempt order)."""
+
+    seq: int
+    generation: int
+    attempts: list[FinishedAttempt]
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [attempt.trajectory for attempt in self.attempts]
+
+    @property
+    def finished_at(self) -> float:
+        return max(attempt.finished_at for attempt in self.attempts)
+
+
+@dataclass
+class Ledger:
+    """Groups consumed by the trainer, in order: (seq, step, reason); reason 'trained' or why it was discarded."""
+
+    entries: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def add(self, seq: int, step: int, reason: str) -> None:
+        self.entries.append((seq, step, reason))
+
+    @property
+    def consumed(self) -> set[int]:
+        return {seq for seq, _, _ in self.entries}
+
+    def save(self, directory: Path) -> Path:
+        path = directory / LEDGER_FILE
+        path.write_text(json.dumps({"entries": self.entries, "written_at": time.time()}))
+        return path
+
+    @classmethod
+    def load(cls, directory: Path | None) -> Ledger:
+        if directory is None or not (directory / LEDGER_FILE).is_file():
+            return cls()
+        body: dict[str, Any] = json.loads((directory / LEDGER_FILE).read_text())
+        return cls([(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]])
+
+
+@dataclass
+class JournalState:
+    """What the journal holds: per seq, its newest generation's finished attempts; the highest seq seen."""
+
+    groups: dict[int, tuple[int, dict[int, FinishedAttempt]]]
+    max_seq: int  # -1 when empty
+
+
+class RolloutJournal:
+    """Finished attempts in the store under `prefix` (None store: nothing is persisted, for benchmarks)."""
+
+    def __init__(self, store: Store | None, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+
+    def _path(self, seq: int, generation: int, attempt: int) -> str:
+        return f"{self.prefix}/g{seq:08d}/r{generation:03d}-a{attempt:04d}.json"
+
+    def record(self, attempt: FinishedAttempt) -> None:
+        """Write one finished attempt (atomically); blocking I/O, run it off the event loop."""
+        if self.store is not None:
+            path = self._path(attempt.seq, attempt.generation, attempt.trajectory.attempt)
+            self.store.write_bytes(path, attempt.to_json())
+
+    def load(self, skip: set[int]) -> JournalState:
+        """Read the journal; groups in `skip` (consumed) are only counted for the data position, not read."""
+        groups: dict[int, tuple[int, dict[int, FinishedAttempt]]] = {}
+        max_seq = -1
+        if self.store is None:
+            return JournalState(groups, max_seq)
+        for folder in self.store.list(self.prefix):
+            name = folder.rsplit("/", 1)[-1]
+            if not (name.startswith("g") and name[1:].isdigit()):
+                continue
+            seq = int(name[1:])
+            max_seq = max(max_seq, seq)
+            if seq in skip:
+                continue
+            files: dict[int, dict[int, str]] = {}
+            for rel in self.store.list(folder):
+                match = _ATTEMPT_NAME.match(rel.rsplit("/", 1)[-1])
+                if match:
+                    files.setdefault(int(match[1]), {})[int(match[2])] = rel
+            if not files:
+                continue
+            generation = max(files)
+            attempts = {
+                index: FinishedAttempt.from_json(self.store.read_bytes(rel))
+                for index, rel in files[generation].items()
+            }
+            groups[seq] = (generation, attempts)
+        return JournalState(groups, max_seq)

@@ -1,0 +1,164 @@
+"""The fully asynchronous GRPO loop: rollouts never stop; the trainer takes B finished groups and steps.
+
+    manager.start()                                   # max_in_flight attempts, refilled as they finish
+    while steps remain:
+        batch = await collect_batch(...)              # B usable groups: staleness policy, dynamic sampling
+        stats = await to_thread(trainer.train_step)   # rollouts continue meanwhile (on the event loop)
+        ledger += batch; export; engine.update_weights_from_disk(version)   # in-flight attempts continue
+        metrics; checkpoint (model, optimizer, RNG, ledger) when due
+
+Time per step is split into waiting for rollouts, the actor update, log-prob recomputation and weight sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swerl.agent.trajectory import Trajectory
+from swerl.engine.base import Engine
+from swerl.rollout.journal import FinishedGroup, Ledger
+from swerl.rollout.longtail import longtail_stats
+from swerl.rollout.manager import RolloutManager
+from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
+from swerl.train.grpo_trainer import GRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """The asynchronous loop's knobs (GRPOConfig maps onto them)."""
+
+    steps: int
+    tasks_per_step: int
+    max_staleness: int
+    staleness_policy: StalenessPolicy = StalenessPolicy.DROP
+    max_requeues: int = 1
+    dynamic_sampling: bool = True
+    max_extra_groups_per_step: int = 32
+    checkpoint_every: int = 0
+    time_budget_s: float | None = None
+
+
+@dataclass
+class Batch:
+    """What one step took from the buffer."""
+
+    groups: list[list[Trajectory]] = field(default_factory=list)  # to train on (after the staleness policy)
+    taken: list[FinishedGroup] = field(default_factory=list)  # every group taken, discarded ones included
+    discarded: collections.Counter[str] = field(default_factory=collections.Counter)
+    stale_attempts: int = 0
+    stale_left_out: int = 0
+    requeued: int = 0
+
+
+def no_gradient_reason(trajectories: list[Trajectory]) -> str | None:
+    """Why a group cannot contribute a gradient: fewer than two valid attempts, or all equal rewards."""
+    rewards = [trajectory.reward for trajectory in trajectories if trajectory.reward is not None]
+    if len(rewards) < 2:
+        return "few_valid"
+    if max(rewards) == min(rewards):
+        return "no_signal"
+    return None
+
+
+async def collect_batch(
+    manager: RolloutManager[Any], version: int, settings: AsyncSettings, ledger: Ledger
+) -> Batch:
+    """Take finished groups until B can be trained on; discarded groups go to the ledger with their reason."""
+    batch = Batch()
+    extra = 0
+    step = version + 1  # the step these groups are consumed by
+    while len(batch.groups) < settings.tasks_per_step:
+        group = await manager.get()
+        triage = triage_group(group.trajectories, version, settings.max_staleness, settings.staleness_policy,
+                              group.generation, settings.max_requeues)  # fmt: skip
+        batch.stale_attempts += triage.stale
+        if triage.action == "requeue":
+            manager.requeue(group)
+            batch.requeued += 1
+            continue
+        batch.taken.append(group)
+        if triage.action == "drop":
+            ledger.add(group.seq, step, "stale")
+            batch.discarded["stale"] += 1
+            continue
+        batch.stale_left_out += triage.left_out
+        reason = no_gradient_reason(triage.kept)
+        if settings.dynamic_sampling and reason is not None and extra < settings.max_extra_groups_per_step:
+            extra += 1
+            ledger.add(group.seq, step, reason)
+            batch.discarded[reason] += 1
+            continue
+        ledger.add(group.seq, step, "trained")
+        batch.groups.append(triage.kept)
+    return batch
+
+
+async def train_async(
+    trainer: GRPOTrainer,
+    engine: Engine,
+    manager: RolloutManager[Any],
+    settings: AsyncSettings,
+    ledger: Ledger,
+    *,
+    export_dir: Path,
+    on_step: Callable[[dict[str, float], Batch], None],
+    save: Callable[[Ledger], None],
+    infra_counts: dict[str, int] | None = None,
+) -> None:
+    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent)."""
+    started = time.monotonic()
+    totals: collections.Counter[str] = collections.Counter()
+    manager.start()
+    try:
+        while trainer.step < settings.steps:
+            if settings.time_budget_s is not None and time.monotonic() - started > settings.time_budget_s:
+                logger.info("grpo async: time budget spent after %d steps", trainer.step)
+                break
+            step_started = time.monotonic()
+            version = trainer.step
+            batch = await collect_batch(manager, version, settings, ledger)
+            waited = time.monotonic() - step_started
+            trained = [trajectory for group in batch.groups for trajectory in group]
+            stats = await asyncio.to_thread(trainer.train_step, batch.groups)
+            sync_started = time.monotonic()
+            export = await asyncio.to_thread(trainer.export_weights, export_dir)
+            await engine.update_weights_from_disk(str(export), trainer.step)
+            sync_s = time.monotonic() - sync_started
+            total = time.monotonic() - step_started
+            totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
+            totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,
+                          stale_requeued=batch.requeued, groups_dropped_few_valid=int(stats["groups_dropped"]))  # fmt: skip
+            stats |= {
+                "time_wait_rollouts_s": waited,
+                "time_weight_sync_s": sync_s,
+                "time_total_s": total,
+                "share_wait_rollouts": waited / total,
+                "share_update": stats["time_update_s"] / total,
+                "share_logprob_recompute": stats["time_logprob_recompute_s"] / total,
+                "share_weight_sync": sync_s / total,
+                "in_flight": float(manager.in_flight),
+                "buffered_groups": float(len(manager.buffer)),
+                "data_position": float(manager.next_seq),
+                "stale_attempts": float(batch.stale_attempts),
+                "stale_requeued": float(batch.requeued),
+            }
+            stats |= {f"discarded/{k}": float(v) for k, v in batch.discarded.items()}
+            stats |= {f"totals/{k}": float(v) for k, v in totals.items()}
+            stats |= {f"failures/{k}": float(v) for k, v in (infra_counts or {}).items()}
+            stats |= staleness_stats(trained, version)
+            stats |= longtail_stats(batch.taken)
+            on_step(stats, batch)
+            due = settings.checkpoint_every > 0 and trainer.step % settings.checkpoint_every == 0
+            if due and trainer.step < settings.steps:
+                save(ledger)
+    finally:
+        await manager.close()

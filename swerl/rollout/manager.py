@@ -1,0 +1,193 @@
+"""The rollout manager: keeps `max_in_flight` attempts running, schedules GRPO groups (n attempts of a task),
+refills a slot the moment an attempt finishes, and buffers finished groups for the trainer.
+
+Scheduling: attempts wait in a FIFO of pending (seq, generation, attempt) triples; when a slot frees, the next
+pending attempt starts; when none is pending, the next group of the data stream opens (its n attempts become
+pending), unless `max_buffered_groups` finished groups already wait for the trainer (a bound on how far rollouts
+run ahead, so on staleness). Every finished attempt is written to the journal before it counts; a group joins
+the buffer when its last attempt is written. The trainer calls `get()` for the oldest finished group.
+
+Attempts continue across weight updates (partial rollouts): the manager never waits for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from swerl.agent.trajectory import Trajectory
+from swerl.engine.base import Engine
+from swerl.rollout.journal import FinishedAttempt, FinishedGroup, JournalState, Ledger, RolloutJournal
+from swerl.train.grpo_trainer import EpisodeFn
+
+TaskT = TypeVar("TaskT")
+logger = logging.getLogger(__name__)
+
+
+def group_id(seq: int, generation: int) -> str:
+    return f"g{seq:08d}" + (f"r{generation}" if generation else "")
+
+
+@dataclass
+class _OpenGroup:
+    generation: int
+    finished: dict[int, FinishedAttempt]
+
+
+class RolloutManager(Generic[TaskT]):
+    """Asynchronous GRPO rollouts (see the module docstring).
+
+    Args:
+        engine: the policy's engine, passed to every episode.
+        episode: runs one attempt (with its infra retries) and returns its trajectory; raising is a bug.
+        task_at: the task of group seq (the data stream; e.g. a seeded order, wrapping around).
+        n_attempts: attempts per group.
+        max_in_flight: attempts running at once.
+        max_buffered_groups: finished groups held before no new group opens.
+        journal: where finished attempts are persisted.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        episode: EpisodeFn[TaskT],
+        task_at: Callable[[int], TaskT],
+        *,
+        n_attempts: int,
+        max_in_flight: int,
+        max_buffered_groups: int,
+        journal: RolloutJournal,
+    ) -> None:
+        if n_attempts < 1 or max_in_flight < 1 or max_buffered_groups < 1:
+            raise ValueError(
+                f"n_attempts ({n_attempts}), max_in_flight ({max_in_flight}) and max_buffered_groups "
+                f"({max_buffered_groups}) must be >= 1"
+            )
+        self.engine = engine
+        self.episode = episode
+        self.task_at = task_at
+        self.n_attempts = n_attempts
+        self.max_in_flight = max_in_flight
+        self.max_buffered_groups = max_buffered_groups
+        self.journal = journal
+        self.next_seq = 0  # the data position: groups opened so far
+        self.buffer: collections.deque[FinishedGroup] = collections.deque()
+        self._pending: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._open: dict[int, _OpenGroup] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+        self.started = self.finished = 0  # attempts
+        self.busy_since: float | None = None
+
+    # -- resume -------------------------------------------------------------------------------------------------
+
+    def restore(self, state: JournalState, ledger: Ledger) -> dict[str, int]:
+        """Rebuild from the journal and the restored checkpoint's ledger (before `start`); returns counts."""
+        consumed = ledger.consumed
+        counts = {"reloaded_groups": 0, "partial_groups": 0, "rerun_groups": 0}
+        reloaded = []
+        for seq in range(state.max_seq + 1):
+            if seq in consumed:
+                continue
+            generation, finished = state.groups.get(seq, (0, {}))
+            if len(finished) == self.n_attempts:
+                reloaded.append(FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)]))
+                counts["reloaded_groups"] += 1
+                continue
+            self._open[seq] = _OpenGroup(generation, dict(finished))
+            self._pending.extend((seq, generation, a) for a in range(self.n_attempts) if a not in finished)
+            counts["partial_groups" if finished else "rerun_groups"] += 1
+        self.buffer.extend(sorted(reloaded, key=lambda group: group.finished_at))
+        self.next_seq = state.max_seq + 1
+        return counts
+
+    # -- scheduling ---------------------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def start(self) -> None:
+        self._fill()
+
+    def _fill(self) -> None:
+        while not self._closed and len(self._running) < self.max_in_flight:
+            if not self._pending:
+                if len(self.buffer) >= self.max_buffered_groups:
+                    break
+                seq, self.next_seq = self.next_seq, self.next_seq + 1
+                self._open[seq] = _OpenGroup(0, {})
+                self._pending.extend((seq, 0, attempt) for attempt in range(self.n_attempts))
+            seq, generation, attempt = self._pending.popleft()
+            task = asyncio.create_task(self._run(seq, generation, attempt), name=f"attempt-{seq}-{attempt}")
+            self._running.add(task)
+            task.add_done_callback(self._done)
+            self.started += 1
+        if self._running and self.busy_since is None:
+            self.busy_since = time.monotonic()
+
+    async def _run(self, seq: int, generation: int, attempt: int) -> None:
+        started = time.time()
+        trajectory: Trajectory = await self.episode(
+            self.engine, self.task_at(seq), attempt=attempt, group_id=group_id(seq, generation)
+        )
+        finished = FinishedAttempt(seq, generation, trajectory, started, time.time())
+        await asyncio.to_thread(self.journal.record, finished)
+        group = self._open.get(seq)
+        if group is None or group.generation != generation:
+            return  # requeued meanwhile: an older generation's attempt no longer counts
+        group.finished[attempt] = finished
+        self.finished += 1
+        if len(group.finished) == self.n_attempts:
+            del self._open[seq]
+            self.buffer.append(
+                FinishedGroup(seq, generation, [group.finished[a] for a in sorted(group.finished)])
+            )
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._error is None:
+            self._error = task.exception()
+        self._changed.set()
+        self._fill()
+
+    def requeue(self, group: FinishedGroup) -> None:
+        """Rerun a taken group under its next generation (its attempts go to the front of the queue)."""
+        generation = group.generation + 1
+        self._open[group.seq] = _OpenGroup(generation, {})
+        self._pending.extendleft((group.seq, generation, a) for a in reversed(range(self.n_attempts)))
+        self._fill()
+
+    async def get(self) -> FinishedGroup:
+        """The oldest finished group, waiting for one if needed; re-raises an episode's exception."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self.buffer:
+                group = self.buffer.popleft()
+                self._fill()  # a buffer slot freed: a new group may open
+                return group
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def close(self, timeout_s: float = 60.0) -> None:
+        """Cancel every running attempt (their finished siblings stay in the journal); an attempt whose
+        cancellation does not finish within timeout_s is abandoned with a warning, never waited on forever."""
+        self._closed = True
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        if running:
+            _, stuck = await asyncio.wait(running, timeout=timeout_s)
+            if stuck:
+                logger.warning(
+                    "rollout manager: %d cancelled attempts did not finish in %.0f s", len(stuck), timeout_s
+                )
+        self._running.clear()

@@ -1,0 +1,106 @@
+"""The asynchronous mode of the GRPO stage: the stage builds the engine, trainer and episode function and hands
+them here; this wires the rollout manager, the journal under the stage key, the ledger in every checkpoint, and
+the per-step metrics (MLflow) and log line."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from swerl.agent.trajectory import Trajectory
+from swerl.config import GRPOConfig
+from swerl.data.schema import TaskInstance
+from swerl.engine.base import Engine
+from swerl.rollout.journal import Ledger, RolloutJournal
+from swerl.rollout.longtail import write_histograms
+from swerl.rollout.loop import AsyncSettings, Batch, train_async
+from swerl.rollout.manager import RolloutManager
+from swerl.rollout.staleness import StalenessPolicy
+from swerl.stage import StageContext
+from swerl.train.grpo_trainer import EpisodeFn, GRPOTrainer
+
+
+def settings_from_config(g: GRPOConfig) -> AsyncSettings:
+    return AsyncSettings(
+        steps=g.steps, tasks_per_step=g.tasks_per_step, max_staleness=g.max_staleness,
+        staleness_policy=StalenessPolicy(g.staleness_policy), max_requeues=g.max_requeues,
+        dynamic_sampling=g.dynamic_sampling, max_extra_groups_per_step=g.max_extra_groups_per_step,
+        checkpoint_every=g.checkpoint_every, time_budget_s=g.time_budget_s,
+    )  # fmt: skip
+
+
+class AsyncGRPO:
+    """Asynchronous GRPO inside the stage: resume state, the loop, what a checkpoint adds (the ledger).
+
+    The journal lives under the stage key (`stages/grpo/KEY/rollouts/`), next to the durable checkpoints, so a
+    rerun of a crashed stage finds both.
+    """
+
+    def __init__(self, ctx: StageContext, g: GRPOConfig, order: Sequence[TaskInstance], resume: Path | None):
+        self.ctx, self.g, self.order = ctx, g, list(order)
+        self.ledger = Ledger.load(resume)
+        self.journal = RolloutJournal(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/rollouts")
+        self.next_seq = 0
+        self.durations: list[float] = []
+        self.turns: list[int] = []
+        self.resumed: dict[str, int] = {}
+
+    def task_at(self, seq: int) -> TaskInstance:
+        return self.order[seq % len(self.order)]
+
+    def write_state(self, checkpoint_dir: Path) -> None:
+        """Called after trainer.save, before the checkpoint is uploaded: the ledger joins the checkpoint."""
+        self.ledger.save(checkpoint_dir)
+
+    async def run(
+        self,
+        trainer: GRPOTrainer,
+        engine: Engine,
+        episode: EpisodeFn[TaskInstance],
+        infra_counts: dict[str, int],
+        history: list[dict[str, float]],
+        save: Callable[[], Any],
+        step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
+    ) -> None:
+        """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics."""
+        g, ctx = self.g, self.ctx
+        manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.attempts_per_task,
+                                 max_in_flight=g.max_in_flight, max_buffered_groups=g.buffered_groups,
+                                 journal=self.journal)  # fmt: skip
+        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger)
+        ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
+        started = time.monotonic()
+
+        def on_step(stats: dict[str, float], batch: Batch) -> None:
+            self.next_seq = manager.next_seq
+            for group in batch.taken:
+                for attempt in group.attempts:
+                    self.durations.append(attempt.duration_s)
+                    self.turns.append(attempt.trajectory.num_turns)
+            if step_metrics is not None:
+                stats |= step_metrics(batch.groups)
+            history.append(stats)
+            ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
+            ctx.log.info(
+                "grpo async step %d/%d: reward %.3f, %d groups trained, %d discarded, wait %.0f%%, %.0f s "
+                "(%.0f s since start)", trainer.step, g.steps, stats["reward_mean"], len(batch.groups),
+                sum(batch.discarded.values()), 100 * stats["share_wait_rollouts"], stats["time_total_s"],
+                time.monotonic() - started,
+            )  # fmt: skip
+
+        def checkpoint(ledger: Ledger) -> None:
+            self.next_seq = manager.next_seq
+            save()
+
+        await train_async(trainer, engine, manager, settings_from_config(g), self.ledger,
+                          export_dir=ctx.workdir / "exports", on_step=on_step, save=checkpoint,
+                          infra_counts=infra_counts)  # fmt: skip
+        self.next_seq = manager.next_seq
+
+    def log_histograms(self) -> None:
+        """Trajectory durations and turns of the whole stage as MLflow artifacts."""
+        if self.durations:
+            for path in write_histograms(self.durations, self.turns, self.ctx.workdir / "histograms"):
+                self.ctx.run.log_file(path, "rollouts")
