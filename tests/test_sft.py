@@ -25,6 +25,7 @@ from swerl.train.sft import (
     pack_rows,
     packed_logits,
     prepare_examples,
+    replan_after,
     shifted_labels,
     summed_target_nll,
     train_sft,
@@ -290,6 +291,24 @@ def test_overfits_four_conversations_and_reports_metrics(tokenizer, examples) ->
     assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 3e-3, 2, 20, 1.0) for s in range(20)])
     assert all(m.tokens_per_second > 0 and m.grad_norm > 0 and m.num_targets > 0 for m in metrics)
     assert all(m.num_tokens <= 4 * 96 and 0 <= m.padding_fraction < 1 for m in metrics)
+
+
+def test_replan_at_the_end_of_warmup_sets_the_schedule_for_the_rest(tokenizer, examples) -> None:
+    """A time budget is planned on the real steps: replan gets the warm-up's step times once, and the cosine
+    schedule from there on ends at the step count it returns (the warm-up's rates do not depend on it)."""
+    seen: list[list[float]] = []
+
+    def replan(step_seconds: list[float]) -> int:
+        seen.append(list(step_seconds))
+        return 9
+
+    metrics: list[StepMetrics] = []
+    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, warmup_steps=6, lr=1e-3,
+                       min_lr_ratio=0.1, on_step=metrics.append, replan=replan)  # fmt: skip
+    assert len(seen) == 1 and len(seen[0]) == replan_after(6) == 6 and all(t > 0 for t in seen[0])
+    assert result.state.step == 9 and [m.step for m in metrics] == list(range(1, 10))
+    assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 1e-3, 6, 9, 0.1) for s in range(9)])
+    assert metrics[-1].lr == pytest.approx(1e-4)
 
 
 def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, examples) -> None:

@@ -46,9 +46,6 @@ def main() -> None:
     wanted = args.stages.split(",")
     with open_session(cfg) as s:
         curate = s.run_stage("curate", literal_curate, cfg.curate).manifest
-        traces = s.run_stage(
-            "traces", run_traces, TracesStage(traces=cfg.traces, agent=cfg.agent), [curate]
-        ).manifest
         if "sft" not in wanted:
             return
         if args.sft_model is not None:
@@ -61,8 +58,14 @@ def main() -> None:
             literal = LiteralModel(model=str(args.sft_model.resolve()))
             sft = s.run_stage("sft", literal_sft, literal, [curate]).manifest
         else:
+            traces = s.run_stage(
+                "traces", run_traces, TracesStage(traces=cfg.traces, agent=cfg.agent), [curate]
+            ).manifest
             sft = s.run_stage(
-                "sft", run_sft, SFTStage(sft=cfg.sft, agent=cfg.agent, engine=cfg.engine), [curate, traces]
+                "sft",
+                run_sft,
+                SFTStage.build(sft=cfg.sft, agent=cfg.agent, engine=cfg.engine),
+                [curate, traces],
             ).manifest
         if "grpo" not in wanted:
             return

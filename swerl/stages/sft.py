@@ -31,7 +31,7 @@ from swerl.train.model import (
     save_model_and_tokenizer,
     train_tokenizer,
 )
-from swerl.train.sft import StepMetrics, train_sft
+from swerl.train.sft import StepMetrics, replan_after, train_sft
 
 STDLIB_FILES = (
     "textwrap.py",
@@ -47,11 +47,22 @@ tasks never use still split into sensible pieces (never the held-out tasks' own 
 
 
 class SFTStage(StrictModel):
-    """What the SFT stage's checkpoint key covers (the caps decide which traces fit the model's context)."""
+    """What the SFT stage's checkpoint key covers: its own section and the two caps it checks against the model's
+    context (not the rest of the agent and engine sections: switching engines or sandboxes retrains nothing)."""
 
     sft: SFTConfig
-    agent: AgentConfig
-    engine: EngineConfig
+    max_trajectory_tokens: int
+    """agent.max_trajectory_tokens"""
+    max_context_tokens: int
+    """engine.max_context_tokens"""
+
+    @classmethod
+    def build(cls, sft: SFTConfig, agent: AgentConfig, engine: EngineConfig) -> SFTStage:
+        return cls(
+            sft=sft,
+            max_trajectory_tokens=agent.max_trajectory_tokens,
+            max_context_tokens=engine.max_context_tokens,
+        )
 
 
 def model_context(model: PreTrainedModel) -> int:
@@ -62,8 +73,8 @@ def check_caps(cfg: SFTStage, context: int) -> None:
     """Token caps must fit the model's context: a clear error before any training."""
     caps = {
         "sft.seq_len": cfg.sft.seq_len,
-        "agent.max_trajectory_tokens": cfg.agent.max_trajectory_tokens,
-        "engine.max_context_tokens": cfg.engine.max_context_tokens,
+        "agent.max_trajectory_tokens": cfg.max_trajectory_tokens,
+        "engine.max_context_tokens": cfg.max_context_tokens,
     }
     over = {k: v for k, v in caps.items() if context and v > context}
     if over:
@@ -145,33 +156,37 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         bf16=s.bf16, seed=ctx.seed, truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
 
+    # With a time budget, the step count is planned at the end of the warm-up from the real steps' median time,
+    # so that the cosine schedule ends when the budget does (a guess up front was 10x off on a busy machine). The
+    # plan is kept in the store: a resumed run follows it.
     plan_rel = f"{durable.prefix}/plan.json"
+    plan: dict[str, Any] = {"max_steps": s.max_steps, "seconds_per_step": None}
     if ctx.store.exists(plan_rel):
         plan = json.loads(ctx.store.read_bytes(plan_rel))
-    else:
-        plan = {"max_steps": s.max_steps, "seconds_per_step": None}
-        if s.time_budget_s is not None:
-            # Measure a few steps on a copy, so the cosine schedule ends when the budget does.
-            probe = build_probe(model)
-            times: list[float] = []
-            calibration = train_kwargs | {"warmup_steps": 0}
-            train_sft(probe, examples, max_steps=4, **calibration, on_step=lambda m: times.append(m.seconds))
-            del probe
-            per_step = statistics.fmean(times[1:])
-            plan = {"max_steps": max(s.warmup_steps + 1, min(s.max_steps, int(s.time_budget_s / per_step))),
-                    "seconds_per_step": per_step}  # fmt: skip
+    warmup = min(s.warmup_steps, s.max_steps - 1)
+    train_started = time.monotonic()
+
+    def replan(step_seconds: list[float]) -> int:
+        per_step = statistics.median(step_seconds[1:] or step_seconds)  # the first step pays for allocation
+        assert s.time_budget_s is not None
+        left = s.time_budget_s - (time.monotonic() - train_started)
+        plan.update(max_steps=min(s.max_steps, replan_after(warmup) + max(0, int(left / per_step))),
+                    seconds_per_step=per_step)  # fmt: skip
         ctx.store.write_bytes(plan_rel, json.dumps(plan).encode())
-    max_steps = int(plan["max_steps"])
-    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %d steps planned%s", len(examples),
-                 statistics.fmean(lengths), statistics.fmean(targets), max_steps,
-                 f" ({plan['seconds_per_step']:.2f} s/step measured)" if plan["seconds_per_step"] else "")  # fmt: skip
+        ctx.log.info("sft: %d steps planned (%.2f s/step measured over %d steps, %.0f s of %.0f s left)",
+                     plan["max_steps"], per_step, len(step_seconds), max(0.0, left), s.time_budget_s)  # fmt: skip
+        return int(plan["max_steps"])
+
+    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %s", len(examples), statistics.fmean(lengths),
+                 statistics.fmean(targets), f"{plan['max_steps']} steps" if plan["seconds_per_step"] or
+                 s.time_budget_s is None else f"time budget {s.time_budget_s:.0f} s")  # fmt: skip
 
     curve: list[StepMetrics] = []
-    log_every = max(1, max_steps // 100)
 
     def on_step(metrics: StepMetrics) -> None:
         curve.append(metrics)
-        if metrics.step % log_every == 0 or metrics.step == max_steps:
+        max_steps = int(plan["max_steps"])
+        if metrics.step % max(1, max_steps // 100) == 0 or metrics.step == max_steps:
             ctx.log_metrics(
                 {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
                  "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
@@ -183,12 +198,11 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
                          metrics.tokens_per_second)  # fmt: skip
         durable.sync()  # checkpoints written after the previous step reach the store now
 
-    train_started = time.monotonic()
     result = train_sft(
-        model, examples, max_steps=max_steps, warmup_steps=min(s.warmup_steps, max_steps - 1), **train_kwargs,
+        model, examples, max_steps=int(plan["max_steps"]), warmup_steps=warmup, **train_kwargs,
         checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints,
         tokenizer=tokenizer, resume_from=latest_checkpoint(durable.local_root) if resume else None,
-        on_step=on_step,
+        on_step=on_step, replan=replan if s.time_budget_s is not None and plan["seconds_per_step"] is None else None,
     )  # fmt: skip
     durable.sync()
     train_s = time.monotonic() - train_started
@@ -196,7 +210,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     save_model_and_tokenizer(model, tokenizer, out)
     put_dir(ctx, "model", out)
     tokens = sum(m.num_tokens for m in curve)
-    report = {
+    report: dict[str, Any] = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "examples": len(examples),
@@ -235,10 +249,3 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     )
     return StageResult(metrics=metrics, markdown={"sft": markdown + "\n"},
                        summary=f"{result.state.step} steps, loss {metrics['final_loss']:.3f}")  # fmt: skip
-
-
-def build_probe(model: PreTrainedModel) -> PreTrainedModel:
-    """A same-shaped copy to time steps on (the real model must not take calibration updates)."""
-    probe = type(model)(model.config)
-    probe.load_state_dict(model.state_dict())
-    return probe

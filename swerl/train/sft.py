@@ -383,6 +383,7 @@ def train_sft(
     tokenizer: PreTrainedTokenizerBase | None = None,
     resume_from: str | Path | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
+    replan: Callable[[list[float]], int] | None = None,
 ) -> SFTResult:
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
@@ -391,6 +392,11 @@ def train_sft(
     checkpoint_dir every checkpoint_every steps (0: only at the end) and at the end, keeping the newest
     keep_last; tokenizer, when given, is saved with each. resume_from is a checkpoint directory of a run with the
     same data and seed (checkpoint.latest_checkpoint finds the newest); the run continues from its step.
+
+    replan, when given, is called once, after step `replan_after(warmup_steps)` (the warm-up's learning rates do
+    not depend on max_steps), with the seconds of the steps this call ran, and returns the run's max_steps from
+    there on (a time budget measured on the real steps instead of guessed up front). A run resumed past that step
+    is not re-planned: pass the max_steps the plan chose.
     """
     _check_arguments(seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio)
     if pad_token_id is None:
@@ -407,7 +413,12 @@ def train_sft(
 
     metrics: StepMetrics | None = None
     position = DataPosition(state.epoch, state.example_index)
-    for step in range(state.step, max_steps):
+    step_seconds: list[float] = []
+    plan_at = (
+        replan_after(warmup_steps) if replan is not None and state.step < replan_after(warmup_steps) else None
+    )
+    step = state.step
+    while step < max_steps:
         started = time.perf_counter()
         micro_batches, position = next_micro_batches(
             data, position, state.shuffle_seed, seq_len, rows_per_micro_batch, grad_accum_steps, pad_token_id
@@ -430,7 +441,11 @@ def train_sft(
         )
         if on_step is not None:
             on_step(metrics)
+        step_seconds.append(seconds)
         state = replace(state, step=step + 1, epoch=position.epoch, example_index=position.index)
+        step += 1
+        if replan is not None and step == plan_at:
+            max_steps = max(step, replan(step_seconds))
         due = checkpoint_every > 0 and state.step % checkpoint_every == 0 and state.step < max_steps
         if checkpoint_dir is not None and due:
             save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
@@ -439,6 +454,11 @@ def train_sft(
     if checkpoint_dir is not None and metrics is not None:
         final = save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
     return SFTResult(state, data, metrics, final)
+
+
+def replan_after(warmup_steps: int) -> int:
+    """The step after which train_sft's replan is called: the end of the warm-up, and at least 5 steps in."""
+    return max(warmup_steps, 5)
 
 
 def _check_arguments(
