@@ -174,6 +174,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Paired comparison of two MLflow eval runs from their saved per-task results."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from swerl.eval.report import compare_runs
+    from swerl.tracking import _prepare_uri
+
+    uri = args.tracking_uri or load_config(args.config, args.set or []).tracking.uri
+    client = MlflowClient(tracking_uri=_prepare_uri(uri))
+    try:
+        print(compare_runs(client, args.run_a, args.run_b, samples=args.samples, confidence=args.confidence))
+    except (ValueError, MlflowException) as exc:  # an unknown run id, a run that is not an eval run
+        print(f"swerl compare: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from swerl.doctor import diagnose
+
+    report = diagnose(_load(args))
+    print(report.text())
+    return 0 if report.ok else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(dump_config(_load(args)), end="")
     return 0
@@ -203,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve = sub.add_parser("serve", help="register and serve the pipeline and the scheduled evaluation")
     with_config(p_serve)
     p_serve.set_defaults(func=cmd_serve)
+
+    p_cmp = sub.add_parser("compare", help="paired comparison of two MLflow eval runs (same tasks)")
+    p_cmp.add_argument("run_a", help="MLflow run id of an eval run (the baseline)")
+    p_cmp.add_argument("run_b", help="MLflow run id of another eval run")
+    p_cmp.add_argument("--config", default="configs/local.yaml", help="config whose tracking.uri is used")
+    p_cmp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    p_cmp.add_argument("--tracking-uri", help="MLflow tracking URI (overrides the config's)")
+    p_cmp.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples and sign flips")
+    p_cmp.add_argument("--confidence", type=float, default=0.95, help="confidence level of the CI and test")
+    p_cmp.set_defaults(func=cmd_compare)
+
+    p_doc = sub.add_parser("doctor", help="check machine limits against the config (non-zero: refused)")
+    with_config(p_doc)
+    p_doc.set_defaults(func=cmd_doctor)
 
     p_cfg = sub.add_parser("config", help="print the resolved config")
     with_config(p_cfg)

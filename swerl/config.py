@@ -13,7 +13,7 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 STAGES: tuple[str, ...] = ("curate", "traces", "sft", "grpo", "evaluate")
 """Pipeline stages in order; `--force STAGE` reruns that stage and every later one."""
@@ -78,6 +78,25 @@ class TrackingConfig(StrictModel):
     """MLflow experiment that holds the pipeline's parent runs."""
 
 
+class DockerSandboxConfig(StrictModel):
+    """The docker backend (swerl.sandbox.docker): one container per sandbox, network "none", removed on close."""
+
+    base_image: str = Field("swerl-base:bookworm", min_length=1, max_length=300)
+    """Image environment images build on (`python -m swerl.sandbox.images base` builds it offline)."""
+    cpus: float = Field(1.0, gt=0, le=1024)
+    """CPU share of one container (NanoCpus)."""
+    workspace_mb: int = Field(1024, ge=16, le=1_048_576)
+    """Size of the container's private /workspace (tmpfs; counted in its memory limit)."""
+    api_threads: int = Field(256, ge=4, le=100_000)
+    """Threads for blocking Docker API calls (a running command holds one): caps concurrent commands."""
+    api_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """Timeout of one Docker API request (not of a command, which has its own)."""
+    max_lifetime_s: int = Field(21_600, ge=60, le=604_800)
+    """A container removes itself after this long even if close() never ran (a crashed run leaks nothing)."""
+    kill_grace_s: float = Field(10.0, gt=0, le=600)
+    """After a timed-out command is killed, how long it may take to end before InfraError(exec_unresponsive)."""
+
+
 class SandboxLimits(StrictModel):
     timeout_s: float = Field(60.0, gt=0, le=86400)
     """Wall-clock limit for one command (a test-suite run) in a sandbox."""
@@ -99,6 +118,62 @@ class SandboxLimits(StrictModel):
     """How long starting a sandbox (copying the workspace, applying the patch) may take."""
     python: str | None = None
     """Interpreter run inside sandboxes (None: the one running swerl); its install prefix is bound read-only."""
+    workspace_dir: str | None = None
+    """Where local sandboxes' workspaces are made (None: the system temp dir); a tmpfs starts them faster."""
+    backend: Literal["local", "docker", "e2b"] = "local"
+    """Where sandboxes run: bubblewrap on this host, containers of a Docker engine, or e2b's cloud."""
+    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
+    """Image and container settings of the docker backend (the limits above apply to it too)."""
+    pool: SandboxPoolConfig = Field(default_factory=lambda: SandboxPoolConfig())
+    """Concurrency, start retries, warm pool, environment pull rate and price of these sandboxes."""
+    e2b: E2BConfig = Field(default_factory=lambda: E2BConfig())
+    """Template and timeouts of the e2b backend (used only when sandboxes run on e2b)."""
+
+
+class SandboxPoolConfig(StrictModel):
+    """Named limits of the sandbox pool (swerl.sandbox.pool) wrapped around any backend."""
+
+    max_concurrent: int = Field(64, ge=1, le=100_000)
+    """Sandboxes alive at once (in use + warm); a start beyond it waits for a close."""
+    start_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """Wall clock for one start try, on top of the backend's own check; past it: InfraError(start_timeout)."""
+    start_retries: int = Field(2, ge=0, le=100)
+    """Extra tries of a start that failed with a cause in retry_causes."""
+    retry_causes: list[str] = Field(default_factory=lambda: ["start_timeout", "start_failed", "quota"])
+    """InfraError causes of a failed start that are retried (others fail the start at once)."""
+    retry_backoff_s: float = Field(0.5, ge=0, le=600)
+    """Wait before a start retry, doubled each time."""
+    warm_size: int = Field(0, ge=0, le=100_000)
+    """Sandboxes kept started ahead of demand (0: every start is cold)."""
+    pulls_per_minute: float = Field(60.0, gt=0, le=1_000_000)
+    """Environment preparations (image pulls/builds, directory materializations) started per minute."""
+    pull_burst: int = Field(4, ge=1, le=100_000)
+    """Preparations that may start back to back before the per-minute rate applies (token bucket size)."""
+    price_per_sandbox_hour: float = Field(0.0, ge=0, le=1000)
+    """Cost of one sandbox-hour in USD for cloud backends (0: local); sandbox-seconds x price is logged."""
+
+    @field_validator("retry_causes")
+    @classmethod
+    def _known_causes(cls, v: list[str]) -> list[str]:
+        from swerl.errors import INFRA_CAUSES
+
+        unknown = sorted(set(v) - INFRA_CAUSES)
+        if unknown:
+            raise ValueError(f"unknown infrastructure-error causes {unknown}; known: {sorted(INFRA_CAUSES)}")
+        return v
+
+
+class E2BConfig(StrictModel):
+    """The e2b cloud backend (swerl.sandbox.e2b); the API key comes from E2B_API_KEY, never from config."""
+
+    template: str = Field("swerl-base", min_length=1, max_length=200)
+    """Template name or id (images/e2b/e2b.toml builds it)."""
+    lifetime_s: int = Field(3600, ge=60, le=86_400)
+    """The sandbox VM's own lifetime; e2b kills it past this even if close() never ran."""
+    request_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Per-request timeout of the e2b API and file transfers."""
+    exec_grace_s: float = Field(15.0, gt=0, le=3600)
+    """Past a command's timeout plus this, a command that has not come back is InfraError(exec_unresponsive)."""
 
 
 class DatasetSource(StrictModel):
@@ -199,16 +274,70 @@ class AgentConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
-    """The inference engine episodes sample from (CPU: swerl's local engine, in process)."""
+    """The inference engines episodes sample from: in process, local engine servers, or SGLang servers."""
 
-    kind: Literal["local"] = "local"
-    """local: swerl.engine.local.LocalEngine (transformers, KV cache, continuous batching)."""
+    kind: Literal["local", "http_local", "sglang"] = "local"
+    """local: LocalEngine in process; http_local: `num_engines` local engine servers (swerl.engine.server)
+    behind the router, over HTTP; sglang: `num_engines` SGLang servers (GPU, the `gpu` extra) behind the router."""
     max_batch_size: int = Field(8, ge=1, le=100_000)
-    """Requests decoded together; more wait in the engine's queue."""
+    """Requests decoded together per engine; more wait in the engine's queue (SGLang: --max-running-requests)."""
     max_context_tokens: int = Field(2048, ge=2, le=1_048_576)
     """Engine-side context cap: a request that would exceed it finishes with reason length."""
     threads: int = Field(1, ge=1, le=1024)
-    """torch intra-op threads of the engine's forward passes."""
+    """torch intra-op threads of the engine's forward passes (local engines)."""
+    prefix_cache_size: int = Field(0, ge=0, le=1_000_000)
+    """Local engines: finished requests whose KV cache is kept for the next turn of the same trajectory (rid), so
+    a turn prefills only its new tokens (SGLang's radix cache does this on its own); 0: no prefix cache."""
+    num_engines: int = Field(1, ge=1, le=4096)
+    """Engine processes behind the router (http_local, sglang)."""
+    urls: list[str] = Field(default_factory=list)
+    """Already running engine servers (http://HOST:PORT) to route to instead of launching `num_engines`."""
+    host: str = "127.0.0.1"
+    """Bind address of launched engines (loopback unless you mean otherwise)."""
+    base_port: int = Field(0, ge=0, le=65535)
+    """Engine i listens on base_port + i; 0: free ports picked at launch."""
+    max_connections: int | None = Field(None, ge=1, le=1_000_000)
+    """HTTP connections per engine; None: the stage's episode concurrency + control_connections (one /generate
+    in flight per episode), never a library default."""
+    control_connections: int = Field(4, ge=1, le=1024)
+    """Connections per engine kept beyond the episode concurrency for health probes and weight updates."""
+    connect_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Time to open a connection to an engine."""
+    request_timeout_s: float = Field(1800.0, gt=0, le=86400)
+    """Wall clock of one /generate call; past it the call is an InfraError(engine_timeout)."""
+    control_timeout_s: float = Field(1800.0, gt=0, le=86400)
+    """Wall clock of a weight update, pause, continue or cache flush."""
+    retries: int = Field(2, ge=0, le=100)
+    """Times a /generate that failed with an InfraError is retried on another engine, and a control call
+    (weight update, pause, continue) on the same engine after retry_backoff_s."""
+    retry_backoff_s: float = Field(0.5, ge=0, le=600)
+    """First wait before a control call is retried; doubled after each retry."""
+    health_interval_s: float = Field(5.0, ge=0, le=3600)
+    """Seconds between the router's health probes of every engine (0: no probes, a dead engine stays out)."""
+    health_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Wall clock of one health probe (/health_generate)."""
+    sticky_capacity: int = Field(100_000, ge=1, le=100_000_000)
+    """Trajectory ids the router remembers for stickiness (prefix-cache reuse); least recently used forgotten."""
+    sticky_max_excess: int = Field(64, ge=0, le=1_000_000)
+    """A trajectory leaves its engine when that engine has this many more requests outstanding than the least."""
+    weight_update_mode: Literal["pause", "drain"] = "pause"
+    """pause: engines pause in place, load, continue (requests may span versions); drain: wait for in-flight
+    requests to finish first (every response from one version)."""
+    pause_mode: Literal["retract", "in_place"] = "retract"
+    """SGLang /pause_generation mode of a pause-mode update: retract (running requests requeued, KV recomputed after
+    the update; SGLang cannot flush its cache under in_place while requests run) or in_place."""
+    startup_timeout_s: float = Field(900.0, gt=0, le=86400)
+    """How long each launched engine may take to become healthy."""
+    tp_size: int = Field(1, ge=1, le=1024)
+    """SGLang tensor-parallel size: GPUs per engine (engine i gets GPUs i*tp_size ...)."""
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    """SGLang --mem-fraction-static (weights + KV cache share of GPU memory); None: SGLang's own choice."""
+    sglang_args: list[str] = Field(default_factory=list)
+    """Extra `sglang.launch_server` arguments, appended as they are."""
+
+    def pool_size(self, concurrency: int) -> int:
+        """HTTP connections per engine for a stage running `concurrency` episodes."""
+        return self.max_connections or concurrency + self.control_connections
 
 
 class TinyModelConfig(StrictModel):
@@ -287,7 +416,8 @@ class SFTConfig(StrictModel):
 
 
 class GRPOConfig(StrictModel):
-    """Synchronous GRPO on the SFT checkpoint: B tasks x n attempts per step, token-level clipped loss, TIS."""
+    """GRPO on the SFT checkpoint: B groups of n attempts per step, token-level clipped loss, TIS/MIS; sync or
+    fully asynchronous (swerl.rollout)."""
 
     steps: int = Field(10, ge=0, le=10_000_000)
     """Optimizer steps (0 skips RL: the SFT checkpoint is passed on)."""
@@ -321,6 +451,52 @@ class GRPOConfig(StrictModel):
     """torch intra-op threads for the update."""
     task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
     """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync: sample B x n, then train (the baseline); async: rollouts never stop, the trainer takes finished groups."""
+    max_in_flight: int = Field(32, ge=1, le=1_000_000)
+    """async: trajectories kept running at all times (a finished one is replaced at once)."""
+    max_staleness: int = Field(2, ge=0, le=1_000_000)
+    """async: most versions a trajectory's oldest sampled token may lag the trainer before staleness_policy acts."""
+    staleness_policy: Literal["drop", "requeue", "keep"] = "drop"
+    """async: a stale attempt is left out (drop), its group is rerun (requeue), or trained with IS correction (keep)."""
+    max_requeues: int = Field(1, ge=0, le=1000)
+    """async, requeue: reruns of one group; a group still stale after them is dropped."""
+    max_buffered_groups: int | None = Field(None, ge=1, le=1_000_000)
+    """async: finished, untrained groups held before no new group is started (None: B x (max_staleness + 1))."""
+    dynamic_sampling: bool = True
+    """async: a group whose valid attempts all got the same reward (no gradient) does not fill one of the B slots."""
+    max_extra_groups_per_step: int = Field(32, ge=0, le=1_000_000)
+    """async: groups without gradient discarded per step at most; past it they fill slots (and teach nothing)."""
+    tis_level: Literal["token", "sequence"] = "token"
+    """Truncated importance sampling per token, or per trajectory (product of its token weights)."""
+    mis_low: float = Field(0.0, ge=0, le=1)
+    """Masked importance sampling: tokens (or trajectories) with weight below this get no loss (with mis_high)."""
+    mis_high: float | None = Field(None, ge=1, le=1e6)
+    """Masked importance sampling upper bound (None: MIS off)."""
+    mis_level: Literal["token", "sequence"] = "token"
+    """Masked importance sampling per token or per trajectory."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        if self.mis_high is not None and self.mis_low >= self.mis_high:
+            raise ValueError(f"mis_low ({self.mis_low}) must be below mis_high ({self.mis_high})")
+        if self.mis_high is not None and self.tis_cap <= self.mis_low:
+            raise ValueError(
+                f"tis_cap ({self.tis_cap}) <= mis_low ({self.mis_low}): every kept weight is truncated"
+            )
+        if self.mode == "async" and self.buffered_groups < self.tasks_per_step:
+            raise ValueError(
+                f"tasks_per_step (B = {self.tasks_per_step}) exceeds max_buffered_groups ({self.buffered_groups}): "
+                "the trainer would wait for more finished groups than rollouts may ever hold"
+            )
+        return self
+
+    @property
+    def buffered_groups(self) -> int:
+        """Finished, untrained groups held at most (async)."""
+        if self.max_buffered_groups is not None:
+            return self.max_buffered_groups
+        return self.tasks_per_step * (self.max_staleness + 1)
 
 
 CheckpointName = Literal["base", "sft", "grpo"]
@@ -328,12 +504,23 @@ CHECKPOINT_NAMES: tuple[CheckpointName, ...] = ("base", "sft", "grpo")
 
 
 class EvaluateConfig(StrictModel):
-    """Held-out evaluation: k attempts per task, pass@1 with a bootstrap CI, per-repository table."""
+    """Held-out evaluation: a stratified subset, k attempts per task, pass@k with bootstrap CIs, paired tests."""
 
     checkpoints: list[CheckpointName] = Field(default_factory=lambda: list(CHECKPOINT_NAMES))
-    """Which models are evaluated, each on the same tasks."""
+    """Which models are evaluated, each on the same tasks (those whose stage is among the inputs)."""
     max_tasks: int = Field(100, ge=1, le=10_000_000)
-    """Held-out tasks evaluated (a seeded sample when there are more)."""
+    """Subset size: held-out tasks drawn proportionally from repository x difficulty strata (an error if the
+    held-out set is smaller)."""
+    dataset: DatasetSource | None = None
+    """Evaluate on this published dataset (e.g. princeton-nlp/SWE-bench_Verified, split test, schema swebench)
+    instead of the curate stage's held-out split; None: the held-out split."""
+    by_difficulty: bool = True
+    """Strata are repository x difficulty; False (or a dataset without labels): repository only."""
+    grader: Literal["swebench", "episode"] = "swebench"
+    """swebench: each attempt's patch re-run in a fresh sandbox, its test log graded by the swebench package
+    (extra `swebench`); episode: the episode's own in-workspace grade."""
+    comparison_samples: int = Field(10_000, ge=100, le=10_000_000)
+    """Paired bootstrap resamples and Monte Carlo sign flips of a paired comparison of two checkpoints."""
     attempts: int = Field(2, ge=1, le=10_000)
     """k attempts per task."""
     temperature: float = Field(0.7, ge=0, le=10)

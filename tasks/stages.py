@@ -70,7 +70,7 @@ def sft_task(session: PipelineSession, curate: Manifest, traces: Manifest) -> Ma
     """The base model (loaded or built) and supervised fine-tuning on the traces."""
     from swerl.stages.sft import SFTStage, run_sft
 
-    cfg = SFTStage(sft=session.cfg.sft, agent=session.cfg.agent, engine=session.cfg.engine)
+    cfg = SFTStage.build(sft=session.cfg.sft, agent=session.cfg.agent, engine=session.cfg.engine)
     outcome = session.run_stage("sft", run_sft, cfg, inputs=[curate, traces])
     publish_outcome("sft", outcome)
     return outcome.manifest
@@ -94,5 +94,16 @@ def evaluate_task(session: PipelineSession, curate: Manifest, sft: Manifest, grp
 
     cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
     outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, sft, grpo])
+    publish_outcome("evaluate", outcome)
+    return outcome.manifest
+
+
+@task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=0)
+def evaluate_checkpoint_task(session: PipelineSession, curate: Manifest, checkpoint: Manifest) -> Manifest:
+    """A scheduled evaluation of one checkpoint (an sft or grpo manifest) on its run's saved held-out subset."""
+    from swerl.stages.evaluate import EvaluateStage, run_evaluate
+
+    cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
+    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, checkpoint])
     publish_outcome("evaluate", outcome)
     return outcome.manifest

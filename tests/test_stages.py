@@ -56,6 +56,7 @@ from swerl.stages.traces import TracesStage, run_traces
 from swerl.storage import Store
 from swerl.tracking import Tracker
 from swerl.train.model import load_model_and_tokenizer
+from swerl.train.sft import replan_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -144,7 +145,9 @@ def traces(env: Env, curate: Manifest) -> Manifest:
 @pytest.fixture(scope="module")
 def sft(env: Env, curate: Manifest, traces: Manifest) -> Manifest:
     """The uninterrupted SFT run (the resume test trains the same config under another stage name)."""
-    return env.run("sft", run_sft, SFTStage(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]).manifest
+    return env.run(
+        "sft", run_sft, SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]
+    ).manifest
 
 
 @pytest.fixture(scope="module")
@@ -279,12 +282,28 @@ def test_sft_publishes_loadable_base_and_model_and_the_loss_falls(
     assert env.store.exists(f"{checkpoints}/step_00000006/{COMPLETE_MARKER}")
 
 
+def test_sft_time_budget_plans_the_steps_on_the_real_warmup_steps(
+    env: Env, curate: Manifest, traces: Manifest
+) -> None:
+    """With a time budget the step count comes from the warm-up's measured step times (kept in plan.json for a
+    resumed run), and the cosine schedule ends on the last planned step."""
+    sft = SFT.model_copy(update={"max_steps": 10_000, "time_budget_s": 4.0, "warmup_steps": 1})
+    manifest = env.run(
+        "sft-budget", run_sft, SFTStage.build(sft=sft, agent=AGENT, engine=ENGINE), [curate, traces]
+    ).manifest
+    report = env.json(manifest, "sft_report.json")
+    plan = report["plan"]
+    assert plan["seconds_per_step"] > 0 and replan_after(1) <= plan["max_steps"] < 10_000
+    assert report["steps"] == plan["max_steps"]
+    assert report["train_s"] < 4.0 + 10 * plan["seconds_per_step"]  # the budget, give or take a few steps
+
+
 def test_sft_refuses_a_model_path_without_a_model(
     env: Env, curate: Manifest, traces: Manifest, tmp_path: Path
 ) -> None:
     empty = tmp_path / "empty-model"
     empty.mkdir()
-    cfg = SFTStage(sft=SFT.model_copy(update={"model_path": str(empty)}), agent=AGENT, engine=ENGINE)
+    cfg = SFTStage.build(sft=SFT.model_copy(update={"model_path": str(empty)}), agent=AGENT, engine=ENGINE)
     with pytest.raises(FileNotFoundError, match=r"missing: model config \(config.json\).*weights.*tokenizer"):
         env.run("sft", run_sft, cfg, [curate, traces])
 
@@ -294,7 +313,7 @@ def test_sft_refuses_token_caps_beyond_the_model_context(
 ) -> None:
     agent = AGENT.model_copy(update={"max_trajectory_tokens": 4096})
     engine = ENGINE.model_copy(update={"max_context_tokens": 3000})
-    cfg = SFTStage(sft=SFT, agent=agent, engine=engine)
+    cfg = SFTStage.build(sft=SFT, agent=agent, engine=engine)
     with pytest.raises(ValueError, match=f"context of {CONTEXT} tokens") as caught:
         env.run("sft", run_sft, cfg, [curate, traces])
     message = str(caught.value)
@@ -312,7 +331,7 @@ def test_sft_resumes_exactly_from_the_store_after_a_crash(
 ) -> None:
     """A crash after step 4's checkpoint reached the store: the rerun resumes there and ends bitwise equal to
     the uninterrupted run (the `sft` fixture: same config, inputs and seed, another stage name)."""
-    cfg = SFTStage(sft=SFT, agent=AGENT, engine=ENGINE)
+    cfg = SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE)
     inputs = [curate, traces]
     key = stage_key_of("sft-crash", cfg, inputs)
     original = DurableCheckpoints.sync
@@ -351,7 +370,7 @@ def test_sft_crashed_after_its_last_checkpoint_publishes_it_and_is_skipped_next_
 ) -> None:
     """The rerun trains no step (its final_loss is NaN) and its manifest must still read back: it once was
     written with a null metric that failed validation, so every later run of the stage raised."""
-    cfg = SFTStage(
+    cfg = SFTStage.build(
         sft=SFT.model_copy(update={"max_steps": 2, "checkpoint_every": 0}), agent=AGENT, engine=ENGINE
     )
     original = sft_module.save_model_and_tokenizer
@@ -434,7 +453,7 @@ def test_evaluate_scores_every_model_on_the_same_held_out_tasks(
     ids = env.json(manifest, "eval_tasks.json")
     assert len(ids) == min(EVALUATE.max_tasks, len(held_out)) and set(ids) <= set(held_out)
 
-    results = env.json(manifest, "eval_results.json")
+    results = env.json(manifest, "eval_results.json")["models"]
     assert set(results) == {"base", "sft", "grpo"}
     run = env.tracker.client.get_run(manifest.mlflow_run_id)
     for name, summary in results.items():
@@ -452,6 +471,13 @@ def test_evaluate_scores_every_model_on_the_same_held_out_tasks(
         assert manifest.metrics[f"{name}/pass_at_1"] == summary["pass@1"]
     assert [row["model"] for row in result.tables["pass-at-1"]] == ["base", "sft", "grpo"]
     assert "| grpo |" in result.markdown["evaluation"]
+    # base -> sft -> grpo paired on the same tasks; one MLflow eval run per model, linked to its stage's run
+    comparisons = env.json(manifest, "eval_results.json")["comparisons"]
+    assert [(c["a"], c["b"]) for c in comparisons] == [("base", "sft"), ("sft", "grpo")]
+    experiment = run.info.experiment_id
+    eval_runs = env.tracker.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    linked = {r.data.tags["swerl.eval.checkpoint"]: r.data.tags["swerl.checkpoint.run_id"] for r in eval_runs}
+    assert linked == {"base": sft.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
 
 
 def test_evaluate_refuses_a_curation_without_held_out_tasks(scratch_env: Env) -> None:

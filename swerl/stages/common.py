@@ -19,7 +19,10 @@ from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import AgentConfig, SandboxLimits
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
+from swerl.sandbox.docker import DockerSandboxProvider
+from swerl.sandbox.e2b import E2BSandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
+from swerl.sandbox.pool import SandboxPool
 from swerl.stage import Manifest, StageContext
 from swerl.storage import Store
 
@@ -51,8 +54,41 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return box["value"]
 
 
-def sandbox_provider(limits: SandboxLimits, git_baseline: bool = False) -> LocalSandboxProvider:
-    """The local (bubblewrap) sandbox provider with every limit from config."""
+def sandbox_provider(
+    limits: SandboxLimits, git_baseline: bool = False
+) -> LocalSandboxProvider | DockerSandboxProvider | E2BSandboxProvider:
+    """The configured sandbox provider (local bubblewrap, docker, or e2b) with every limit from config."""
+    if limits.backend == "e2b":
+        e2b = limits.e2b
+        return E2BSandboxProvider(
+            template=e2b.template,
+            lifetime_s=e2b.lifetime_s,
+            start_timeout_s=limits.start_timeout_s,
+            request_timeout_s=e2b.request_timeout_s,
+            exec_grace_s=e2b.exec_grace_s,
+            max_output_bytes=limits.max_output_bytes,
+            git_baseline=git_baseline,
+        )
+    if limits.backend == "docker":
+        docker = limits.docker
+        return DockerSandboxProvider(
+            base_image=docker.base_image,
+            cpus=docker.cpus,
+            memory_mb=limits.memory_mb,
+            max_processes=limits.max_processes,
+            cpu_time_s=limits.cpu_time_s,
+            file_size_mb=limits.file_size_mb,
+            tmp_size_mb=limits.tmp_size_mb,
+            workspace_mb=docker.workspace_mb,
+            max_open_files=limits.max_open_files,
+            max_output_bytes=limits.max_output_bytes,
+            start_timeout_s=limits.start_timeout_s,
+            kill_grace_s=docker.kill_grace_s,
+            max_lifetime_s=docker.max_lifetime_s,
+            api_threads=docker.api_threads,
+            api_timeout_s=docker.api_timeout_s,
+            git_baseline=git_baseline,
+        )
     return LocalSandboxProvider(
         limits.python or sys.executable,
         memory_mb=limits.memory_mb,
@@ -64,6 +100,28 @@ def sandbox_provider(limits: SandboxLimits, git_baseline: bool = False) -> Local
         max_output_bytes=limits.max_output_bytes,
         start_timeout_s=limits.start_timeout_s,
         git_baseline=git_baseline,
+        root_dir=limits.workspace_dir,
+    )
+
+
+async def closing(pool: SandboxPool, work: Awaitable[T]) -> T:
+    """Await `work`, then close the pool (warm sandboxes, starts still in flight) before the event loop ends."""
+    async with pool:
+        return await work
+
+
+def sandbox_pool(limits: SandboxLimits, git_baseline: bool = False) -> SandboxPool:
+    """The configured provider behind the pool's named limits (concurrency, start timeout and retries, warm)."""
+    p = limits.pool
+    return SandboxPool(
+        sandbox_provider(limits, git_baseline),
+        max_concurrent=p.max_concurrent,
+        start_timeout_s=p.start_timeout_s,
+        start_retries=p.start_retries,
+        retry_causes=p.retry_causes,
+        retry_backoff_s=p.retry_backoff_s,
+        warm_size=p.warm_size,
+        price_per_sandbox_hour=p.price_per_sandbox_hour,
     )
 
 

@@ -22,7 +22,7 @@ from swerl.data.repos import RepoSpec, resolve_repos
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
-from swerl.sandbox.local import LocalSandboxProvider
+from swerl.sandbox.base import SandboxProvider
 from swerl.stage import StageContext, StageResult
 from swerl.stages.common import run_async, sandbox_provider
 
@@ -37,7 +37,7 @@ async def _synthesize_all(
     cfg: CurateConfig,
     specs: Sequence[RepoSpec],
     seed: int,
-    provider: LocalSandboxProvider,
+    provider: SandboxProvider,
     micro: frozenset[str] = frozenset(),
 ) -> tuple[list[TaskInstance], list[RepoReport]]:
     """Every repository at once, in order of results: one gate keeps validation_workers sandboxes busy overall.

@@ -1,10 +1,17 @@
-"""The evaluate stage: k attempts per held-out task for each model (base, SFT, GRPO), all on the same tasks.
+"""The evaluate stage: k attempts per task of a stratified held-out subset, for each model, all on the same tasks.
 
-pass@1 = mean over tasks of the success rate of the task's scored attempts, with a bootstrap CI over tasks; an
-attempt lost to the infrastructure is rerun (agent.infra_retries) and otherwise left out; a task with no scored
-attempt is reported as missing, never counted as a failure. Artifacts: eval_tasks.json (the instance ids, reused
-by every model), eval_results.json (per model: pass@1, CI, per repository and per modifier tables, episode
-statuses) and episodes_MODEL.jsonl (every episode's messages and outcome).
+The subset (swerl.eval.stratify) is drawn once per (held-out set, size, seed) and saved in the store under
+`eval_subsets/`, so a later evaluation (a scheduled one of a new checkpoint) reuses exactly the same tasks. Each
+attempt's patch is graded from its test log by the swebench package (swerl.eval.grading; config
+`evaluate.grader`). An attempt lost to the infrastructure is rerun (agent.infra_retries) and otherwise left out; a
+task with no scored attempt is reported as missing, never counted as a failure, and every pass@1 states its
+denominator. Models evaluated: those of `evaluate.checkpoints` whose stage is among the inputs (the pipeline
+passes sft and grpo: base, sft and grpo; a scheduled evaluation of one checkpoint passes one of them).
+
+Artifacts: eval_tasks.json (the ids), eval_subset.json (strata, allocation, notes), eval_results.json (per model:
+pass@1 with CI and denominator, pass@k, per-stratum / repository / modifier tables, statuses, per-task rewards;
+paired comparisons), episodes_MODEL.jsonl, pass_at_1_by_stratum.png, report.md. MLflow: one eval run per model
+under the stage's run (swerl.eval.report).
 """
 
 from __future__ import annotations
@@ -19,12 +26,17 @@ from typing import Any
 import torch
 
 from swerl.agent.episode import run_episode
-from swerl.agent.trajectory import Trajectory
+from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, StrictModel
+from swerl.data.loaders import load_tasks as load_dataset_tasks
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import SamplingParams
-from swerl.engine.local import LocalEngine
-from swerl.eval.metrics import pass_at_1
+from swerl.engine.factory import open_engine
+from swerl.errors import InfraError
+from swerl.eval.grading import grade_attempt
+from swerl.eval.metrics import pass_at_1, pass_at_k, stratum_table
+from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_report, plot_strata
+from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
 from swerl.stage import Manifest, StageContext, StageResult
 from swerl.stages.common import (
     episode_limits,
@@ -33,9 +45,9 @@ from swerl.stages.common import (
     input_manifest,
     load_tasks,
     run_async,
-    sandbox_provider,
-    seeded_sample,
+    sandbox_pool,
 )
+from swerl.storage import Store
 from swerl.train.model import load_model_and_tokenizer
 
 SOURCES = {"base": ("sft", "base"), "sft": ("sft", "model"), "grpo": ("grpo", "model")}
@@ -50,43 +62,140 @@ class EvaluateStage(StrictModel):
     engine: EngineConfig
 
 
+class CheckpointLoadError(ValueError):
+    """A checkpoint that cannot be evaluated: its files are missing or do not load."""
+
+
 def model_dir(ctx: StageContext, name: str) -> Path:
     stage, directory = SOURCES[name]
     manifest: Manifest = input_manifest(ctx, stage)
     return get_dir(ctx.store, manifest, directory, ctx.workdir / f"model_{name}")
 
 
+def checked_model_dir(ctx: StageContext, name: str) -> Path:
+    """Download a model and check that its config and tokenizer load, before any episode runs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    manifest = ctx.inputs[SOURCES[name][0]]
+    try:
+        path = model_dir(ctx, name)
+        AutoConfig.from_pretrained(path, local_files_only=True)
+        AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise FileNotFoundError(f"no weights (*.safetensors, *.bin) in {path}")
+    except InfraError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raised, the message names the checkpoint
+        raise CheckpointLoadError(
+            f"checkpoint {name!r} ({manifest.stage} manifest {manifest.uri}) does not load: {exc}"
+        ) from exc
+    return path
+
+
+def models_to_evaluate(cfg: EvaluateConfig, ctx: StageContext) -> list[str]:
+    names: list[str] = [name for name in cfg.checkpoints if SOURCES[name][0] in ctx.inputs]
+    if not names:
+        raise ValueError(
+            f"evaluate.checkpoints {cfg.checkpoints} names no model of the inputs ({sorted(ctx.inputs)}); "
+            "base and sft come from an sft manifest, grpo from a grpo manifest"
+        )
+    return names
+
+
+def evaluation_tasks(
+    cfg: EvaluateConfig, ctx: StageContext, curate: Manifest
+) -> tuple[list[TaskInstance], str]:
+    """The tasks to draw the subset from: `evaluate.dataset` (through `datasets`) or the curate held-out split."""
+    if cfg.dataset is not None:
+        d = cfg.dataset
+        tasks, report = load_dataset_tasks(d.path, d.schema_name, d.split, d.limit)
+        if report.rejected:
+            ctx.log.warning("evaluate.dataset %s: %d row(s) rejected, e.g. %s", d.path, len(report.rejected),
+                            report.rejected[0])  # fmt: skip
+        source = f"evaluate.dataset {d.path} (split {d.split})"
+    else:
+        tasks, source = load_tasks(ctx.store, curate, "eval.parquet"), f"the held-out split of {curate.uri}"
+    if not tasks:
+        if cfg.dataset is None:
+            raise ValueError(f"the curate stage ({curate.uri}) produced no held-out tasks to evaluate on")
+        raise ValueError(f"{source} holds no usable task to evaluate on")
+    return tasks, source
+
+
+def load_or_draw_subset(
+    store: Store, held_out: list[TaskInstance], cfg: EvaluateConfig, seed: int
+) -> tuple[Subset, str]:
+    """The saved subset of this held-out set (same size and seed), or a new one, saved for every later use."""
+    fingerprint = dataset_fingerprint(held_out)
+    labeled = cfg.by_difficulty and any(t.difficulty for t in held_out)
+    rel = subset_path(fingerprint, cfg.max_tasks, seed, labeled)
+    if store.exists(rel):
+        subset = Subset.from_json(store.read_bytes(rel))
+        subset.select(held_out)  # raises if the saved ids are not all in this held-out set
+        return subset, store.uri(rel)
+    subset = stratify(held_out, cfg.max_tasks, seed, by_difficulty=cfg.by_difficulty)
+    store.write_bytes(rel, subset.to_json())
+    return subset, store.uri(rel)
+
+
 async def evaluate_model(
     path: Path, tasks: list[TaskInstance], cfg: EvaluateStage, seed: int, counts: dict[str, int]
-) -> list[Trajectory]:
-    """k attempts of every task with the model at `path` (infrastructure errors rerun within the budget)."""
+) -> tuple[list[Trajectory], list[dict[str, Any]]]:
+    """k attempts of every task with the model at `path`, each graded (infrastructure errors rerun in budget)."""
     _, tokenizer = load_model_and_tokenizer(path)
     limits = episode_limits(cfg.agent)
-    provider = sandbox_provider(cfg.agent.sandbox, git_baseline=True)
+    provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn,
                               temperature=cfg.evaluate.temperature)  # fmt: skip
     gate = asyncio.Semaphore(cfg.evaluate.concurrency)
-    async with LocalEngine(
-        path, max_batch_size=cfg.engine.max_batch_size, max_context_tokens=cfg.engine.max_context_tokens,
-        seed=seed, intra_op_threads=cfg.engine.threads,
-    ) as engine:  # fmt: skip
+    grades: list[dict[str, Any]] = []
+    async with provider, open_engine(
+        cfg.engine, path, concurrency=cfg.evaluate.concurrency, seed=seed, log_dir=path.parent / "engines"
+    ) as engine:
 
         async def one(task: TaskInstance, attempt: int) -> Trajectory:
             async def once(retry: int) -> Trajectory:
-                return await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
-                                         group_id=task.instance_id, rid=f"{task.instance_id}/{attempt}/{retry}")  # fmt: skip
+                trajectory = await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
+                                               group_id=task.instance_id, rid=f"{task.instance_id}/{attempt}/{retry}")  # fmt: skip
+                if cfg.evaluate.grader == "episode" or trajectory.status is EpisodeStatus.INFRA_ERROR:
+                    return trajectory
+                return await regrade(task, trajectory, retry)
+
+            async def regrade(task: TaskInstance, trajectory: Trajectory, retry: int) -> Trajectory:
+                try:
+                    graded = await grade_attempt(provider, task, trajectory.patch, cfg.agent.test_timeout_s)
+                except InfraError as exc:  # the attempt is rerun, like any infrastructure failure
+                    return trajectory.model_copy(update={"status": EpisodeStatus.INFRA_ERROR, "reward": None,
+                                                         "infra_cause": exc.cause, "infra_message": exc.message})  # fmt: skip
+                reward = 1.0 if graded.grade.resolved else 0.0
+                grades.append({"task_id": task.instance_id, "attempt": attempt, "retry": retry,
+                               "episode_reward": trajectory.reward, "reward": reward, "status": graded.grade.status,
+                               "parser": graded.grade.parser, "tests": graded.grade.tests,
+                               "infra_reason": graded.grade.infra_reason, "detail": graded.detail})  # fmt: skip
+                status = trajectory.status
+                if status in (EpisodeStatus.RESOLVED, EpisodeStatus.UNRESOLVED):
+                    status = EpisodeStatus.RESOLVED if reward == 1.0 else EpisodeStatus.UNRESOLVED
+                return trajectory.model_copy(update={"reward": reward, "status": status})
 
             async with gate:
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
-        return list(await asyncio.gather(*(one(t, k) for t in tasks for k in range(cfg.evaluate.attempts))))
+        trajectories = await asyncio.gather(*(one(t, k) for t in tasks for k in range(cfg.evaluate.attempts)))
+    return list(trajectories), grades
+
+
+def pass_at_ks(attempts: int) -> list[int]:
+    """k = 1, 2, 4, ... up to the attempts made, and the attempts themselves."""
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= attempts]
+    return sorted(set(ks) | {attempts})
 
 
 def summarize(
-    trajectories: list[Trajectory], tasks: list[TaskInstance], cfg: EvaluateConfig, seed: int
-) -> dict[str, Any]:
+    trajectories: list[Trajectory], tasks: list[TaskInstance], cfg: EvaluateConfig, seed: int,
+    subset: Subset | None = None,
+) -> dict[str, Any]:  # fmt: skip
     by_id = {t.instance_id: t for t in tasks}
-    rewards: dict[str, list[float | None]] = defaultdict(list)
+    rewards: dict[str, list[float | None]] = {t.instance_id: [] for t in tasks}
     for trajectory in trajectories:
         rewards[trajectory.task_id].append(trajectory.reward)
     overall = pass_at_1(rewards, cfg.bootstrap_samples, cfg.confidence, seed)
@@ -101,86 +210,138 @@ def summarize(
             rows.append({key: name, **{k: round(v, 4) for k, v in score.to_dict().items()}})
         return rows
 
+    stratum_of = subset.stratum_of_task if subset else {t: by_id[t].repo_key for t in rewards}
+    population = subset.population if subset else dict(Counter(stratum_of.values()))
     statuses = Counter(t.status.value for t in trajectories)
     scored = [t for t in trajectories if t.reward is not None]
+    ks = [
+        pass_at_k(rewards, k, cfg.bootstrap_samples, cfg.confidence, seed) for k in pass_at_ks(cfg.attempts)
+    ]
     return {
         **overall.to_dict(),
+        "pass@k": [
+            {
+                "k": s.k,
+                "value": s.value,
+                "ci_low": s.ci_low,
+                "ci_high": s.ci_high,
+                "tasks": s.tasks,
+                "excluded": s.excluded,
+            }
+            for s in ks
+        ],  # fmt: skip
         "statuses": dict(statuses),
         "malformed_calls_mean": sum(t.malformed_tool_calls for t in scored) / max(1, len(scored)),
         "turns_mean": sum(t.num_turns for t in scored) / max(1, len(scored)),
         "tasks_any_resolved": sum(any(v == 1.0 for v in values) for values in rewards.values()),
+        "by_stratum": stratum_table(
+            rewards, stratum_of, population, cfg.bootstrap_samples, cfg.confidence, seed
+        ),
         "by_repo": table("repo"),
         "by_modifier": table("modifier"),
+        "per_task": rewards,
     }
+
+
+def grading_summary(grades: list[dict[str, Any]], grader: str) -> str:
+    if grader == "episode":
+        return "the episode's own in-workspace grade (evaluate.grader = episode)"
+    statuses = Counter(g["status"] for g in grades)
+    disagree = sum(g["episode_reward"] is not None and g["episode_reward"] != g["reward"] for g in grades)
+    parsers = sorted({g["parser"] for g in grades})
+    return (f"swebench log grading of {len(grades)} attempt(s) ({dict(statuses)}; parsers {parsers}); "
+            f"{disagree} disagree with the episode's in-workspace grade")  # fmt: skip
+
+
+def episodes_jsonl(trajectories: list[Trajectory], grades: list[dict[str, Any]]) -> bytes:
+    by_attempt = {(g["task_id"], g["attempt"]): g for g in grades}
+    return ("\n".join(
+        json.dumps({"task_id": t.task_id, "attempt": t.attempt, "status": t.status.value, "reward": t.reward,
+                    "turns": t.num_turns, "malformed": t.malformed_tool_calls, "infra_cause": t.infra_cause,
+                    "grade": by_attempt.get((t.task_id, t.attempt)), "patch": t.patch, "messages": t.messages[2:]})
+        for t in trajectories
+    ) + "\n").encode()  # fmt: skip
+
+
+def model_metrics(name: str, summary: dict[str, Any]) -> dict[str, float]:
+    """The stage run's per-model metrics (MODEL/pass_at_1, ...); each model's eval run has them unprefixed."""
+    out = {f"{name}/{key.replace('@', '_at_')}": float(summary[key])
+           for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}  # fmt: skip
+    out |= {f"{name}/pass_at_{row['k']}": float(row["value"]) for row in summary["pass@k"]}
+    out[f"{name}/malformed_calls_mean"] = float(summary["malformed_calls_mean"])
+    out[f"{name}/wall_s"] = float(summary["wall_s"])
+    return out
 
 
 def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     started = time.monotonic()
     torch.set_num_threads(cfg.evaluate.threads)
     curate = input_manifest(ctx, "curate")
-    held_out = load_tasks(ctx.store, curate, "eval.parquet")
-    if not held_out:
-        raise ValueError(f"the curate stage ({curate.uri}) produced no held-out tasks to evaluate on")
-    tasks = sorted(seeded_sample(held_out, cfg.evaluate.max_tasks, f"evaluate:{ctx.seed}"),
-                   key=lambda t: t.instance_id)  # fmt: skip
-    ctx.write_artifact("eval_tasks.json", json.dumps([t.instance_id for t in tasks], indent=1).encode())
+    held_out, source = evaluation_tasks(cfg.evaluate, ctx, curate)
+    names = models_to_evaluate(cfg.evaluate, ctx)
+    if cfg.evaluate.max_tasks > len(held_out):
+        raise ValueError(
+            f"evaluate.max_tasks ({cfg.evaluate.max_tasks}) is larger than the {len(held_out)} tasks of "
+            f"{source}: lower it to at most {len(held_out)}"
+        )
+    paths = {name: checked_model_dir(ctx, name) for name in names}  # every checkpoint loads, or nothing runs
+    subset, subset_uri = load_or_draw_subset(ctx.store, held_out, cfg.evaluate, ctx.seed)
+    if subset.note:
+        ctx.log.warning("evaluation subset: %s", subset.note)
+    tasks = subset.select(held_out)
     results: dict[str, Any] = {}
     metrics: dict[str, float] = {"tasks": float(len(tasks)), "attempts": float(cfg.evaluate.attempts)}
-    for name in cfg.evaluate.checkpoints:
+    episodes: dict[str, bytes] = {}
+    for name in names:
         model_started = time.monotonic()
-        path = model_dir(ctx, name)
         counts: dict[str, int] = {}
-        trajectories = run_async(evaluate_model(path, tasks, cfg, ctx.seed, counts))
-        summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed)
-        summary["failures"] = counts
-        summary["wall_s"] = time.monotonic() - model_started
-        results[name] = summary
-        episodes = "\n".join(
-            json.dumps({"task_id": t.task_id, "attempt": t.attempt, "status": t.status.value, "reward": t.reward,
-                        "turns": t.num_turns, "malformed": t.malformed_tool_calls, "messages": t.messages[2:]})
-            for t in trajectories
-        )  # fmt: skip
-        ctx.write_artifact(f"episodes_{name}.jsonl", (episodes + "\n").encode())
-        for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing"):
-            metrics[f"{name}/{key.replace('@', '_at_')}"] = float(summary[key])
-        metrics[f"{name}/malformed_calls_mean"] = float(summary["malformed_calls_mean"])
-        metrics[f"{name}/wall_s"] = float(summary["wall_s"])
-        ctx.log.info("evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks x %d (%s), %.0f s", name,
-                     summary["pass@1"], summary["ci_low"], summary["ci_high"], summary["tasks"],
+        trajectories, grades = run_async(evaluate_model(paths[name], tasks, cfg, ctx.seed, counts))
+        summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed, subset)
+        summary |= {"failures": counts, "grading": grading_summary(grades, cfg.evaluate.grader),
+                    "wall_s": time.monotonic() - model_started}  # fmt: skip
+        results[name], episodes[name] = summary, episodes_jsonl(trajectories, grades)
+        metrics |= model_metrics(name, summary)
+        ctx.log.info("evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s", name,
+                     summary["pass@1"], summary["ci_low"], summary["ci_high"], summary["tasks"], summary["missing"],
                      cfg.evaluate.attempts, summary["statuses"], summary["wall_s"])  # fmt: skip
-    ctx.write_artifact("eval_results.json", json.dumps(results, indent=2, sort_keys=True).encode())
+    markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri)
+    for c in comparisons:
+        metrics[f"compare/{c['b']}_vs_{c['a']}/difference"] = float(c["difference"])
+        metrics[f"compare/{c['b']}_vs_{c['a']}/p_value"] = float(c["p_value"])
     metrics["wall_s"] = time.monotonic() - started
-    markdown = report_markdown(results, cfg.evaluate, len(tasks))
     table = [{"model": name, **{k: round(float(r[k]), 4) for k in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}}
              for name, r in results.items()]  # fmt: skip
-    summary_line = ", ".join(f"{n} {r['pass@1']:.3f}" for n, r in results.items())
+    summary_line = ", ".join(f"{n} {r['pass@1']:.3f} (n={r['tasks']})" for n, r in results.items())
     return StageResult(metrics=metrics, tables={"pass-at-1": table}, markdown={"evaluation": markdown},
                        summary=f"pass@1: {summary_line}")  # fmt: skip
 
 
-def report_markdown(results: dict[str, Any], cfg: EvaluateConfig, num_tasks: int) -> str:
-    pct = int(round(cfg.confidence * 100))
-    lines = [
-        "# Held-out evaluation",
-        "",
-        f"{num_tasks} held-out tasks x {cfg.attempts} attempts (temperature {cfg.temperature}); pass@1 = mean "
-        f"per-task success rate, {pct}% bootstrap CI over tasks ({cfg.bootstrap_samples} resamples).",
-        "",
-        f"| model | pass@1 | {pct}% CI | tasks (denominator) | missing | statuses |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, r in results.items():
-        lines.append(f"| {name} | {r['pass@1']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['tasks']} | "
-                     f"{r['missing']} | {r['statuses']} |")  # fmt: skip
-    for name, r in results.items():
-        lines += [
-            "",
-            f"## {name}: by modifier",
-            "",
-            "| modifier | pass@1 | CI | tasks |",
-            "| --- | --- | --- | --- |",
-        ]
-        for row in r["by_modifier"]:
-            lines.append(f"| {row['modifier']} | {row['pass@1']:.3f} | [{row['ci_low']:.3f}, {row['ci_high']:.3f}] | "
-                         f"{int(row['tasks'])} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+def publish(
+    ev: EvaluateConfig, ctx: StageContext, results: dict[str, Any], episodes: dict[str, bytes], subset: Subset,
+    subset_uri: str,
+) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
+    """Comparisons, report, plot; then (every model evaluated) the artifacts and one MLflow eval run per model."""
+    per_task = {name: r["per_task"] for name, r in results.items()}
+    comparisons = compare_consecutive(per_task, ev.comparison_samples, ev.confidence, ctx.seed)
+    markdown = markdown_report(results, comparisons, attempts=ev.attempts, temperature=ev.temperature,
+                               confidence=ev.confidence, samples=ev.bootstrap_samples, subset_note=subset.note,
+                               subset_uri=subset_uri, by_difficulty=subset.by_difficulty)  # fmt: skip
+    plot = plot_strata(results, ctx.workdir / "pass_at_1_by_stratum.png", ev.confidence)
+    ctx.write_artifact("eval_tasks.json", json.dumps(subset.instance_ids, indent=1).encode())
+    ctx.write_artifact("eval_subset.json", subset.to_json())
+    for name, body in episodes.items():
+        ctx.write_artifact(f"episodes_{name}.jsonl", body)
+    ctx.write_artifact("eval_results.json", json.dumps({"models": results, "comparisons": comparisons},
+                                                       indent=2, sort_keys=True).encode())  # fmt: skip
+    ctx.put_artifact("pass_at_1_by_stratum.png", plot)
+    ctx.write_artifact("report.md", markdown.encode())
+    ctx.run.log_file(plot)
+    links = {name: {"swerl.checkpoint.stage": SOURCES[name][0],
+                    "swerl.checkpoint.manifest": ctx.inputs[SOURCES[name][0]].uri,
+                    "swerl.checkpoint.run_id": ctx.inputs[SOURCES[name][0]].mlflow_run_id or "",
+                    "swerl.checkpoint.artifact": SOURCES[name][1]} for name in results}  # fmt: skip
+    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
+              "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
+    run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown)
+    ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})
+    return markdown, comparisons

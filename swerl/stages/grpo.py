@@ -1,10 +1,13 @@
-"""The GRPO stage (synchronous): each step samples B training tasks x n attempts with the current policy, runs
+"""The GRPO stage. Synchronous mode (grpo.mode: sync, the baseline): each step samples B training tasks x n attempts with the current policy, runs
 the episodes concurrently in sandboxes, and takes one GRPO update; the new weights go to the engine with a
 version number before the next step.
 
 The failure rule: an attempt that ends in an infrastructure error is rerun (agent.infra_retries); if it still
 fails it is left out of its group's baseline and of the loss, never scored 0. Checkpoints (model, optimizer,
 RNG, step, task-stream position) are mirrored to the store under the stage key; a crashed stage resumes there.
+
+Asynchronous mode (grpo.mode: async): the same engine, trainer and episode function are handed to
+swerl.rollout.stage.AsyncGRPO, which keeps rollouts running while the trainer steps on finished groups.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from swerl.agent.trajectory import Trajectory
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
-from swerl.engine.local import LocalEngine
+from swerl.engine.factory import open_engine
+from swerl.rollout.stage import AsyncGRPO
 from swerl.stage import StageContext, StageResult
 from swerl.stages.common import (
     DurableCheckpoints,
@@ -34,7 +38,7 @@ from swerl.stages.common import (
     load_tasks,
     put_dir,
     run_async,
-    sandbox_provider,
+    sandbox_pool,
     seeded_sample,
 )
 from swerl.train.grpo_trainer import GRPOTrainer, rollout_groups
@@ -88,7 +92,8 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
                               top_p=g.top_p)  # fmt: skip
     trainer = GRPOTrainer(
         model, lr=g.lr, weight_decay=g.weight_decay, grad_clip=g.grad_clip, clip_eps_low=g.clip_eps_low,
-        clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, kl_coef=g.kl_coef, ref_model=reference,
+        clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, tis_level=g.tis_level, mis_low=g.mis_low,
+        mis_high=g.mis_high, mis_level=g.mis_level, kl_coef=g.kl_coef, ref_model=reference,
         scale_adv_by_std=g.scale_adv_by_std, micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs,
         num_minibatches=g.num_minibatches, logprob_temperature=logprob_temperature(sampling), seed=ctx.seed,
         tokenizer=tokenizer,
@@ -99,14 +104,16 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         serve_dir = resume
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
     limits = episode_limits(cfg.agent)
-    provider = sandbox_provider(cfg.agent.sandbox, git_baseline=True)
+    provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     counts: dict[str, int] = {}
     history: list[dict[str, float]] = []
+    asynchronous = AsyncGRPO(ctx, g, order, resume) if g.mode == "async" else None
 
     async def loop() -> None:
-        async with LocalEngine(
-            serve_dir, max_batch_size=cfg.engine.max_batch_size, max_context_tokens=cfg.engine.max_context_tokens,
-            seed=ctx.seed, weight_version=trainer.step, intra_op_threads=cfg.engine.threads,
+        async with provider, open_engine(
+            cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
+            concurrency=g.max_in_flight if asynchronous else g.rollout_concurrency,
+            log_dir=ctx.workdir / "engines",
         ) as engine:  # fmt: skip
 
             async def episode(
@@ -118,6 +125,11 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
+            if asynchronous is not None:
+                await asynchronous.run(trainer, engine, episode, counts, history,
+                                       lambda: save(trainer, durable, g, len(order), asynchronous),
+                                       lambda groups: episode_stats(groups) | provider.step_metrics())  # fmt: skip
+                return
             while trainer.step < g.steps:
                 if g.time_budget_s is not None and time.monotonic() - started > g.time_budget_s:
                     ctx.log.info(
@@ -136,7 +148,7 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
                 stats |= {"time_rollout_s": rollout_s, "time_weight_sync_s": time.monotonic() - sync_started,
                           "time_total_s": time.monotonic() - step_started}  # fmt: skip
                 stats |= {f"failures/{k}": float(v) for k, v in counts.items()}
-                stats |= episode_stats(groups)
+                stats |= episode_stats(groups) | provider.step_metrics()
                 history.append(stats)
                 ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
                 ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", trainer.step, g.steps,
@@ -148,7 +160,9 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
     run_async(loop())
     if history:  # the final state, whatever the checkpoint interval
-        save(trainer, durable, g, len(order))
+        save(trainer, durable, g, len(order), asynchronous)
+    if asynchronous is not None:
+        asynchronous.log_histograms()
     out = ctx.workdir / "model"
     save_model_and_tokenizer(trainer.model, tokenizer, out)
     put_dir(ctx, "model", out)
@@ -161,7 +175,11 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         "failures": counts,
         "history": history,
         "wall_s": time.monotonic() - started,
+        "mode": g.mode,
     }
+    if asynchronous is not None:
+        report |= {"data_position": asynchronous.next_seq, "ledger": asynchronous.ledger.entries,
+                   "resume": asynchronous.resumed}  # fmt: skip
     ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"]}
     if rewards:
@@ -176,10 +194,19 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
                        f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
 
 
-def save(trainer: GRPOTrainer, durable: DurableCheckpoints, g: GRPOConfig, num_tasks: int) -> Path:
-    position = trainer.step * g.tasks_per_step
+def save(
+    trainer: GRPOTrainer,
+    durable: DurableCheckpoints,
+    g: GRPOConfig,
+    num_tasks: int,
+    asynchronous: AsyncGRPO | None = None,
+) -> Path:
+    # Async: the data position is the manager's (groups opened); the ledger of consumed groups joins the checkpoint.
+    position = asynchronous.next_seq if asynchronous else trainer.step * g.tasks_per_step
     path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
                         num_examples=num_tasks, keep_last=2)  # fmt: skip
+    if asynchronous is not None:
+        asynchronous.write_state(path)
     durable.sync()
     return path
 
@@ -194,5 +221,10 @@ def episode_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
         "malformed_calls_mean": sum(t.malformed_tool_calls for t in flat) / len(flat),
         "trajectory_tokens_mean": sum(len(t.token_ids) for t in flat) / len(flat),
         "episode_seconds_mean": sum(t.timings.total_s for t in flat) / len(flat),
+        # per-phase wall clock and sandbox-seconds per trajectory (cost: provider.step_metrics)
+        **{
+            f"phase_{name}_mean": sum(getattr(t.timings, name) for t in flat) / len(flat)
+            for name in ("env_install_s", "sandbox_start_s", "tools_s", "tests_s", "sandbox_s")
+        },
         "submitted_rate": (statuses["resolved"] + statuses["unresolved"]) / len(flat),
     }

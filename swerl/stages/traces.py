@@ -18,11 +18,12 @@ from swerl.agent.traces import load_trace_rows, normalize_messages, oracle_rows,
 from swerl.config import AgentConfig, StrictModel, TracesConfig
 from swerl.stage import StageContext, StageResult
 from swerl.stages.common import (
+    closing,
     episode_limits,
     input_manifest,
     load_tasks,
     run_async,
-    sandbox_provider,
+    sandbox_pool,
     seeded_sample,
 )
 
@@ -64,21 +65,24 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
             raise ValueError(f"the curate stage ({curate.uri}) produced no training tasks to trace")
         chosen = seeded_sample(tasks, cfg.traces.max_traces, f"traces:{ctx.seed}")
         limits = episode_limits(cfg.agent)
-        provider = sandbox_provider(cfg.agent.sandbox, git_baseline=True)
+        provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
         ctx.log.info("traces: oracle on %d of %d training tasks, %d workers", len(chosen), len(tasks),
                      cfg.traces.workers)  # fmt: skip
         traces, oracle_report = run_async(
-            generate_oracle_traces(
-                chosen,
+            closing(
                 provider,
-                limits,
-                recovery_prob=cfg.traces.recovery_prob,
-                seed=ctx.seed,
-                workers=cfg.traces.workers,
-                context_lines=cfg.traces.context_lines,
-                view_whole_file_lines=cfg.traces.view_whole_file_lines,
-                test_command=cfg.traces.test_command,
-                view_function_lines=cfg.traces.view_function_lines,
+                generate_oracle_traces(
+                    chosen,
+                    provider,
+                    limits,
+                    recovery_prob=cfg.traces.recovery_prob,
+                    seed=ctx.seed,
+                    workers=cfg.traces.workers,
+                    context_lines=cfg.traces.context_lines,
+                    view_whole_file_lines=cfg.traces.view_whole_file_lines,
+                    test_command=cfg.traces.test_command,
+                    view_function_lines=cfg.traces.view_function_lines,
+                ),
             )
         )
         rows = oracle_rows(traces)
