@@ -65,7 +65,9 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
                 )
                 continue
             pending.append(PendingCheckpoint(manifest, curate))
-    pending.sort(key=lambda p: (p.checkpoint.finished_at, p.checkpoint.uri))
+    # oldest first; within one timestamp (a fast pipeline), in pipeline order (sft before grpo)
+    pending.sort(key=lambda p: (p.checkpoint.finished_at, CHECKPOINT_STAGES.index(p.checkpoint.stage),
+                                p.checkpoint.uri))  # fmt: skip
     return pending, problems
 
 

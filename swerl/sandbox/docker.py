@@ -41,6 +41,8 @@ T = TypeVar("T")
 LABEL = "org.swerl.sandbox"
 """Every sandbox container carries this label (value: its provider's id), so leftovers can be found."""
 USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+_GATE = ["/bin/sh", "-c", 'head -c 1 >/dev/null; exec "$@"', "swerl-gate"]
+"""Prefix of every exec: start the command only once the client is attached (see exec_blocking)."""
 
 # Runs the command as a child, then kills whatever it left behind (kill -1 spares the caller and PID 1).
 _WRAPPER = 'cd -- "$1" || exit 1; /bin/bash -c "$2"; status=$?; kill -9 -1 2>/dev/null; exit $status'
@@ -406,22 +408,26 @@ class DockerSandboxProvider:
         output: BoundedOutput,
         read_timeout: float,
     ) -> int:
-        """Run argv in the container as the sandbox user, streaming merged output; returns the exit code."""
+        """Run argv in the container as the sandbox user, streaming merged output; returns the exit code.
+
+        The command waits for one byte on stdin before it starts (_GATE): output that reached the client in the
+        same read as the daemon's upgrade headers would sit in the HTTP reader's buffer, which the hijacked
+        socket bypasses, and be lost (seen under load: a fast `echo` returned no output).
+        """
         import docker.errors
         from docker.utils.socket import frames_iter
 
         api = self._docker().api
         try:
-            exec_id = api.exec_create(container_id, argv, stdin=stdin is not None, user=USER)["Id"]
+            exec_id = api.exec_create(container_id, [*_GATE, *argv], stdin=True, user=USER)["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except docker.errors.APIError as exc:
             raise InfraError("sandbox_died", f"cannot run a command in {container_id[:12]}: {exc}") from exc
         raw: socket.socket = getattr(sock, "_sock", sock)
         try:
             raw.settimeout(read_timeout)
-            if stdin is not None:
-                raw.sendall(stdin)
-                raw.shutdown(socket.SHUT_WR)
+            raw.sendall(b"\n" + (stdin or b""))  # the gate's byte, then the command's own stdin
+            raw.shutdown(socket.SHUT_WR)
             for _stream, chunk in frames_iter(sock, tty=False):
                 output.add(chunk)
         except TimeoutError as exc:
