@@ -147,9 +147,7 @@ def test_no_leaks_after_200_lifecycles_with_random_kills(backend_name: str, tmp_
         assert sum(outcomes.values()) == LIFECYCLES and set(outcomes) == set(ACTIONS), outcomes
         assert pool.in_use == 0 and pool._slots == 0
         deadline = time.monotonic() + 15  # the kernel and dockerd reap killed processes asynchronously
-        while time.monotonic() < deadline and (
-            host_processes_matching(f"20.{run_tag}") or new_children()
-        ):
+        while time.monotonic() < deadline and (host_processes_matching(f"20.{run_tag}") or new_children()):
             time.sleep(0.1)
         left = [(pid, _describe(pid)) for pid in host_processes_matching(f"20.{run_tag}")]
         assert left == []

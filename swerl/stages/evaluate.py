@@ -149,9 +149,12 @@ async def evaluate_model(
                               temperature=cfg.evaluate.temperature)  # fmt: skip
     gate = asyncio.Semaphore(cfg.evaluate.concurrency)
     grades: list[dict[str, Any]] = []
-    async with provider, open_engine(
-        cfg.engine, path, concurrency=cfg.evaluate.concurrency, seed=seed, log_dir=path.parent / "engines"
-    ) as engine:
+    async with (
+        provider,
+        open_engine(
+            cfg.engine, path, concurrency=cfg.evaluate.concurrency, seed=seed, log_dir=path.parent / "engines"
+        ) as engine,
+    ):
 
         async def one(task: TaskInstance, attempt: int) -> Trajectory:
             async def once(retry: int) -> Trajectory:
