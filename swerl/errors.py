@@ -32,7 +32,3 @@ class InfraError(Exception):
         self.cause = cause
         self.message = message
         super().__init__(f"[{cause}] {message}" if message else cause)
-
-
-class StageNotBuiltError(RuntimeError):
-    """A pipeline stage that this version of swerl does not implement yet."""
