@@ -138,6 +138,7 @@ class LocalSandbox:
             except TimeoutError:
                 timed_out = True
                 kill_group(proc)
+                self._killed = True  # close() sweeps for a namespace init the kill may have orphaned
                 try:
                     await asyncio.wait_for(collect, self._kill_grace_s)
                 except TimeoutError as exc:
