@@ -20,9 +20,9 @@ import tempfile
 
 import numpy as np
 import torch
-from common import stdlib_texts
+from common import demo_model, stdlib_texts
 
-from swerl.train.model import build_tiny_model, train_tokenizer
+from swerl.train.model import train_tokenizer
 from swerl.train.sft import StepMetrics, train_sft
 
 
@@ -40,15 +40,7 @@ def random_examples(
 
 def measure(tokenizer, examples, bf16: bool, args: argparse.Namespace) -> float:
     """Tokens per second over the timed steps of one run (non-padding tokens / step wall time)."""
-    model = build_tiny_model(
-        tokenizer,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=768,
-        max_position_embeddings=args.seq_len,
-    )
+    model = demo_model(tokenizer, max_positions=args.seq_len)
     metrics: list[StepMetrics] = []
     train_sft(
         model,

@@ -75,7 +75,7 @@ import datasets
 import torch
 import transformers
 import trl
-from common import stdlib_texts
+from common import demo_model, stdlib_texts
 from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
@@ -83,7 +83,7 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from swerl.agent.tools import format_tool_call, number_lines, system_prompt
 from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.train.grpo_trainer import GRPOTrainer as SwerlGRPOTrainer
-from swerl.train.model import CHAT_TEMPLATE, build_tiny_model, render_messages, render_text, train_tokenizer
+from swerl.train.model import CHAT_TEMPLATE, render_messages, render_text, train_tokenizer
 from swerl.train.sft import (
     IGNORE_INDEX,
     DataPosition,
@@ -100,16 +100,7 @@ from swerl.train.sft import (
 
 def new_model(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The tiny Qwen3, same initial weights on every call (seed 0), float32."""
-    return build_tiny_model(
-        tokenizer,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=768,
-        max_position_embeddings=4096,
-        seed=0,
-    )
+    return demo_model(tokenizer)
 
 
 def generation_marked_template() -> str:
