@@ -92,7 +92,8 @@ async def main(args: argparse.Namespace) -> None:
         for i in range(8):  # a micro repository's size: a module, tests, a harness
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
         workspaces = Path(args.workspace_dir or tmp) / f"swerl-bench-{os.getpid()}"
-        local = LocalSandboxProvider(sys.executable, root_dir=workspaces, max_processes=256)
+        local = LocalSandboxProvider(sys.executable, root_dir=workspaces, max_processes=256,
+                                     workspace_quota=args.workspace_quota)  # fmt: skip
         await (await local.start(env_dir)).close()  # warm the interpreter probe, as a running stage has
         for count in args.local:
             await measure("local", count, local, env_dir, raw_bwrap_argv(), args.repeat)
@@ -118,5 +119,11 @@ if __name__ == "__main__":
     parser.add_argument("--image", default=BASE_IMAGE)
     parser.add_argument("--skip-docker", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per burst size (median reported)")
+    parser.add_argument(
+        "--workspace-quota",
+        default="auto",
+        choices=["auto", "tmpfs", "none"],
+        help="local: a size-capped tmpfs per sandbox (auto/tmpfs, as root) or a plain directory",
+    )
     parser.add_argument("--workspace-dir", default=None, help="where local workspaces go (default: temp dir)")
     asyncio.run(main(parser.parse_args()))

@@ -85,8 +85,6 @@ class DockerSandboxConfig(StrictModel):
     """Image environment images build on (`python -m swerl.sandbox.images base` builds it offline)."""
     cpus: float = Field(1.0, gt=0, le=1024)
     """CPU share of one container (NanoCpus)."""
-    workspace_mb: int = Field(1024, ge=16, le=1_048_576)
-    """Size of the container's private /workspace (tmpfs; counted in its memory limit)."""
     api_threads: int = Field(256, ge=4, le=100_000)
     """Threads for blocking Docker API calls (a running command holds one): caps concurrent commands."""
     api_timeout_s: float = Field(120.0, gt=0, le=3600)
@@ -119,7 +117,14 @@ class SandboxLimits(StrictModel):
     python: str | None = None
     """Interpreter run inside sandboxes (None: the one running swerl); its install prefix is bound read-only."""
     workspace_dir: str | None = None
-    """Where local sandboxes' workspaces are made (None: the system temp dir); a tmpfs starts them faster."""
+    """Where local sandboxes' workspaces are made (None: the system temp dir)."""
+    workspace_mb: int = Field(1024, ge=16, le=1_048_576)
+    """Size cap of a sandbox's writable /workspace: docker, a tmpfs counted in the container's memory limit;
+    local, a tmpfs of this size mounted per sandbox (see workspace_quota)."""
+    workspace_quota: Literal["auto", "tmpfs", "none"] = "auto"
+    """Local backend: `tmpfs` mounts a size-capped tmpfs per sandbox (needs root or CAP_SYS_ADMIN; a start fails
+    without it), `auto` does so where this process may mount and otherwise warns once and uses a plain directory,
+    `none` uses a plain directory (a command can then fill the host disk file by file)."""
     backend: Literal["local", "docker", "e2b"] = "local"
     """Where sandboxes run: bubblewrap on this host, containers of a Docker engine, or e2b's cloud."""
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
@@ -475,6 +480,23 @@ class GRPOConfig(StrictModel):
     """Masked importance sampling upper bound (None: MIS off)."""
     mis_level: Literal["token", "sequence"] = "token"
     """Masked importance sampling per token or per trajectory."""
+    eval_every: int = Field(0, ge=0, le=10_000_000)
+    """async: every this many trainer steps, the weights just exported are evaluated on the held-out split beside
+    training (its own engine and sandbox pool; neither trainer nor rollouts wait for it); 0: off."""
+    eval_tasks: int = Field(16, ge=1, le=10_000_000)
+    """async, eval_every: held-out tasks per evaluation (the evaluate stage's stratified subset of this size)."""
+    eval_attempts: int = Field(1, ge=1, le=10_000)
+    """async, eval_every: attempts per held-out task."""
+    eval_concurrency: int = Field(4, ge=1, le=1_000_000)
+    """async, eval_every: an evaluation's episodes at once: its engine's concurrency and the most sandboxes of its
+    own pool (apart from max_in_flight and agent.sandbox.pool, which stay the rollouts')."""
+    eval_temperature: float = Field(0.7, ge=0, le=10)
+    """async, eval_every: sampling temperature of the evaluation (0: greedy)."""
+    eval_grader: Literal["swebench", "episode"] = "episode"
+    """async, eval_every: the episode's in-workspace grade (the training reward), or swebench log grading of each
+    patch in a fresh sandbox (as the evaluate stage; extra `swebench`)."""
+    eval_at_end: Literal["wait", "cancel"] = "wait"
+    """async, eval_every: an evaluation still running when training ends is awaited (and logged), or cancelled."""
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
@@ -483,6 +505,11 @@ class GRPOConfig(StrictModel):
         if self.mis_high is not None and self.tis_cap <= self.mis_low:
             raise ValueError(
                 f"tis_cap ({self.tis_cap}) <= mis_low ({self.mis_low}): every kept weight is truncated"
+            )
+        if self.eval_every > 0 and self.mode != "async":
+            raise ValueError(
+                f"eval_every ({self.eval_every}) needs mode async: sync mode evaluates after training only "
+                "(the evaluate stage)"
             )
         if self.mode == "async" and self.buffered_groups < self.tasks_per_step:
             raise ValueError(

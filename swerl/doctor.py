@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.config import PipelineConfig, SandboxLimits
+from swerl.sandbox.tmpfs import can_mount
 
 FDS_PER_SANDBOX = {"local": 6, "docker": 2, "e2b": 4}
 """Host file descriptors one sandbox holds while a command runs (local: stdout, stdin and status pipes of the
@@ -155,6 +156,8 @@ def read_machine(cfg: PipelineConfig) -> dict[str, Any]:
     backends = _backends(cfg)
     if "local" in backends:
         machine["bwrap_ok"], machine["bwrap"] = _bwrap_works()
+        scratch = Path(cfg.agent.sandbox.workspace_dir or tempfile.gettempdir())
+        machine["tmpfs_mount_ok"], machine["tmpfs_mount"] = can_mount(scratch)
     reachable, networks, detail = _docker_state()
     machine["dockerd_reachable"], machine["docker_networks"], machine["docker"] = reachable, networks, detail
     if "e2b" in backends:
@@ -203,8 +206,10 @@ def demand(cfg: PipelineConfig) -> dict[str, Any]:
     peak = {"sandboxes": 0, "memory_mb": 0, "processes": 0, "fds": 0, "disk_mb": 0}
     for name, (concurrency, limits) in stage_concurrency(cfg).items():
         sandboxes = _sandboxes(concurrency, limits, pooled=not name.startswith("curate"))
-        # tmpfs /tmp pages are RAM on the local backend
-        per_sandbox_mb = limits.memory_mb + (limits.tmp_size_mb if limits.backend == "local" else 0)
+        # tmpfs /tmp pages are RAM on the local backend, and so is a size-capped workspace; a plain-directory
+        # workspace uses disk instead (file_size_mb stands for it, as before)
+        local_tmpfs = limits.tmp_size_mb + (limits.workspace_mb if limits.workspace_quota != "none" else 0)
+        per_sandbox_mb = limits.memory_mb + (local_tmpfs if limits.backend == "local" else 0)
         per_sandbox_mb = 0 if limits.backend == "e2b" else per_sandbox_mb  # e2b VMs use no host memory
         stage = {
             "sandboxes": sandboxes,
@@ -269,6 +274,18 @@ def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -
     backends = _backends(cfg)
     if "local" in backends:
         out.append(Check("bubblewrap", bool(machine.get("bwrap_ok")), str(machine.get("bwrap"))))
+        modes = {
+            limits.workspace_quota
+            for _, limits in stage_concurrency(cfg).values()
+            if limits.backend == "local"
+        }
+        mountable = bool(machine.get("tmpfs_mount_ok", True))
+        for mode in sorted(modes):
+            capped = mode != "none" and mountable
+            detail = (f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})" if capped
+                      else f"local workspaces NOT size-capped (workspace_quota: {mode}"
+                      + ("" if mode == "none" else f"; {machine.get('tmpfs_mount')}") + ")")  # fmt: skip
+            out.append(Check(f"workspace_quota.{mode}", capped or mode != "tmpfs", detail))
         userns = machine.get("max_user_namespaces")
         if not machine["is_root"] and userns is not None:
             out.append(Check("user_namespaces", userns >= need["sandboxes"],

@@ -57,6 +57,7 @@ def local_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
         max_output_bytes=limits.max_output_bytes,
         cpu_time_s=limits.cpu_time_s,
         root_dir=root,
+        workspace_mb=limits.workspace_mb,
         **kwargs,
     )
     return Backend("local", provider, lambda: sorted(p.name for p in root.glob("*")) if root.exists() else [])

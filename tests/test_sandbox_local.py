@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import time
@@ -238,3 +239,49 @@ def test_interpreter_under_tmp_is_visible(tmp_path: Path, env_dir: Path):
         prefix, tmp_entries = run(body()).split()
         assert prefix == venv_dir
         assert tmp_entries == "1"  # the private /tmp holds only the mount point of the venv's ancestor
+
+
+def _host_mounts_under(parent: Path) -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        return [line for line in mounts if f" {parent}" in line]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize("quota", ["auto", "tmpfs", "none"])
+def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str):
+    """auto/tmpfs (as root): each sandbox's workspace is a tmpfs of workspace_mb in a mount namespace held by a
+    process of its own (never a host mount), gone with the holder on close; none: a plain directory."""
+    root = tmp_path / "sandboxes"
+    provider = LocalSandboxProvider(
+        sys.executable, memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota
+    )
+
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        holder = sandbox.holder
+        try:
+            assert (holder is None) == (quota == "none")
+            assert _host_mounts_under(root) == []  # the host's mount table does not grow
+            fill = await sandbox.exec("head -c 24M /dev/zero > big; echo status=$?; du -sm big", 60)
+            used_mb = int(fill.output.split()[-2])
+            if quota == "none":
+                assert "status=0" in fill.output and used_mb == 24
+                assert (sandbox.workspace / "big").stat().st_size == 24 << 20
+            else:
+                assert "status=1" in fill.output and "No space left" in fill.output and used_mb <= 16
+                assert not (sandbox.root / "workspace" / "big").exists()  # not on the host's disk
+                assert (sandbox.workspace / "big").exists()  # the host reaches it through the holder
+            assert (await sandbox.exec("rm big && cat pkg/mod.py", 10)).output.startswith("def answer")
+        finally:
+            await sandbox.close()
+        assert list(root.iterdir()) == []
+        if holder is not None:
+            assert holder.proc.returncode is not None and not Path(f"/proc/{holder.proc.pid}").exists()
+        assert provider.limits()["workspace_mb"] == (0 if quota == "none" else 16)
+
+    run(body())
+
+
+def test_workspace_quota_is_checked():
+    with pytest.raises(ValueError, match="workspace_quota must be auto, tmpfs or none"):
+        LocalSandboxProvider(sys.executable, workspace_quota="quota")

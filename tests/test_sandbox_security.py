@@ -197,19 +197,7 @@ def test_memory_bomb_is_contained(backend: Backend, env_dir: Path):
     run(attack(backend, env_dir, body))
 
 
-def _disk_fill_xfail(request: pytest.FixtureRequest) -> None:
-    if request.node.callspec.params.get("backend") == "local":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="local workspaces are host directories without a size quota (only per-file RLIMIT_FSIZE): "
-                "a command can fill the host disk file by file",
-            )
-        )
-
-
-def test_disk_fill_is_contained(backend: Backend, env_dir: Path, request: pytest.FixtureRequest):
-    _disk_fill_xfail(request)
+def test_disk_fill_is_contained(backend: Backend, env_dir: Path):
     limits = Limits()
     total_mb = 5 * limits.workspace_mb  # bounded even when containment fails
 

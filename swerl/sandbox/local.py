@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import shlex
@@ -26,6 +27,9 @@ from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
 from swerl.sandbox.process import BoundedOutput, kill_group, kill_processes_mentioning, read_status
+from swerl.sandbox.tmpfs import TmpfsHolder, can_mount, hold_tmpfs
+
+log = logging.getLogger(__name__)
 
 _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf")
 """Host /etc entries a sandbox sees (dynamic linker and locale plumbing; nothing with credentials)."""
@@ -47,9 +51,14 @@ class LocalSandbox:
         setpriv_args: list[str],
         max_output_bytes: int,
         kill_grace_s: float,
+        holder: TmpfsHolder | None = None,
     ) -> None:
         self.root = root
-        self.workspace = root / "workspace"
+        """The sandbox's directory as its commands see it (inside the holder's mount namespace, if any)."""
+        self.holder = holder
+        """The process holding this sandbox's size-capped tmpfs (workspace_quota), or None: a plain directory."""
+        self.workspace = (holder.host_root if holder else root) / "workspace"
+        """The workspace as this (host) process reaches it."""
         self.uid = uid
         self._bwrap_args = bwrap_args
         self._prlimit_args = prlimit_args
@@ -92,6 +101,8 @@ class LocalSandbox:
                 await asyncio.wait_for(proc.wait(), self._kill_grace_s)
         if self._killed:
             await asyncio.to_thread(kill_processes_mentioning, str(self.root))
+        if self.holder is not None:
+            await self.holder.close()
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
     @staticmethod
@@ -102,7 +113,10 @@ class LocalSandbox:
         if self._closed:
             raise InfraError("sandbox_died", f"sandbox {self.root} is closed")
         status_read, status_write = os.pipe()
+        if self.holder is not None and not self.holder.alive:
+            raise InfraError("sandbox_died", f"the process holding sandbox {self.root}'s workspace has ended")
         command = [
+            *(self.holder.enter_args() if self.holder is not None else []),
             *self._prlimit_args,
             *self._bwrap_args,
             "--chdir",
@@ -201,7 +215,11 @@ class LocalSandboxProvider:
         root_dir: str | os.PathLike[str] | None = None,
         uid_range: tuple[int, int] = (200_000, 1_200_000),
         bwrap: str = "bwrap",
+        workspace_mb: int = 1024,
+        workspace_quota: str = "auto",
     ) -> None:
+        if workspace_quota not in ("auto", "tmpfs", "none"):
+            raise ValueError(f"workspace_quota must be auto, tmpfs or none, not {workspace_quota!r}")
         self.python_executable = os.path.abspath(python_executable)
         self.memory_mb = memory_mb
         self.max_processes = max_processes
@@ -218,6 +236,9 @@ class LocalSandboxProvider:
         self.root_dir = Path(root_dir) if root_dir is not None else None
         self.uid_range = uid_range
         self.bwrap = bwrap
+        self.workspace_mb = workspace_mb
+        self.workspace_quota = workspace_quota
+        self._mount: bool | None = None  # decided at the first start (auto: whether this process may mount)
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
 
@@ -232,6 +253,7 @@ class LocalSandboxProvider:
             "max_open_files": self.max_open_files,
             "max_output_bytes": self.max_output_bytes,
             "start_timeout_s": self.start_timeout_s,
+            "workspace_mb": self.workspace_mb if self._mount is not False else 0,
         }
 
     async def start(
@@ -247,10 +269,16 @@ class LocalSandboxProvider:
             raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
         if self.root_dir is not None:
             self.root_dir.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="swerl-sbx-", dir=self.root_dir))
+        if self._mount is None:
+            self._mount = await asyncio.to_thread(self._decide_mount)
+        root = Path(tempfile.mkdtemp(prefix="swerl-sbx-", dir=self.root_dir)).resolve()
+        holder: TmpfsHolder | None = None
         try:
+            if self._mount:
+                holder = await hold_tmpfs(root, self.workspace_mb, self._tools, self.start_timeout_s)
             uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
-            await asyncio.to_thread(self._prepare, root, env_dir, uid, setup_patch)
+            host_root = holder.host_root if holder is not None else root
+            await asyncio.to_thread(self._prepare, host_root, env_dir, uid, setup_patch, holder)
             sandbox = LocalSandbox(
                 root=root,
                 uid=uid,
@@ -267,6 +295,7 @@ class LocalSandboxProvider:
                 ],
                 max_output_bytes=self.max_output_bytes,
                 kill_grace_s=self.kill_grace_s,
+                holder=holder,
             )
             # The binds (interpreter, workspace) are checked by a probe once per provider: later starts differ
             # only in the workspace copy, and a bubblewrap that fails later is an InfraError(start_failed) from
@@ -276,6 +305,8 @@ class LocalSandboxProvider:
                 check = "test -w /workspace && python -c 'pass'"
                 probe = await sandbox.exec(check, timeout=self.start_timeout_s)
         except BaseException:
+            if holder is not None:
+                await asyncio.shield(holder.close())
             shutil.rmtree(root, ignore_errors=True)
             raise
         if probe is not None and probe.timed_out:
@@ -287,16 +318,51 @@ class LocalSandboxProvider:
         self._python_ok = True
         return sandbox
 
-    def _prepare(self, root: Path, env_dir: Path, uid: int, setup_patch: str | None) -> None:
-        """Copy the environment, apply the setup patch, write /etc/passwd, hand the workspace to `uid`."""
+    def _decide_mount(self) -> bool:
+        """Whether each sandbox gets its own size-capped tmpfs (workspace_quota; auto probes for the right)."""
+        if self.workspace_quota == "none":
+            return False
+        parent = self.root_dir or Path(tempfile.gettempdir())
+        missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+        allowed, why = (
+            (False, f"{' and '.join(missing)} not found (util-linux)") if missing else can_mount(parent)
+        )
+        if allowed:
+            assert self._tools is not None
+            self._tools |= {tool: str(shutil.which(tool)) for tool in ("unshare", "nsenter")}
+            return True
+        if self.workspace_quota == "tmpfs":
+            raise InfraError(
+                "start_failed", f"workspace_quota is tmpfs but {why} (needs root or CAP_SYS_ADMIN)"
+            )
+        log.warning(
+            "local sandboxes: workspaces are not size-capped (%s); a command can fill %s file by file. Run as "
+            "root or set sandbox.workspace_quota: none to silence this.", why, parent,
+        )  # fmt: skip
+        return False
+
+    def _prepare(
+        self, root: Path, env_dir: Path, uid: int, setup_patch: str | None, holder: TmpfsHolder | None = None
+    ) -> None:
+        """Copy the environment, apply the setup patch, write /etc/passwd, hand the workspace to `uid`.
+
+        `root` is the sandbox directory as this process reaches it; with a holder, git runs inside the holder's
+        mount namespace (through the host's /proc/PID/root path git would resolve its own directory wrongly).
+        """
 
         workspace = root / "workspace"
         shutil.copytree(env_dir, workspace, symlinks=True, ignore=_COPY_IGNORE)
+        enter: list[str] = []
+        cwd = workspace
+        if holder is not None:
+            cwd = holder.root / "workspace"
+            # nsenter --wd opens its directory before entering the namespace: cd inside instead
+            enter = [*holder.enter_args(), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(cwd)]
         if setup_patch:
             applied = subprocess.run(
-                ["git", "apply", "--whitespace=nowarn", "-"],
+                [*enter, "git", "apply", "--whitespace=nowarn", "-"],
                 input=setup_patch,
-                cwd=workspace,
+                cwd=None if enter else cwd,
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -317,7 +383,8 @@ class LocalSandboxProvider:
                 "init.defaultBranch=main",
             ]
             for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"]):
-                subprocess.run([*git, *args], cwd=workspace, check=True, capture_output=True, timeout=120)
+                subprocess.run([*enter, *git, *args], cwd=None if enter else cwd, check=True, capture_output=True,
+                               timeout=120)  # fmt: skip
         etc = root / "etc"
         etc.mkdir()
         (etc / "passwd").write_text(

@@ -79,7 +79,7 @@ def sandbox_provider(
             cpu_time_s=limits.cpu_time_s,
             file_size_mb=limits.file_size_mb,
             tmp_size_mb=limits.tmp_size_mb,
-            workspace_mb=docker.workspace_mb,
+            workspace_mb=limits.workspace_mb,
             max_open_files=limits.max_open_files,
             max_output_bytes=limits.max_output_bytes,
             start_timeout_s=limits.start_timeout_s,
@@ -101,6 +101,8 @@ def sandbox_provider(
         start_timeout_s=limits.start_timeout_s,
         git_baseline=git_baseline,
         root_dir=limits.workspace_dir,
+        workspace_mb=limits.workspace_mb,
+        workspace_quota=limits.workspace_quota,
     )
 
 
