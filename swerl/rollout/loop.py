@@ -5,6 +5,7 @@
         batch = await collect_batch(...)              # B usable groups: staleness policy, dynamic sampling
         stats = await to_thread(trainer.train_step)   # rollouts continue meanwhile (on the event loop)
         ledger += batch; export; engine.update_weights_from_disk(version)   # in-flight attempts continue
+        on_export(export, step)                       # e.g. start an evaluation of it beside training
         metrics; checkpoint (model, optimizer, RNG, ledger) when due
 
 Time per step is split into waiting for rollouts, the actor update, log-prob recomputation and weight sync.
@@ -113,8 +114,13 @@ async def train_async(
     on_step: Callable[[dict[str, float], Batch], None],
     save: Callable[[Ledger], None],
     infra_counts: dict[str, int] | None = None,
+    on_export: Callable[[Path, int], None] | None = None,
 ) -> None:
-    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent)."""
+    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent).
+
+    on_export(path, step) sees every exported checkpoint once the engine has loaded it; it must not block (it
+    runs on the event loop; an evaluation it starts runs as its own task).
+    """
     started = time.monotonic()
     totals: collections.Counter[str] = collections.Counter()
     manager.start()
@@ -133,6 +139,8 @@ async def train_async(
             export = await asyncio.to_thread(trainer.export_weights, export_dir)
             await engine.update_weights_from_disk(str(export), trainer.step)
             sync_s = time.monotonic() - sync_started
+            if on_export is not None:
+                on_export(export, trainer.step)
             total = time.monotonic() - step_started
             totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
             totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,

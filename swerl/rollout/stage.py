@@ -51,7 +51,8 @@ class AsyncGRPO:
         return self.order[seq % len(self.order)]
 
     def write_state(self, checkpoint_dir: Path) -> None:
-        """Called after trainer.save, before the checkpoint is uploaded: the ledger joins the checkpoint."""
+        """Called after trainer.save, before the checkpoint is uploaded: the ledger joins the checkpoint (the
+        stage's save adds the infrastructure-failure counts, in both modes)."""
         self.ledger.save(checkpoint_dir)
 
     async def run(
@@ -63,8 +64,10 @@ class AsyncGRPO:
         history: list[dict[str, float]],
         save: Callable[[], Any],
         step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
+        on_export: Callable[[Path, int], None] | None = None,
     ) -> None:
-        """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics."""
+        """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
+        step) sees each exported checkpoint (the stage's evaluation beside training)."""
         g, ctx = self.g, self.ctx
         manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.attempts_per_task,
                                  max_in_flight=g.max_in_flight, max_buffered_groups=g.buffered_groups,
@@ -96,7 +99,7 @@ class AsyncGRPO:
 
         await train_async(trainer, engine, manager, settings_from_config(g), self.ledger,
                           export_dir=ctx.workdir / "exports", on_step=on_step, save=checkpoint,
-                          infra_counts=infra_counts)  # fmt: skip
+                          infra_counts=infra_counts, on_export=on_export)  # fmt: skip
         self.next_seq = manager.next_seq
 
     def log_histograms(self) -> None:

@@ -4,10 +4,12 @@ version number before the next step.
 
 The failure rule: an attempt that ends in an infrastructure error is rerun (agent.infra_retries); if it still
 fails it is left out of its group's baseline and of the loss, never scored 0. Checkpoints (model, optimizer,
-RNG, step, task-stream position) are mirrored to the store under the stage key; a crashed stage resumes there.
+RNG, step, task-stream position, the infrastructure-failure counts) are mirrored to the store under the stage
+key; a crashed stage resumes there, its `failures/*` counts continuing from the checkpoint's.
 
 Asynchronous mode (grpo.mode: async): the same engine, trainer and episode function are handed to
-swerl.rollout.stage.AsyncGRPO, which keeps rollouts running while the trainer steps on finished groups.
+swerl.rollout.stage.AsyncGRPO, which keeps rollouts running while the trainer steps on finished groups. With
+grpo.eval_every, checkpoints are evaluated on the held-out split beside training (swerl.stages.grpo_eval).
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ from swerl.stages.common import (
     sandbox_pool,
     seeded_sample,
 )
+from swerl.stages.grpo_eval import checkpoint_evaluator
 from swerl.train.grpo_trainer import GRPOTrainer, rollout_groups
 from swerl.train.model import load_model_and_tokenizer, save_model_and_tokenizer
+
+FAILURES_FILE = "failure_counts.json"
+"""Infrastructure failures by cause so far, saved inside every trainer checkpoint (a resumed stage continues them)."""
 
 
 class GRPOStage(StrictModel):
@@ -105,9 +111,10 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
     limits = episode_limits(cfg.agent)
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
-    counts: dict[str, int] = {}
+    counts = load_failure_counts(resume)
     history: list[dict[str, float]] = []
     asynchronous = AsyncGRPO(ctx, g, order, resume) if g.mode == "async" else None
+    evaluator = checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None
 
     async def loop() -> None:
         async with provider, open_engine(
@@ -126,9 +133,16 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
             if asynchronous is not None:
-                await asynchronous.run(trainer, engine, episode, counts, history,
-                                       lambda: save(trainer, durable, g, len(order), asynchronous),
-                                       lambda groups: episode_stats(groups) | provider.step_metrics())  # fmt: skip
+                trained = False
+                try:
+                    await asynchronous.run(trainer, engine, episode, counts, history,
+                                           lambda: save(trainer, durable, g, len(order), counts, asynchronous),
+                                           lambda groups: episode_stats(groups) | provider.step_metrics(),
+                                           on_export=evaluator.after_export if evaluator else None)  # fmt: skip
+                    trained = True
+                finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval_at_end
+                    if evaluator is not None:
+                        await evaluator.close(cancel=not trained or g.eval_at_end == "cancel")
                 return
             while trainer.step < g.steps:
                 if g.time_budget_s is not None and time.monotonic() - started > g.time_budget_s:
@@ -156,11 +170,11 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
                              - stats["groups_dropped"], stats["groups"], stats["time_total_s"])  # fmt: skip
                 due = g.checkpoint_every > 0 and trainer.step % g.checkpoint_every == 0
                 if due and trainer.step < g.steps:
-                    save(trainer, durable, g, len(order))
+                    save(trainer, durable, g, len(order), counts)
 
     run_async(loop())
     if history:  # the final state, whatever the checkpoint interval
-        save(trainer, durable, g, len(order), asynchronous)
+        save(trainer, durable, g, len(order), counts, asynchronous)
     if asynchronous is not None:
         asynchronous.log_histograms()
     out = ctx.workdir / "model"
@@ -180,6 +194,8 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     if asynchronous is not None:
         report |= {"data_position": asynchronous.next_seq, "ledger": asynchronous.ledger.entries,
                    "resume": asynchronous.resumed}  # fmt: skip
+    if evaluator is not None:
+        report["evaluations"] = evaluator.report()
     ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"]}
     if rewards:
@@ -189,6 +205,8 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     lines = ["# GRPO", "", f"- {trainer.step} steps of {g.tasks_per_step} tasks x {g.attempts_per_task} attempts",
              f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
              f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
+    if evaluator is not None:
+        lines.append(f"- evaluations beside training: {evaluator.summary_line()}")
     return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
                        summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
                        f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
@@ -199,16 +217,32 @@ def save(
     durable: DurableCheckpoints,
     g: GRPOConfig,
     num_tasks: int,
+    counts: dict[str, int],
     asynchronous: AsyncGRPO | None = None,
 ) -> Path:
     # Async: the data position is the manager's (groups opened); the ledger of consumed groups joins the checkpoint.
     position = asynchronous.next_seq if asynchronous else trainer.step * g.tasks_per_step
     path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
                         num_examples=num_tasks, keep_last=2)  # fmt: skip
+    save_failure_counts(path, counts)
     if asynchronous is not None:
         asynchronous.write_state(path)
     durable.sync()
     return path
+
+
+def save_failure_counts(checkpoint_dir: Path, counts: dict[str, int]) -> Path:
+    """The infrastructure-failure counts so far join the checkpoint (before it is uploaded)."""
+    path = checkpoint_dir / FAILURES_FILE
+    path.write_text(json.dumps(dict(sorted(counts.items()))))
+    return path
+
+
+def load_failure_counts(checkpoint_dir: Path | None) -> dict[str, int]:
+    """The counts saved in a restored checkpoint; empty without one (or for a checkpoint written before them)."""
+    if checkpoint_dir is None or not (checkpoint_dir / FAILURES_FILE).is_file():
+        return {}
+    return {str(k): int(v) for k, v in json.loads((checkpoint_dir / FAILURES_FILE).read_text()).items()}
 
 
 def episode_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
