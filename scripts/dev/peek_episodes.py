@@ -33,7 +33,7 @@ def main() -> None:
         agent=cfg.agent,
         engine=cfg.engine,
     )
-    trajectories = asyncio.run(evaluate_model(Path(glob.glob(args.model)[0]), tasks, stage, 0, {}))
+    trajectories, _ = asyncio.run(evaluate_model(Path(glob.glob(args.model)[0]), tasks, stage, 0, {}))
     print(
         Counter(t.status.value for t in trajectories), "resolved", sum(t.reward == 1.0 for t in trajectories)
     )
