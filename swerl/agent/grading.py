@@ -9,6 +9,7 @@ is applied, and only FAIL_TO_PASS + PASS_TO_PASS run, with the task's own test c
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -51,8 +52,12 @@ def task_environment(task: TaskInstance) -> tuple[Path, str | None]:
 
 
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
-    """A sandbox in the task's starting state: its environment, with the bug applied for bug-kind tasks."""
-    return await provider.start(*task_environment(task))
+    """A sandbox in the task's starting state: its environment, with the bug applied for bug-kind tasks.
+
+    The environment is resolved in a thread: a micro repository is rendered the first time a process needs it
+    and its tree hash is checked at every start, file reads the event loop (every other episode) should not wait
+    for."""
+    return await provider.start(*await asyncio.to_thread(task_environment, task))
 
 
 async def _git(sandbox: Sandbox, args: str) -> tuple[int, str]:
