@@ -24,18 +24,17 @@ def test_refuses_more_sandbox_memory_than_the_machine_has(capsys) -> None:
     code = main(["doctor", "configs/local.yaml", "--set", f"agent.sandbox.memory_mb={per_sandbox}"])
     out = capsys.readouterr().out
     assert code == 1
-    assert (
-        "FAIL memory" in out and f"= {16 * (per_sandbox + 64 + 64)} MB" in out
-    )  # + /tmp and workspace tmpfs and "refused: memory" in out
+    per_sandbox_mb = per_sandbox + 64 + 64  # memory_mb + the /tmp tmpfs + the workspace tmpfs
+    assert "FAIL memory" in out and f"= {16 * per_sandbox_mb} MB" in out and "refused: memory" in out
 
 
 def test_refuses_a_pool_smaller_than_the_rollout_concurrency() -> None:
     cfg = load_config("configs/local.yaml", ["agent.sandbox.pool.max_concurrent=4"])
     report = diagnose(cfg)
     failed = {c.name: c.detail for c in report.checks if not c.ok}
-    assert set(failed) == {"pool.grpo.rollout_concurrency", "pool.evaluate.concurrency"}
-    assert "12 episodes would wait for a sandbox" in failed["pool.grpo.rollout_concurrency"]
-    assert report.params()["doctor.check.pool.grpo.rollout_concurrency"] == "FAIL"
+    assert set(failed) == {"pool.grpo.max_in_flight", "pool.evaluate.concurrency"}  # local.yaml: async GRPO
+    assert "12 episodes would wait for a sandbox" in failed["pool.grpo.max_in_flight"]
+    assert report.params()["doctor.check.pool.grpo.max_in_flight"] == "FAIL"
 
 
 def test_refuses_when_open_files_are_too_few() -> None:

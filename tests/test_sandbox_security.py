@@ -207,7 +207,7 @@ def test_disk_fill_is_contained(backend: Backend, env_dir: Path):
         )
         used_mb = int(fill.output.split()[-2])
         tmp = await sandbox.exec(
-            f"head -c {2 * limits.tmp_size_mb}M /dev/zero > /tmp/fill; status=$?; du -sm /tmp; exit $status",
+            f"head -c {2 * limits.tmp_size_mb}M /dev/zero > /tmp/fill; status=$?; du -smx /tmp; exit $status",
             60,
         )
         assert tmp.exit_code != 0 and int(tmp.output.split()[-2]) <= limits.tmp_size_mb
