@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.config import PipelineConfig, SandboxLimits
-from swerl.sandbox.tmpfs import can_mount
+from swerl.sandbox.tmpfs import can_hold_tmpfs
 
 FDS_PER_SANDBOX = {"local": 6, "docker": 2, "e2b": 4}
 """Host file descriptors one sandbox holds while a command runs (local: stdout, stdin and status pipes of the
@@ -157,7 +157,7 @@ def read_machine(cfg: PipelineConfig) -> dict[str, Any]:
     if "local" in backends:
         machine["bwrap_ok"], machine["bwrap"] = _bwrap_works()
         scratch = Path(cfg.agent.sandbox.workspace_dir or tempfile.gettempdir())
-        machine["tmpfs_mount_ok"], machine["tmpfs_mount"] = can_mount(scratch)
+        machine["tmpfs_mount_ok"], machine["tmpfs_mount"] = can_hold_tmpfs(scratch)
     reachable, networks, detail = _docker_state()
     machine["dockerd_reachable"], machine["docker_networks"], machine["docker"] = reachable, networks, detail
     if "e2b" in backends:

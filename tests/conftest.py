@@ -133,3 +133,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def micro_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
+    cache = tmp_path_factory.getbasetemp() / "swerl-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWERL_CACHE_DIR", str(cache))
+        yield cache

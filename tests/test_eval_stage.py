@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from swerl.storage import Store
 from swerl.tracking import Tracker
 from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODIFIERS = ["flip_comparison", "swap_binop", "off_by_one"]
@@ -95,15 +94,6 @@ class Env:
     def eval_runs(self, stage_run_id: str) -> list[Any]:
         experiment = self.tracker.client.get_run(stage_run_id).info.experiment_id
         return self.tracker.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{stage_run_id}'")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
-    cache = tmp_path_factory.getbasetemp() / "swerl-cache"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SWERL_CACHE_DIR", str(cache))
-        yield cache
 
 
 def make_env(root: Path) -> Env:
@@ -245,7 +235,7 @@ def _wait_for_deployment(name: str, deadline: float) -> Any:
 
 
 def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoints(
-    prefect_api: str, tmp_path: Path, _cache: Path
+    prefect_api: str, tmp_path: Path, micro_cache: Path
 ) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
@@ -274,7 +264,7 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = tmp_path / "serve.log"
-    child_env = {**os.environ, "PREFECT_API_URL": prefect_api, "SWERL_CACHE_DIR": str(_cache)}
+    child_env = {**os.environ, "PREFECT_API_URL": prefect_api, "SWERL_CACHE_DIR": str(micro_cache)}
     with open(log_path, "wb") as log:
         serve = subprocess.Popen([sys.executable, "-m", "swerl.cli", "serve", str(config_path)], cwd=REPO_ROOT,
                                  stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)  # fmt: skip

@@ -15,8 +15,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -37,7 +37,7 @@ from swerl.tracking import Tracker
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.model import build_tiny_model, save_model_and_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 B, N = 2, 2
 GRPO = GRPOConfig(mode="async", steps=2, tasks_per_step=B, attempts_per_task=N, max_in_flight=4, checkpoint_every=1,
@@ -69,16 +69,8 @@ class Env:
         return sorted((m.step, m.value) for m in history)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SWERL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "swerl-cache"))
-        yield
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, _cache: None) -> Env:
+def env(tmp_path_factory: pytest.TempPathFactory, micro_cache: Path) -> Env:
     """curate (clean micro tasks: 6 train, 2 held out) and sft (a tiny untrained model), by literal stages."""
     root = tmp_path_factory.mktemp("grpo-async-eval")
     store, tracker = Store(f"file://{root}/store"), Tracker(f"sqlite:///{root}/mlflow.db", "grpo-async-eval")

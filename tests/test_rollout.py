@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,11 @@ from swerl.storage import Store
 from swerl.train.grpo_trainer import GRPOTrainer, score_groups
 from swerl.train.model import build_tiny_model
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 PROFILE = EpisodeProfile(max_turns=4, turn_latency_s=0.01, turn_cap_share=0.5)
 LIMITS = EpisodeLimits(max_turns=4, max_trajectory_tokens=2048, max_new_tokens_per_turn=64, command_timeout_s=20,
                        test_timeout_s=30)  # fmt: skip
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SWERL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "swerl-cache"))
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +50,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBa
 
 
 @pytest.fixture(scope="module")
-def tasks(_cache: None) -> list[TaskInstance]:
+def tasks(micro_cache: Path) -> list[TaskInstance]:
     return clean_micro_tasks(4)
 
 

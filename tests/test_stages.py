@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from swerl.tracking import Tracker
 from swerl.train.model import load_model_and_tokenizer
 from swerl.train.sft import replan_after
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
 
 TEST_COMMAND = "python run_tests.py -q"
 MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
@@ -103,14 +102,6 @@ class Env:
         assert manifest.mlflow_run_id
         history = self.tracker.client.get_metric_history(manifest.mlflow_run_id, key)
         return sorted((m.step, m.value) for m in history)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Micro repositories materialize under the test session's folder, never the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SWERL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "swerl-cache"))
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,13 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
 from swerl.sandbox.process import BoundedOutput, kill_group, kill_processes_mentioning, read_status
-from swerl.sandbox.tmpfs import TmpfsHolder, can_mount, hold_tmpfs
+from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, hold_tmpfs, holder_tools
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,9 @@ class LocalSandbox:
     async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
         if self._closed:
             raise InfraError("sandbox_died", f"sandbox {self.root} is closed")
-        status_read, status_write = os.pipe()
         if self.holder is not None and not self.holder.alive:
             raise InfraError("sandbox_died", f"the process holding sandbox {self.root}'s workspace has ended")
+        status_read, status_write = os.pipe()
         command = [
             *(self.holder.enter_args() if self.holder is not None else []),
             *self._prlimit_args,
@@ -323,13 +324,10 @@ class LocalSandboxProvider:
         if self.workspace_quota == "none":
             return False
         parent = self.root_dir or Path(tempfile.gettempdir())
-        missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
-        allowed, why = (
-            (False, f"{' and '.join(missing)} not found (util-linux)") if missing else can_mount(parent)
-        )
+        allowed, why = can_hold_tmpfs(parent)
         if allowed:
             assert self._tools is not None
-            self._tools |= {tool: str(shutil.which(tool)) for tool in ("unshare", "nsenter")}
+            self._tools |= holder_tools() or {}
             return True
         if self.workspace_quota == "tmpfs":
             raise InfraError(
@@ -352,21 +350,19 @@ class LocalSandboxProvider:
 
         workspace = root / "workspace"
         shutil.copytree(env_dir, workspace, symlinks=True, ignore=_COPY_IGNORE)
-        enter: list[str] = []
-        cwd = workspace
-        if holder is not None:
-            cwd = holder.root / "workspace"
-            # nsenter --wd opens its directory before entering the namespace: cd inside instead
-            enter = [*holder.enter_args(), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(cwd)]
+
+        def in_workspace(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+            if holder is None:
+                return subprocess.run(
+                    argv, cwd=workspace, capture_output=True, text=True, timeout=120, **kwargs
+                )
+            # inside the holder's namespace; nsenter --wd would open its directory before entering it: cd there
+            inner = str(holder.root / "workspace")
+            command = [*holder.enter_args(), "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner, *argv]
+            return subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+
         if setup_patch:
-            applied = subprocess.run(
-                [*enter, "git", "apply", "--whitespace=nowarn", "-"],
-                input=setup_patch,
-                cwd=None if enter else cwd,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            applied = in_workspace(["git", "apply", "--whitespace=nowarn", "-"], input=setup_patch)
             if applied.returncode != 0:
                 raise InfraError(
                     "start_failed", f"setup patch does not apply to {env_dir}: {applied.stderr.strip()}"
@@ -383,8 +379,7 @@ class LocalSandboxProvider:
                 "init.defaultBranch=main",
             ]
             for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"]):
-                subprocess.run([*enter, *git, *args], cwd=None if enter else cwd, check=True, capture_output=True,
-                               timeout=120)  # fmt: skip
+                in_workspace([*git, *args], check=True)
         etc = root / "etc"
         etc.mkdir()
         (etc / "passwd").write_text(

@@ -20,6 +20,8 @@ import contextlib
 import ctypes
 import errno
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from swerl.errors import InfraError
@@ -56,10 +58,26 @@ def unmount(path: Path) -> None:
             raise OSError(code, f"umount {path}: {os.strerror(code)}")
 
 
+HOLDER_TOOLS = ("setpriv", "unshare", "nsenter")
+"""util-linux tools a holder needs (setpriv is required by local sandboxes anyway)."""
+
+
+def holder_tools() -> dict[str, str] | None:
+    """Paths of the holder's tools, or None if one is missing."""
+    found = {tool: shutil.which(tool) for tool in HOLDER_TOOLS}
+    return None if None in found.values() else {tool: str(path) for tool, path in found.items()}
+
+
+def can_hold_tmpfs(probe_parent: Path) -> tuple[bool, str]:
+    """Whether size-capped workspaces work here: the holder's tools are installed and this process may mount."""
+    if holder_tools() is None:
+        missing = [tool for tool in HOLDER_TOOLS if shutil.which(tool) is None]
+        return False, f"{' and '.join(missing)} not found (install util-linux)"
+    return can_mount(probe_parent)
+
+
 def can_mount(probe_parent: Path) -> tuple[bool, str]:
     """Whether this process may mount a tmpfs (tried for real on a scratch directory under probe_parent)."""
-    import tempfile
-
     probe_parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="swerl-mount-probe-", dir=probe_parent))
     try:
@@ -74,7 +92,7 @@ def can_mount(probe_parent: Path) -> tuple[bool, str]:
 
 
 _HOLDER_SCRIPT = (
-    'mount -t tmpfs -o "size=${SWERL_TMPFS_MB}m,mode=0700,nosuid,nodev" swerl-sandbox "$SWERL_TMPFS_ROOT" '
+    'mount -t tmpfs -o "size=${SWERL_TMPFS_MB}m,mode=0700,nosuid,nodev" "$SWERL_TMPFS_SOURCE" "$SWERL_TMPFS_ROOT" '
     "&& echo ready && exec sleep infinity"
 )
 
@@ -115,6 +133,7 @@ async def hold_tmpfs(root: Path, size_mb: int, tools: dict[str, str], timeout_s:
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "SWERL_TMPFS_MB": str(size_mb),
         "SWERL_TMPFS_ROOT": str(root),
+        "SWERL_TMPFS_SOURCE": SOURCE.decode(),
     }
     proc = await asyncio.create_subprocess_exec(
         tools["setpriv"], "--pdeathsig", "KILL", "--",
