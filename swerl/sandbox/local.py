@@ -141,6 +141,11 @@ class LocalSandbox:
         except OSError as exc:
             os.close(status_read)
             raise InfraError("start_failed", f"cannot spawn bubblewrap: {exc}") from exc
+        except BaseException:
+            # Cancelled mid-spawn: asyncio killed the process alone, maybe orphaning its namespace's init.
+            os.close(status_read)
+            self._killed = True  # so close() sweeps for it
+            raise
         finally:
             os.close(status_write)
         self._running.add(proc)
