@@ -285,3 +285,65 @@ def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str):
 def test_workspace_quota_is_checked():
     with pytest.raises(ValueError, match="workspace_quota must be auto, tmpfs or none"):
         LocalSandboxProvider(sys.executable, workspace_quota="quota")
+
+
+_HOLD_A_SANDBOX = """
+import asyncio, sys
+from pathlib import Path
+from swerl.sandbox.local import LocalSandboxProvider
+
+async def main():
+    provider = LocalSandboxProvider(sys.executable, root_dir=sys.argv[1], workspace_quota=sys.argv[3])
+    sandbox = await provider.start(Path(sys.argv[2]))
+    print(sandbox.root, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("quota", ["auto", "none"])
+def test_a_dead_runs_sandbox_directories_are_swept(tmp_path: Path, env_dir: Path, quota: str):
+    """A run SIGKILLed with a sandbox open leaves its directory (whole workspace with quota none, an empty
+    directory with the tmpfs); the next provider's first start removes it, and leaves alone a live process's
+    directory and one whose name says no owner."""
+    import subprocess
+
+    from swerl.sandbox.process import owner_tag
+
+    root = tmp_path / "sandboxes"
+    dead = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_SANDBOX, str(root), str(env_dir), quota],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    try:
+        assert dead.stdout is not None
+        dead_dir = Path(dead.stdout.readline().strip())
+        assert dead_dir.parent == root.resolve() and dead_dir.name.startswith(
+            f"swerl-sbx-{owner_tag(dead.pid)}-"
+        )
+        dead.kill()
+        dead.wait(10)
+        assert dead_dir.is_dir()  # what a crash leaves
+        assert (dead_dir / "workspace" / "pkg" / "mod.py").exists() == (quota == "none")
+        live_dir = root / f"swerl-sbx-{owner_tag(live.pid)}-abc123"
+        unowned_dir = root / "swerl-sbx-abc123"
+        for directory in (live_dir, unowned_dir):
+            (directory / "workspace").mkdir(parents=True)
+        recycled = root / f"swerl-sbx-{live.pid}-1-abc123"  # the live pid with another start time: dead
+
+        recycled.mkdir()
+        provider = LocalSandboxProvider(sys.executable, root_dir=root, workspace_quota=quota)
+
+        async def body() -> None:
+            sandbox = await provider.start(env_dir)
+            await sandbox.close()
+
+        run(body())
+        assert sorted(p.name for p in root.iterdir()) == sorted([live_dir.name, unowned_dir.name])
+    finally:
+        for process in (dead, live):
+            process.kill()
+            process.wait(10)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -27,7 +28,14 @@ from typing import Any
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
-from swerl.sandbox.process import BoundedOutput, kill_group, kill_processes_mentioning, read_status
+from swerl.sandbox.process import (
+    BoundedOutput,
+    kill_group,
+    kill_processes_mentioning,
+    owner_alive,
+    owner_tag,
+    read_status,
+)
 from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, hold_tmpfs, holder_tools
 
 log = logging.getLogger(__name__)
@@ -38,6 +46,35 @@ _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "loca
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 MiB = 1024 * 1024
+
+SANDBOX_PREFIX = "swerl-sbx-"
+_OWNED = re.compile(rf"^{SANDBOX_PREFIX}(\d+-\d+)-")
+"""A sandbox directory is named `swerl-sbx-PID-STARTTIME-RANDOM` after the process that made it (owner_tag)."""
+
+
+def sweep_dead_sandboxes(parent: Path) -> list[Path]:
+    """Remove the sandbox directories under `parent` whose owning process is gone (a run that was SIGKILLed).
+
+    A run that dies leaves its directories behind: empty ones (the tmpfs died with its holder) or whole workspaces
+    (workspace_quota none). The owner in the name tells a dead run's directory from a live one of another run,
+    which emptiness cannot. Directories without an owner in their name, and mount points, are left alone.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        match = _OWNED.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False) or owner_alive(match.group(1)):
+            continue
+        path = Path(entry.path)
+        if os.path.ismount(path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
 
 
 class LocalSandbox:
@@ -245,6 +282,7 @@ class LocalSandboxProvider:
         self.workspace_mb = workspace_mb
         self.workspace_quota = workspace_quota
         self._mount: bool | None = None  # decided at the first start (auto: whether this process may mount)
+        self._swept = False  # dead runs' sandbox directories are removed at the first start
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
 
@@ -277,7 +315,14 @@ class LocalSandboxProvider:
             self.root_dir.mkdir(parents=True, exist_ok=True)
         if self._mount is None:
             self._mount = await asyncio.to_thread(self._decide_mount)
-        root = Path(tempfile.mkdtemp(prefix="swerl-sbx-", dir=self.root_dir)).resolve()
+        if not self._swept:
+            self._swept = True
+            parent = self.root_dir or Path(tempfile.gettempdir())
+            removed = await asyncio.to_thread(sweep_dead_sandboxes, parent)
+            if removed:
+                log.warning("removed %d sandbox directories of dead runs under %s", len(removed), parent)
+        prefix = f"{SANDBOX_PREFIX}{owner_tag()}-"
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
         holder: TmpfsHolder | None = None
         try:
             if self._mount:

@@ -85,3 +85,34 @@ def _skip_space(text: str, pos: int) -> int:
     while pos < len(text) and text[pos].isspace():
         pos += 1
     return pos
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone.
+
+    A pid with its start time names one process for good: a recycled pid has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm (field 2) may hold spaces and parentheses: the fields after it follow the last ')'
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19])  # field 22 of the whole line is the 20th after comm
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """`PID-STARTTIME` of a process (default: this one): put in a directory name, it tells whether the process
+    that made the directory still lives."""
+    pid = os.getpid() if pid is None else pid
+    start = process_start_time(pid)
+    if start is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return f"{pid}-{start}"
+
+
+def owner_alive(tag: str) -> bool:
+    """Whether the process an owner_tag names is still running (same pid, same start time)."""
+    pid, _, start = tag.partition("-")
+    return process_start_time(int(pid)) == int(start)
