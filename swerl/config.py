@@ -472,6 +472,11 @@ class GRPOConfig(StrictModel):
     """async: a group whose valid attempts all got the same reward (no gradient) does not fill one of the B slots."""
     max_extra_groups_per_step: int = Field(32, ge=0, le=1_000_000)
     """async: groups without gradient discarded per step at most; past it they fill slots (and teach nothing)."""
+    prewarm_groups: int = Field(0, ge=0, le=1_000_000)
+    """async: groups past the newest open one whose n sandboxes are started ahead (SandboxPool.warm_ahead), so an
+    attempt's start is a hand-out, not a sandbox start; warming uses only sandbox slots no attempt waits for, so
+    agent.sandbox.pool.max_concurrent should hold max_in_flight + prewarm_groups x attempts_per_task (doctor
+    counts them); 0: every attempt starts its sandbox itself."""
     tis_level: Literal["token", "sequence"] = "token"
     """Truncated importance sampling per token, or per trajectory (product of its token weights)."""
     mis_low: float = Field(0.0, ge=0, le=1)

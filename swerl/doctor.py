@@ -188,7 +188,9 @@ def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits
         "curate.validation_workers": (cfg.curate.validation_workers, cfg.curate.sandbox),
         "traces.workers": (cfg.traces.workers, cfg.agent.sandbox),
         "grpo." + ("max_in_flight" if g.mode == "async" else "rollout_concurrency"): (
-            g.max_in_flight if g.mode == "async" else g.rollout_concurrency,
+            g.max_in_flight + g.prewarm_groups * g.attempts_per_task
+            if g.mode == "async"
+            else g.rollout_concurrency,
             cfg.agent.sandbox,
         ),
         "evaluate.concurrency": (cfg.evaluate.concurrency, cfg.agent.sandbox),

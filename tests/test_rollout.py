@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from benchmarks.grpo_async import agent_episode, clean_micro_tasks, emulation_tokenizer
 from swerl.agent.episode import EpisodeLimits
+from swerl.agent.grading import task_environment
 from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import ConfigError, load_config
 from swerl.data.schema import TaskInstance
@@ -33,6 +34,7 @@ from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
 from swerl.sandbox.base import ExecResult, Sandbox
 from swerl.sandbox.local import LocalSandboxProvider
+from swerl.sandbox.pool import SandboxPool
 from swerl.storage import Store
 from swerl.train.grpo_trainer import GRPOTrainer, score_groups
 from swerl.train.model import build_tiny_model
@@ -400,6 +402,46 @@ class KillingProvider:
 
     async def start(self, env_dir: Path, setup_patch: str | None = None) -> Sandbox:
         return KillableSandbox(await self.inner.start(env_dir, setup_patch), self)
+
+
+def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
+    tokenizer: PreTrainedTokenizerBase, tasks: list[TaskInstance], tmp_path: Path
+) -> None:
+    """grpo.prewarm_groups: when a group opens, the next one's sandboxes start (SandboxPool.warm_ahead), so its
+    attempts get ready sandboxes; each group is warmed once, in data order, and nothing is left after close."""
+    sandboxes = tmp_path / "sandboxes"
+    pool = SandboxPool(
+        LocalSandboxProvider(sys.executable, git_baseline=True, root_dir=sandboxes), max_concurrent=8
+    )
+    episode = agent_episode(pool, tokenizer, LIMITS, 1, {})
+    engine = EmulatedEngine(
+        tokenizer, EpisodeProfile(max_turns=4, turn_latency_s=0.2, turn_cap_share=0.5), seed=3
+    )
+    warmed: list[TaskInstance] = []
+
+    async def prewarm(task: TaskInstance) -> None:
+        warmed.append(task)
+        pool.warm_ahead(*await asyncio.to_thread(task_environment, task), 2)
+
+    async def run() -> int:
+        async with pool:
+            manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=2,
+                                     max_in_flight=2, max_buffered_groups=4, journal=RolloutJournal(None, "x"),
+                                     prewarm=prewarm, prewarm_groups=1)  # fmt: skip
+            manager.start()
+            for _ in range(3):
+                await manager.get()
+            await manager.close()
+            return manager.started
+
+    started = asyncio.run(run())
+    # Each group after the first was warmed once, in data order, one group ahead of the newest open one.
+    assert warmed == [tasks[seq % len(tasks)] for seq in range(1, len(warmed) + 1)] and len(warmed) >= 3
+    # Group 0 started cold; every later attempt took a sandbox warmed for it.
+    counters = dict(pool.counters)
+    assert counters["start.cold"] == 2 and counters["start.warm"] >= 4, counters
+    assert counters["start.cold"] + counters["start.warm"] <= started  # (the last may be cancelled before it)
+    assert list(sandboxes.iterdir()) == []
 
 
 def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_cause(

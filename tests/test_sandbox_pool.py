@@ -129,6 +129,39 @@ def test_warm_pool_hands_out_ready_sandboxes_and_refills(
     asyncio.run(body())
 
 
+def test_warm_ahead_serves_one_group_then_forgets(
+    local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
+) -> None:
+    """warm_ahead(count) starts `count` sandboxes for the next starts of that state and refills nothing: a group's
+    attempts take them as they start; one that came before they were ready went cold and a spare is closed."""
+
+    async def body() -> None:
+        async with SandboxPool(local, max_concurrent=8) as pool:
+            pool.warm_ahead(env_dir, PATCH, 3)
+            pool.warm_ahead(env_dir, PATCH, 0)  # nothing
+            early = await pool.start(env_dir, PATCH)  # before any is ready: cold, and one fewer is wanted
+            assert not early.warm
+            await pool.wait_warm(60)
+            await pool.drain()  # the third warm start arrives unwanted and is closed
+            assert pool.warm_ready(env_dir, PATCH) == 2 and pool.counters["warm.unused"] == 1
+            taken = [await pool.start(env_dir, PATCH) for _ in range(2)]
+            assert all(s.warm for s in taken) and pool.counters["start.warm"] == 2
+            out = await taken[0].exec("python -c 'from pkg.mod import answer; print(answer())'", 30)
+            assert out.output == "42\n"
+            assert pool.warm_ready() == 0 and pool._warm == {}  # spent: nothing refills
+            late = await pool.start(env_dir, PATCH)
+            assert not late.warm and pool._warm == {}
+            for s in (early, *taken, late):
+                await s.close()
+            # Leftovers of a group that never started are closed with the pool.
+            pool.warm_ahead(env_dir, None, 2)
+            await pool.wait_warm(60)
+            assert pool.warm_ready(env_dir) == 2
+        assert leftovers(sandboxes) == []
+
+    asyncio.run(body())
+
+
 def test_sandbox_seconds_and_cost(local: LocalSandboxProvider, env_dir: Path) -> None:
     async def body() -> None:
         async with SandboxPool(local, price_per_sandbox_hour=3.6) as pool:

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -50,6 +50,10 @@ class RolloutManager(Generic[TaskT]):
         max_in_flight: attempts running at once.
         max_buffered_groups: finished groups held before no new group opens.
         journal: where finished attempts are persisted.
+        prewarm: called (as a background task) with the task of each of the next `prewarm_groups` groups as soon
+            as the group before it opens, so their sandboxes start while slots are busy (SandboxPool.warm_ahead);
+            its failure is logged, never raised (the attempts then start cold).
+        prewarm_groups: how many groups past the newest open one are warmed ahead (0: none).
     """
 
     def __init__(
@@ -62,7 +66,11 @@ class RolloutManager(Generic[TaskT]):
         max_in_flight: int,
         max_buffered_groups: int,
         journal: RolloutJournal,
+        prewarm: Callable[[TaskT], Awaitable[None]] | None = None,
+        prewarm_groups: int = 0,
     ) -> None:
+        if prewarm_groups < 0:
+            raise ValueError(f"prewarm_groups must be >= 0, got {prewarm_groups}")
         if n_attempts < 1 or max_in_flight < 1 or max_buffered_groups < 1:
             raise ValueError(
                 f"n_attempts ({n_attempts}), max_in_flight ({max_in_flight}) and max_buffered_groups "
@@ -85,6 +93,10 @@ class RolloutManager(Generic[TaskT]):
         self._closed = False
         self.started = self.finished = 0  # attempts
         self.busy_since: float | None = None
+        self.prewarm = prewarm
+        self.prewarm_groups = prewarm_groups if prewarm is not None else 0
+        self._prewarmed_to = -1  # groups up to this seq have been warmed ahead (or opened)
+        self._prewarming: set[asyncio.Task[None]] = set()
 
     # -- resume -------------------------------------------------------------------------------------------------
 
@@ -125,6 +137,7 @@ class RolloutManager(Generic[TaskT]):
                 seq, self.next_seq = self.next_seq, self.next_seq + 1
                 self._open[seq] = _OpenGroup(0, {})
                 self._pending.extend((seq, 0, attempt) for attempt in range(self.n_attempts))
+                self._warm_ahead(seq)
             seq, generation, attempt = self._pending.popleft()
             task = asyncio.create_task(self._run(seq, generation, attempt), name=f"attempt-{seq}-{attempt}")
             self._running.add(task)
@@ -132,6 +145,26 @@ class RolloutManager(Generic[TaskT]):
             self.started += 1
         if self._running and self.busy_since is None:
             self.busy_since = time.monotonic()
+
+    def _warm_ahead(self, opened: int) -> None:
+        """Warm the next prewarm_groups groups after `opened` (each once; a group opened unwarmed starts cold)."""
+        if self.prewarm is None or self._closed:
+            return
+        self._prewarmed_to = max(self._prewarmed_to, opened)
+        while self._prewarmed_to < opened + self.prewarm_groups:
+            self._prewarmed_to += 1
+            task = asyncio.create_task(
+                self._prewarm_one(self._prewarmed_to), name=f"prewarm-{self._prewarmed_to}"
+            )
+            self._prewarming.add(task)
+            task.add_done_callback(self._prewarming.discard)
+
+    async def _prewarm_one(self, seq: int) -> None:
+        assert self.prewarm is not None
+        try:
+            await self.prewarm(self.task_at(seq))
+        except Exception as error:  # noqa: BLE001 - warming is an optimisation: the group starts cold
+            logger.warning("rollout manager: warming group %d ahead failed: %r", seq, error)
 
     async def _run(self, seq: int, generation: int, attempt: int) -> None:
         started = time.time()
@@ -181,6 +214,8 @@ class RolloutManager(Generic[TaskT]):
         """Cancel every running attempt (their finished siblings stay in the journal); an attempt whose
         cancellation does not finish within timeout_s is abandoned with a warning, never waited on forever."""
         self._closed = True
+        for task in list(self._prewarming):
+            task.cancel()
         running = list(self._running)
         for task in running:
             task.cancel()

@@ -5,7 +5,7 @@ the per-step metrics (MLflow) and log line."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +65,16 @@ class AsyncGRPO:
         save: Callable[[], Any],
         step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
         on_export: Callable[[Path, int], None] | None = None,
+        prewarm: Callable[[TaskInstance], Awaitable[None]] | None = None,
     ) -> None:
         """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
-        step) sees each exported checkpoint (the stage's evaluation beside training)."""
+        step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the
+        sandboxes of a group grpo.prewarm_groups ahead of its opening."""
         g, ctx = self.g, self.ctx
         manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.attempts_per_task,
                                  max_in_flight=g.max_in_flight, max_buffered_groups=g.buffered_groups,
-                                 journal=self.journal)  # fmt: skip
+                                 journal=self.journal, prewarm=prewarm,
+                                 prewarm_groups=g.prewarm_groups)  # fmt: skip
         self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger)
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
         started = time.monotonic()

@@ -80,6 +80,8 @@ class _Warm:
     target: int
     ready: list[tuple[Sandbox, float]] = field(default_factory=list)
     starting: int = 0
+    refill: bool = True
+    """False for warm_ahead: `target` counts the starts still expected and falls with each one (warm or cold)."""
 
 
 class SandboxPool:
@@ -126,11 +128,16 @@ class SandboxPool:
         """A warm sandbox for this starting state if one is ready (refilled in the background), else a cold one."""
         key = warm_key(env_dir, setup_patch)
         warm = self._warm.get(key)
+        if warm is not None and not warm.refill:
+            warm.target -= 1  # one expected start happens now, warm or cold
         if warm is not None and warm.ready:
             inner, requested_at = warm.ready.pop()
             self.counters["start.warm"] += 1
             self._refill(key)
+            self._forget_if_spent(key, warm)
             return self._hand_out(inner, requested_at, warm=True)
+        if warm is not None:
+            self._forget_if_spent(key, warm)
         self.counters["start.cold"] += 1
         await self._acquire_slot()
         requested_at = self.clock()
@@ -160,8 +167,30 @@ class SandboxPool:
         """Keep `size` (default warm_size) sandboxes of this starting state ready; refilled after each hand-out."""
         target = self.warm_size if size is None else size
         key = warm_key(env_dir, setup_patch)
-        self._warm.setdefault(key, _Warm(target=target)).target = target
+        warm = self._warm.setdefault(key, _Warm(target=target))
+        warm.target, warm.refill = target, True
         self._refill(key)
+
+    def warm_ahead(self, env_dir: Path | str, setup_patch: str | None, count: int) -> None:
+        """Start `count` sandboxes of this starting state now for the next `count` starts of it (a GRPO group
+        about to open), with free slots only; nothing is refilled. A start that finds none ready yet starts cold
+        and one warm sandbox fewer is kept; leftovers are closed by stop_warming or aclose."""
+        if count < 1:
+            return
+        key = warm_key(env_dir, setup_patch)
+        warm = self._warm.get(key)
+        if warm is None:
+            warm = self._warm[key] = _Warm(target=0, refill=False)
+        if warm.refill:  # already kept warm by keep_warm: that covers it
+            return
+        warm.target += count
+        self.counters["warm.ahead"] += count
+        self._refill(key)
+
+    def _forget_if_spent(self, key: WarmKey, warm: _Warm) -> None:
+        """Drop a warm_ahead key once every expected start has happened (closing what is still ready)."""
+        if not warm.refill and warm.target <= 0 and self._warm.get(key) is warm:
+            self.stop_warming(*key)
 
     def stop_warming(self, env_dir: Path | str, setup_patch: str | None = None) -> None:
         """Stop keeping this starting state warm and close its ready sandboxes."""
@@ -209,8 +238,9 @@ class SandboxPool:
             log.warning("warm start of %s failed: %s", key[0], exc)
             return
         warm.starting -= 1
-        if self._closing or self._warm.get(key) is not warm:
-            self._close_in_background(inner, requested_at)
+        if self._closing or self._warm.get(key) is not warm or len(warm.ready) >= warm.target:
+            self._close_in_background(inner, requested_at)  # no longer wanted (a warm_ahead start went cold)
+            self.counters["warm.unused"] += 1
             return
         warm.ready.append((inner, requested_at))
 

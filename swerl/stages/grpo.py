@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from swerl.agent.episode import run_episode
+from swerl.agent.grading import task_environment
 from swerl.agent.trajectory import Trajectory
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
 from swerl.data.schema import TaskInstance
@@ -132,13 +133,17 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
+            async def prewarm(task: TaskInstance) -> None:  # a group's sandboxes, started before it opens
+                provider.warm_ahead(*await asyncio.to_thread(task_environment, task), g.attempts_per_task)
+
             if asynchronous is not None:
                 trained = False
                 try:
                     await asynchronous.run(trainer, engine, episode, counts, history,
                                            lambda: save(trainer, durable, g, len(order), counts, asynchronous),
                                            lambda groups: episode_stats(groups) | provider.step_metrics(),
-                                           on_export=evaluator.after_export if evaluator else None)  # fmt: skip
+                                           on_export=evaluator.after_export if evaluator else None,
+                                           prewarm=prewarm)  # fmt: skip
                     trained = True
                 finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval_at_end
                     if evaluator is not None:
