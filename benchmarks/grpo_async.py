@@ -152,13 +152,13 @@ async def async_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: Epi
     return history
 
 
-def benchmark_steps(work: Path, quick: bool) -> dict[str, Any]:
+def benchmark_steps(work: Path, quick: bool, in_flight: int | None = None) -> dict[str, Any]:
     tokenizer = emulation_tokenizer(work / "tokenizer")
     profile = EpisodeProfile(max_turns=12, turn_latency_s=1.0, weight_sync_s=0.05)
     limits = EpisodeLimits(max_turns=profile.max_turns, max_trajectory_tokens=2048, max_new_tokens_per_turn=64,
                            command_timeout_s=20, test_timeout_s=30)  # fmt: skip
     b, n = 4, 4
-    in_flight = 4 * b * n
+    in_flight = in_flight or 4 * b * n
     sync_count, async_count = (2, 4) if quick else (3, 8)
     tasks = clean_micro_tasks(16)
     provider = LocalSandboxProvider(sys.executable, git_baseline=True)
@@ -289,13 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps, shorter windows (a smoke run)")
     parser.add_argument("--skip", choices=["steps", "throughput"], action="append", default=[])
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--in-flight", type=int, default=None,
+                        help="benchmark 1: async trajectories in flight (default 4 x B x n = 64)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="swerl-bench-grpo-async-") as tmp:
         work = Path(tmp)
         if "steps" not in args.skip:
-            results["steps"] = steps = benchmark_steps(work, args.quick)
+            results["steps"] = steps = benchmark_steps(work, args.quick, args.in_flight)
             print(f"[1] step time sync {steps['sync_step_s']:.1f} s, async {steps['async_step_s']:.1f} s: "
                   f"{steps['speedup']:.2f}x (target >= 3x); async trainer waiting {100 * steps['async_wait_share']:.0f}% "
                   f"(target <= 10%; sync {100 * steps['sync_wait_share']:.0f}%)", flush=True)  # fmt: skip

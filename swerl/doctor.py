@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.config import PipelineConfig, SandboxLimits
+from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
 from swerl.sandbox.tmpfs import can_hold_tmpfs
 
 FDS_PER_SANDBOX = {"local": 6, "docker": 2, "e2b": 4}
@@ -187,7 +187,7 @@ def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits
     return {
         "curate.validation_workers": (cfg.curate.validation_workers, cfg.curate.sandbox),
         "traces.workers": (cfg.traces.workers, cfg.agent.sandbox),
-        "grpo." + ("max_in_flight" if g.mode == "async" else "rollout_concurrency"): (
+        "grpo." + _grpo_concurrency_name(g): (
             g.max_in_flight + g.prewarm_groups * g.attempts_per_task
             if g.mode == "async"
             else g.rollout_concurrency,
@@ -195,6 +195,12 @@ def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits
         ),
         "evaluate.concurrency": (cfg.evaluate.concurrency, cfg.agent.sandbox),
     }
+
+
+def _grpo_concurrency_name(g: GRPOConfig) -> str:
+    if g.mode == "sync":
+        return "rollout_concurrency"
+    return "max_in_flight" + ("+prewarm_groups*attempts_per_task" if g.prewarm_groups else "")
 
 
 def _sandboxes(concurrency: int, limits: SandboxLimits, pooled: bool) -> int:
