@@ -156,10 +156,12 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
 ) -> None:
     """eval_every 1 over 3 steps. The first evaluation is held open until the trainer has started step 3 (so step 2
     comes due while it runs: skipped and counted); had the trainer or the rollouts waited for it, the stage would
-    never end. Every evaluation logs eval/* at the step it evaluated; nothing is left running afterwards."""
+    never end. Every evaluation logs eval/* at the step it evaluated; nothing is left running afterwards (warm
+    sandboxes of groups warmed ahead included)."""
     steps = 3
     g = GRPO.model_copy(update={"steps": steps, "checkpoint_every": 0, "eval_every": 1, "eval_tasks": 2,
-                                "eval_attempts": 1, "eval_concurrency": 2, "eval_temperature": 0.7})  # fmt: skip
+                                "eval_attempts": 1, "eval_concurrency": 2, "eval_temperature": 0.7,
+                                "prewarm_groups": 1})  # fmt: skip
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     real_step, real_evaluate = GRPOTrainer.train_step, grpo_eval.evaluate_model
     step_started: list[float] = []
@@ -212,6 +214,9 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
     skipped = [(step, float(count)) for count, step in enumerate(evaluations["skipped"], 1)]
     assert env.metric(manifest, "eval/skipped") == skipped
     assert len(env.metric(manifest, "train/reward_mean")) == steps
+    # prewarm_groups 1: groups after the first found their sandboxes started (and their environment prepared)
+    assert env.metric(manifest, "train/pool/warm.ahead")[-1][1] > 0
+    assert env.metric(manifest, "train/pool/start.warm")[-1][1] > 0
     # Nothing left running: no evaluation or engine thread, no child process (sandbox, engine server).
     deadline = time.monotonic() + 10
     while leftover_threads() and time.monotonic() < deadline:

@@ -159,6 +159,12 @@ class EnvironmentPlanner:
             self.counters["prepared"] += 1
             return handle
 
+    async def __aenter__(self) -> EnvironmentPlanner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Cancel preparations nobody waits for any more."""
         for task in self._prepared.values():

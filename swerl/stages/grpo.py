@@ -31,6 +31,7 @@ from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
 from swerl.rollout.stage import AsyncGRPO
+from swerl.sandbox.envs import EnvironmentPlanner, ProviderEnvironments
 from swerl.stage import StageContext, StageResult
 from swerl.stages.common import (
     DurableCheckpoints,
@@ -112,13 +113,16 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
     limits = episode_limits(cfg.agent)
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
+    pool_cfg = cfg.agent.sandbox.pool
     counts = load_failure_counts(resume)
     history: list[dict[str, float]] = []
     asynchronous = AsyncGRPO(ctx, g, order, resume) if g.mode == "async" else None
     evaluator = checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None
 
     async def loop() -> None:
-        async with provider, open_engine(
+        planner = EnvironmentPlanner(ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute,
+                                     burst=pool_cfg.pull_burst)  # fmt: skip
+        async with provider, planner, open_engine(
             cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
             concurrency=g.max_in_flight if asynchronous else g.rollout_concurrency,
             log_dir=ctx.workdir / "engines",
@@ -133,7 +137,10 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
-            async def prewarm(task: TaskInstance) -> None:  # a group's sandboxes, started before it opens
+            async def prewarm(task: TaskInstance) -> None:
+                """A group's environment (docker: its image) prepared once at the configured pull rate, then its
+                n sandboxes started, before the group opens (grpo.prewarm_groups)."""
+                await planner.environment(task)
                 provider.warm_ahead(*await asyncio.to_thread(task_environment, task), g.attempts_per_task)
 
             if asynchronous is not None:
