@@ -319,3 +319,43 @@ def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
     )
     assert trajectory.status is EpisodeStatus.MALFORMED and trajectory.reward == 0.0
     assert trajectory.malformed_tool_calls == 2 == trajectory.num_turns
+
+
+@pytest.mark.parametrize("template", ["swerl", "trimming"])
+def test_one_render_per_turn_cuts_where_two_renders_did(
+    tokenizer: PreTrainedTokenizerBase, template: str
+) -> None:
+    """append_observation cuts the new segment from one render per turn (the previous render + the turn's text +
+    <|im_end|> as a prefix) and falls back to rendering the turn alone when the template renders the turn
+    otherwise (here a template that trims assistant text). Each segment must equal the cut of the two-render
+    method, including turns and observations that spell <|im_end|> as plain text."""
+    import copy
+
+    from swerl.agent.episode import _Episode
+    from swerl.train.model import CHAT_TEMPLATE, IM_END, render_text
+
+    tok = copy.deepcopy(tokenizer)
+    if template == "trimming":
+        tok.chat_template = CHAT_TEMPLATE.replace(
+            "'<|im_start|>assistant\\n' + content", "'<|im_start|>assistant\\n' + (content | trim)"
+        )
+        assert tok.chat_template != CHAT_TEMPLATE
+    messages = [{"role": "system", "content": system_prompt()}, {"role": "user", "content": "2 tests fail."}]
+    episode = _Episode(tok, None, LIMITS, SAMPLING, messages, rid=None)  # type: ignore[arg-type]
+    turns = [
+        (format_tool_call("bash", {"command": "ls"}), "a.py\nb.py"),
+        ("  " + format_tool_call("bash", {"command": "cat a.py"}) + "\n\n", f"x = 1  # {IM_END} in a file"),
+        (f"I will print {IM_END} now", "No tool call found"),
+        ("\n" + format_tool_call("submit", {}), ""),
+    ]
+    for text, observation in turns:
+        episode.token_ids += episode._tokenize(text + IM_END)  # what sample_turn appends (as sampled)
+        episode.messages.append({"role": "assistant", "content": text})
+        cut = episode._cut(episode.messages)  # the two-render method
+        two_renders = render_text(
+            tok, [*episode.messages, {"role": "tool", "content": observation}], None, True
+        )
+        before = len(episode.token_ids)
+        episode.append_observation(observation)
+        assert episode.token_ids[before:] == episode._tokenize(two_renders[cut:]), text
+        assert episode._rendered == two_renders

@@ -100,7 +100,9 @@ class _Episode:
         self.num_turns = 0
         self.malformed = 0
         self.timings = PhaseTimings()
-        self._append_fixed(render_text(tokenizer, messages, add_generation_prompt=True))
+        self._rendered = render_text(tokenizer, messages, add_generation_prompt=True)
+        """The chat template's render of the conversation up to the latest generation prompt (= token_ids)."""
+        self._append_fixed(self._rendered)
         self.prompt_tokens = len(self.token_ids)
         # Room kept free for closing a turn: a possibly appended <|im_end|> and the final turn close.
         self.reserve = 1 + len(self._tokenize(self._close_text(self.messages + [_assistant("")])))
@@ -170,13 +172,18 @@ class _Episode:
 
     def append_observation(self, observation: str) -> None:
         """Append the tool message and the next generation prompt (mask 0), if the token cap leaves room."""
-        cut = self._cut(self.messages)
         self.messages.append({"role": "tool", "content": observation})
-        text = render_text(self.tokenizer, self.messages, add_generation_prompt=True)[cut:]
-        ids = self._tokenize(text)
+        full = render_text(self.tokenizer, self.messages, add_generation_prompt=True)
+        # The cut is just past the last assistant turn's <|im_end|>. When this render starts with the previous one,
+        # the turn's text and <|im_end|> (a prefix-stable template rendering the turn verbatim), that is where it
+        # is: one render per turn instead of two. Otherwise the turn's own render says (as render_messages cuts).
+        head = self._rendered + self.messages[-2]["content"] + IM_END
+        cut = len(head) if full.startswith(head) else self._cut(self.messages[:-1])
+        ids = self._tokenize(full[cut:])
         if len(self.token_ids) + len(ids) + self.reserve + 1 > self.limits.max_trajectory_tokens:
             self.messages.pop()  # it never reached the model: keep messages and ids in step
             raise LimitsExceeded(EpisodeStatus.LENGTH_CAP, "no room for the next observation")
+        self._rendered = full
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
