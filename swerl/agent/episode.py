@@ -8,8 +8,9 @@ The trajectory's token ids are built by appending, never by re-tokenizing what t
   taught to stop where it did not;
 - the text between turns (turn close, the tool message, the next generation prompt) is cut from the chat
   template's render of the conversation and tokenized alone, at the same cut points swerl.train.model's
-  render_messages uses. So when every sampled turn is the tokenization of its own text, the trajectory's ids
-  equal render_messages(messages) exactly, and its mask is 1 exactly on the sampled tokens.
+  render_messages uses (one render per turn: the previous render is its prefix). So when every sampled turn is the
+  tokenization of its own text, the trajectory's ids equal render_messages(messages) exactly, and its mask is 1
+  exactly on the sampled tokens.
 
 Exceptions end an episode (mini-swe-agent style): Submitted (the model called submit), LimitsExceeded (turn,
 token or time cap), InfraError (sandbox or engine failure: status infra_error, reward None, never graded).
