@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +405,40 @@ class KillingProvider:
         return KillableSandbox(await self.inner.start(env_dir, setup_patch), self)
 
 
+def test_a_group_opened_before_its_warm_up_is_not_warmed() -> None:
+    """With room for two groups, groups 0 and 1 open together: warming group 1 would come too late (its attempts
+    start cold, the warm sandboxes would wait unused), so only group 2 (the one after the newest open) is warmed,
+    and a group that opens while its warm-up is being prepared is not started either."""
+    prepared: list[int] = []
+    started: list[int] = []
+    release = asyncio.Event()
+
+    async def prewarm(seq: int) -> Callable[[], None]:
+        prepared.append(seq)
+        if seq == 3:
+            await release.wait()  # group 3 opens while this preparation is under way
+        return lambda: started.append(seq)
+
+    async def run() -> None:
+        manager = RolloutManager(None, never_finishes, lambda seq: seq, n_attempts=2, max_in_flight=4,  # type: ignore[arg-type]
+                                 max_buffered_groups=8, journal=RolloutJournal(None, "x"), prewarm=prewarm,
+                                 prewarm_groups=1)  # fmt: skip
+        manager.start()
+        await asyncio.sleep(0.05)
+        assert (prepared, started) == ([2], [2])
+        manager.max_in_flight = 6  # room for group 2, whose opening warms group 3
+        manager._fill()
+        await asyncio.sleep(0.05)
+        manager.max_in_flight = 8  # group 3 opens before its preparation returns
+        manager._fill()
+        release.set()
+        await asyncio.sleep(0.05)
+        assert (prepared, started) == ([2, 3, 4], [2, 4])
+        await manager.close()
+
+    asyncio.run(run())
+
+
 def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     tokenizer: PreTrainedTokenizerBase, tasks: list[TaskInstance], tmp_path: Path
 ) -> None:
@@ -419,9 +454,10 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     )
     warmed: list[TaskInstance] = []
 
-    async def prewarm(task: TaskInstance) -> None:
+    async def prewarm(task: TaskInstance) -> Callable[[], None]:
         warmed.append(task)
-        pool.warm_ahead(*await asyncio.to_thread(task_environment, task), 2)
+        env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
+        return lambda: pool.warm_ahead(env_dir, setup_patch, 2)
 
     async def run() -> int:
         async with pool:

@@ -51,8 +51,10 @@ class RolloutManager(Generic[TaskT]):
         max_buffered_groups: finished groups held before no new group opens.
         journal: where finished attempts are persisted.
         prewarm: called (as a background task) with the task of each of the next `prewarm_groups` groups as soon
-            as the group before it opens, so their sandboxes start while slots are busy (SandboxPool.warm_ahead);
-            its failure is logged, never raised (the attempts then start cold).
+            as the group before it opens; it prepares what it can (an environment) and returns the call that
+            starts the group's sandboxes (SandboxPool.warm_ahead), which the manager makes only if the group has
+            not opened meanwhile (its attempts would then have started cold, and the warm sandboxes wait unused).
+            A failure is logged, never raised (the attempts then start cold).
         prewarm_groups: how many groups past the newest open one are warmed ahead (0: none).
     """
 
@@ -66,7 +68,7 @@ class RolloutManager(Generic[TaskT]):
         max_in_flight: int,
         max_buffered_groups: int,
         journal: RolloutJournal,
-        prewarm: Callable[[TaskT], Awaitable[None]] | None = None,
+        prewarm: Callable[[TaskT], Awaitable[Callable[[], None]]] | None = None,
         prewarm_groups: int = 0,
     ) -> None:
         if prewarm_groups < 0:
@@ -161,8 +163,12 @@ class RolloutManager(Generic[TaskT]):
 
     async def _prewarm_one(self, seq: int) -> None:
         assert self.prewarm is not None
+        if seq < self.next_seq:  # opened in the same fill: too late to warm
+            return
         try:
-            await self.prewarm(self.task_at(seq))
+            start = await self.prewarm(self.task_at(seq))
+            if seq >= self.next_seq and not self._closed:
+                start()
         except Exception as error:  # noqa: BLE001 - warming is an optimisation: the group starts cold
             logger.warning("rollout manager: warming group %d ahead failed: %r", seq, error)
 

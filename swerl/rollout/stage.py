@@ -65,7 +65,7 @@ class AsyncGRPO:
         save: Callable[[], Any],
         step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
         on_export: Callable[[Path, int], None] | None = None,
-        prewarm: Callable[[TaskInstance], Awaitable[None]] | None = None,
+        prewarm: Callable[[TaskInstance], Awaitable[Callable[[], None]]] | None = None,
     ) -> None:
         """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
         step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the

@@ -18,6 +18,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +138,12 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
-            async def prewarm(task: TaskInstance) -> None:
-                """A group's environment (docker: its image) prepared once at the configured pull rate, then its
-                n sandboxes started, before the group opens (grpo.prewarm_groups)."""
+            async def prewarm(task: TaskInstance) -> Callable[[], None]:
+                """A group's environment (docker: its image) prepared once at the configured pull rate; returns
+                the start of its n sandboxes, made if the group has not opened yet (grpo.prewarm_groups)."""
                 await planner.environment(task)
-                provider.warm_ahead(*await asyncio.to_thread(task_environment, task), g.attempts_per_task)
+                env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
+                return lambda: provider.warm_ahead(env_dir, setup_patch, g.attempts_per_task)
 
             if asynchronous is not None:
                 trained = False
