@@ -428,8 +428,16 @@ class LocalSandboxProvider:
                 "-c",
                 "init.defaultBranch=main",
             ]
-            for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"]):
-                in_workspace([*git, *args], check=True)
+            # One shell for the three commands: each process chain (nsenter, sh, git) costs a spawn per start.
+            script = " && ".join(
+                shlex.join([*git, *args])
+                for args in (
+                    ["init", "-q"],
+                    ["add", "-A"],
+                    ["commit", "-q", "--no-verify", "-m", "task start"],
+                )
+            )
+            in_workspace(["/bin/sh", "-c", script], check=True)
         etc = root / "etc"
         etc.mkdir()
         (etc / "passwd").write_text(
