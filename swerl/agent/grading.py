@@ -48,7 +48,12 @@ def task_environment(task: TaskInstance) -> tuple[Path, str | None]:
         env_dir = resolve_environment(task.image, task.base_commit)  # checked for micro:// repositories
     except ValueError as exc:  # an environment that is not there is never the policy's fault
         raise InfraError("image_missing", str(exc)) from exc
-    return Path(env_dir), task.patch if task.patch_kind == "bug" else None
+    return Path(env_dir), setup_patch(task)
+
+
+def setup_patch(task: TaskInstance) -> str | None:
+    """The patch applied at sandbox start: the bug of a bug-kind task, nothing for a fix-kind one."""
+    return task.patch if task.patch_kind == "bug" else None
 
 
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:

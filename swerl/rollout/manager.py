@@ -96,7 +96,7 @@ class RolloutManager(Generic[TaskT]):
         self.started = self.finished = 0  # attempts
         self.busy_since: float | None = None
         self.prewarm = prewarm
-        self.prewarm_groups = prewarm_groups if prewarm is not None else 0
+        self.prewarm_groups = prewarm_groups
         self._prewarmed_to = -1  # groups up to this seq have been warmed ahead (or opened)
         self._prewarming: set[asyncio.Task[None]] = set()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -75,6 +76,12 @@ def sweep_dead_sandboxes(parent: Path) -> list[Path]:
         if not path.exists():
             removed.append(path)
     return removed
+
+
+@functools.cache
+def _own_tag(pid: int) -> str:
+    """This process's owner_tag, read once (keyed by pid: a forked child gets its own)."""
+    return owner_tag(pid)
 
 
 class LocalSandbox:
@@ -282,7 +289,6 @@ class LocalSandboxProvider:
         self.workspace_mb = workspace_mb
         self.workspace_quota = workspace_quota
         self._mount: bool | None = None  # decided at the first start (auto: whether this process may mount)
-        self._swept = False  # dead runs' sandbox directories are removed at the first start
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
 
@@ -313,15 +319,9 @@ class LocalSandboxProvider:
             raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
         if self.root_dir is not None:
             self.root_dir.mkdir(parents=True, exist_ok=True)
-        if self._mount is None:
-            self._mount = await asyncio.to_thread(self._decide_mount)
-        if not self._swept:
-            self._swept = True
-            parent = self.root_dir or Path(tempfile.gettempdir())
-            removed = await asyncio.to_thread(sweep_dead_sandboxes, parent)
-            if removed:
-                log.warning("removed %d sandbox directories of dead runs under %s", len(removed), parent)
-        prefix = f"{SANDBOX_PREFIX}{owner_tag()}-"
+        if self._mount is None:  # the first start
+            self._mount = await asyncio.to_thread(self._first_start)
+        prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-"
         root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
         holder: TmpfsHolder | None = None
         try:
@@ -369,11 +369,22 @@ class LocalSandboxProvider:
         self._python_ok = True
         return sandbox
 
+    def _first_start(self) -> bool:
+        """Once per provider: remove dead runs' sandbox directories, then decide the workspace kind."""
+        removed = sweep_dead_sandboxes(self._parent())
+        if removed:
+            log.warning("removed %d sandbox directories of dead runs under %s", len(removed), self._parent())
+        return self._decide_mount()
+
+    def _parent(self) -> Path:
+        """Where sandbox directories are made."""
+        return self.root_dir or Path(tempfile.gettempdir())
+
     def _decide_mount(self) -> bool:
         """Whether each sandbox gets its own size-capped tmpfs (workspace_quota; auto probes for the right)."""
         if self.workspace_quota == "none":
             return False
-        parent = self.root_dir or Path(tempfile.gettempdir())
+        parent = self._parent()
         allowed, why = can_hold_tmpfs(parent)
         if allowed:
             assert self._tools is not None

@@ -128,16 +128,16 @@ class SandboxPool:
         """A warm sandbox for this starting state if one is ready (refilled in the background), else a cold one."""
         key = warm_key(env_dir, setup_patch)
         warm = self._warm.get(key)
-        if warm is not None and not warm.refill:
-            warm.target -= 1  # one expected start happens now, warm or cold
-        if warm is not None and warm.ready:
-            inner, requested_at = warm.ready.pop()
-            self.counters["start.warm"] += 1
-            self._refill(key)
-            self._forget_if_spent(key, warm)
-            return self._hand_out(inner, requested_at, warm=True)
         if warm is not None:
+            ready = warm.ready.pop() if warm.ready else None
+            if not warm.refill:
+                warm.target -= 1  # one expected start happens now, warm or cold
+            if ready is not None:
+                self._refill(key)
             self._forget_if_spent(key, warm)
+            if ready is not None:
+                self.counters["start.warm"] += 1
+                return self._hand_out(*ready, warm=True)
         self.counters["start.cold"] += 1
         await self._acquire_slot()
         requested_at = self.clock()

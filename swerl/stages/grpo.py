@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from swerl.agent.episode import run_episode
-from swerl.agent.grading import task_environment
+from swerl.agent.grading import setup_patch
 from swerl.agent.trajectory import Trajectory
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
 from swerl.data.schema import TaskInstance
@@ -141,9 +141,8 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
             async def prewarm(task: TaskInstance) -> Callable[[], None]:
                 """A group's environment (docker: its image) prepared once at the configured pull rate; returns
                 the start of its n sandboxes, made if the group has not opened yet (grpo.prewarm_groups)."""
-                await planner.environment(task)
-                env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
-                return lambda: provider.warm_ahead(env_dir, setup_patch, g.attempts_per_task)
+                env_dir = await planner.environment(task)
+                return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.attempts_per_task)
 
             if asynchronous is not None:
                 trained = False
