@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.tools import format_tool_call, system_prompt
@@ -42,8 +42,9 @@ from swerl.rollout.manager import RolloutManager
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.stages.common import episode_with_retries
-from swerl.train.grpo_trainer import EpisodeFn, GRPOTrainer, rollout_groups
+from swerl.train.grpo_trainer import EpisodeFn, GRPOTrainer, Trainer, rollout_groups
 from swerl.train.model import build_tiny_model, train_tokenizer
+from swerl.train.trainer_process import TrainerProcess
 
 TEST_COMMAND = TEST_CMD  # the micro repositories' harness (pytest -rA summary lines)
 
@@ -113,6 +114,13 @@ def tiny_trainer(tokenizer: PreTrainedTokenizerBase, positions: int) -> GRPOTrai
     return GRPOTrainer(model, lr=1e-4, micro_batch_tokens=16384, seed=0, tokenizer=tokenizer)
 
 
+def tiny_trainer_in_child(tokenizer_dir: str, positions: int) -> GRPOTrainer:
+    """tiny_trainer for a TrainerProcess child (one torch thread, as this process)."""
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return tiny_trainer(tokenizer, positions)
+
+
 async def sync_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: EpisodeFn[TaskInstance],
                      tasks: list[TaskInstance], b: int, n: int, steps: int, export: Path) -> list[dict[str, float]]:  # fmt: skip
     """The synchronous baseline (the stage's sync loop): sample B x n, train, sync."""
@@ -133,7 +141,7 @@ async def sync_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: Epis
     return history
 
 
-async def async_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: EpisodeFn[TaskInstance],
+async def async_steps(trainer: Trainer, engine: EmulatedEngine, episode: EpisodeFn[TaskInstance],
                       tasks: list[TaskInstance], b: int, n: int, steps: int, in_flight: int,
                       export: Path) -> list[dict[str, float]]:  # fmt: skip
     history: list[dict[str, float]] = []
@@ -152,7 +160,9 @@ async def async_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: Epi
     return history
 
 
-def benchmark_steps(work: Path, quick: bool, in_flight: int | None = None) -> dict[str, Any]:
+def benchmark_steps(
+    work: Path, quick: bool, in_flight: int | None = None, trainer_process: bool = True
+) -> dict[str, Any]:
     tokenizer = emulation_tokenizer(work / "tokenizer")
     profile = EpisodeProfile(max_turns=12, turn_latency_s=1.0, weight_sync_s=0.05)
     limits = EpisodeLimits(max_turns=profile.max_turns, max_trajectory_tokens=2048, max_new_tokens_per_turn=64,
@@ -170,26 +180,39 @@ def benchmark_steps(work: Path, quick: bool, in_flight: int | None = None) -> di
         sync = await sync_steps(tiny_trainer(tokenizer, 2048), engine, episode, tasks, b, n, sync_count,
                                 work / "sync")  # fmt: skip
         engine = EmulatedEngine(tokenizer, profile, seed=2)
-        asynchronous = await async_steps(tiny_trainer(tokenizer, 2048), engine, episode, tasks, b, n,
-                                         async_count, in_flight, work / "async")  # fmt: skip
-        return sync, asynchronous
+        in_thread = await async_steps(tiny_trainer(tokenizer, 2048), engine, episode, tasks, b, n,
+                                      async_count, in_flight, work / "async")  # fmt: skip
+        in_process = None
+        if trainer_process:
+            # The same async loop with the trainer in a process of its own (grpo.trainer_process).
+            engine = EmulatedEngine(tokenizer, profile, seed=3)
+            with TrainerProcess(tiny_trainer_in_child, str(work / "tokenizer"), 2048) as child:
+                in_process = await async_steps(child, engine, episode, tasks, b, n, async_count, in_flight,
+                                               work / "async-process")  # fmt: skip
+        return sync, in_thread, in_process
 
-    sync, asynchronous = asyncio.run(run())
-    steady = asynchronous[1:]  # the first async step includes filling the pipeline from empty
+    sync, in_thread, in_process = asyncio.run(run())
     sync_step = sum(s["time_total_s"] for s in sync) / len(sync)
-    async_step = sum(s["time_total_s"] for s in steady) / len(steady)
-    wait_share = sum(s["time_wait_rollouts_s"] for s in steady) / sum(s["time_total_s"] for s in steady)
-    turn_cap = [s.get("longtail/turn_cap_rate", 0.0) for s in steady]
+
+    def summary(history: list[dict[str, float]]) -> dict[str, Any]:
+        steady = history[1:]  # the first async step includes filling the pipeline from empty
+        step = sum(s["time_total_s"] for s in steady) / len(steady)
+        turn_cap = [s.get("longtail/turn_cap_rate", 0.0) for s in steady]
+        return {
+            "async_steps_measured": len(steady), "async_step_s": step, "speedup": sync_step / step,
+            "async_wait_share": sum(s["time_wait_rollouts_s"] for s in steady) / sum(s["time_total_s"] for s in steady),
+            "update_s_mean": sum(s["time_update_s"] for s in steady) / len(steady),
+            "turn_cap_rate": sum(turn_cap) / len(turn_cap),
+            "tail_share_after_p90": sum(s.get("longtail/tail_share_after_p90", 0.0) for s in steady) / len(steady),
+            "staleness_mean": sum(s.get("staleness/mean", 0.0) for s in steady) / len(steady),
+        }  # fmt: skip
+
     return {
         "profile": vars(profile), "tasks_per_step": b, "attempts_per_task": n, "sync_concurrency": b * n,
-        "async_max_in_flight": in_flight, "sync_steps": len(sync), "async_steps_measured": len(steady),
-        "sync_step_s": sync_step, "async_step_s": async_step, "speedup": sync_step / async_step,
-        "async_wait_share": wait_share,
+        "async_max_in_flight": in_flight, "sync_steps": len(sync), "sync_step_s": sync_step,
         "sync_wait_share": sum(s["time_wait_rollouts_s"] for s in sync) / sum(s["time_total_s"] for s in sync),
-        "update_s_mean": sum(s["time_update_s"] for s in steady) / len(steady),
-        "turn_cap_rate": sum(turn_cap) / len(turn_cap),
-        "tail_share_after_p90": sum(s.get("longtail/tail_share_after_p90", 0.0) for s in steady) / len(steady),
-        "staleness_mean": sum(s.get("staleness/mean", 0.0) for s in steady) / len(steady),
+        **summary(in_thread),
+        "trainer_process": summary(in_process) if in_process else None,
         "agent_cpu_ms_per_llm_call": sum(s["agent_cpu_ms_per_llm_call"] for s in sync) / len(sync),
         "infra_failures": counts,
     }  # fmt: skip
@@ -291,16 +314,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--in-flight", type=int, default=None,
                         help="benchmark 1: async trajectories in flight (default 4 x B x n = 64)")  # fmt: skip
+    parser.add_argument("--no-trainer-process", action="store_true",
+                        help="benchmark 1: skip the async arm with the trainer in a process of its own")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="swerl-bench-grpo-async-") as tmp:
         work = Path(tmp)
         if "steps" not in args.skip:
-            results["steps"] = steps = benchmark_steps(work, args.quick, args.in_flight)
-            print(f"[1] step time sync {steps['sync_step_s']:.1f} s, async {steps['async_step_s']:.1f} s: "
-                  f"{steps['speedup']:.2f}x (target >= 3x); async trainer waiting {100 * steps['async_wait_share']:.0f}% "
-                  f"(target <= 10%; sync {100 * steps['sync_wait_share']:.0f}%)", flush=True)  # fmt: skip
+            results["steps"] = steps = benchmark_steps(
+                work, args.quick, args.in_flight, not args.no_trainer_process
+            )
+            for label, arm in (
+                ("trainer in a thread", steps),
+                ("trainer in a process", steps["trainer_process"]),
+            ):
+                if arm is None:
+                    continue
+                print(f"[1] step time sync {steps['sync_step_s']:.1f} s, async ({label}) {arm['async_step_s']:.1f} s: "
+                      f"{arm['speedup']:.2f}x (target >= 3x); async trainer waiting {100 * arm['async_wait_share']:.0f}% "
+                      f"(target <= 10%; sync {100 * steps['sync_wait_share']:.0f}%), update {arm['update_s_mean']:.1f} s",
+                      flush=True)  # fmt: skip
         if "throughput" not in args.skip:
             results["throughput"] = []
             for concurrency, turn_latency in ((384, 1.0), (1024, 2.5)):

@@ -454,6 +454,9 @@ class GRPOConfig(StrictModel):
     """Steps between checkpoints; 0: only at the end."""
     threads: int = Field(2, ge=1, le=1024)
     """torch intra-op threads for the update."""
+    trainer_process: bool = False
+    """Run the trainer in a spawned process of its own (swerl.train.trainer_process): its update does not hold the
+    rollouts' interpreter (GIL) while the async loop keeps sampling. False: a thread of the stage's process."""
     task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
     """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
     mode: Literal["sync", "async"] = "sync"

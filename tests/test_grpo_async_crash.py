@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -69,22 +70,36 @@ def make_inputs(root: Path) -> list[Manifest]:
     return made
 
 
-def child(root: Path, stage: str) -> None:
+def child(root: Path, stage: str, trainer_process: bool) -> None:
     """The GRPO process: run the stage to completion (resuming whatever a killed run left)."""
     from swerl.stages.grpo import GRPOStage, run_grpo
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     store, tracker = stores(root)
     inputs = [Manifest.model_validate_json((root / f"{name}.json").read_text()) for name in ("curate", "sft")]
-    run_stage(stage, run_grpo, GRPOStage(grpo=GRPO, agent=AGENT, engine=ENGINE), store=store, tracker=tracker,
+    g = GRPO.model_copy(update={"trainer_process": trainer_process})
+    run_stage(stage, run_grpo, GRPOStage(grpo=g, agent=AGENT, engine=ENGINE), store=store, tracker=tracker,
               parent=None, inputs=inputs)  # fmt: skip
+
+
+def trainer_process_of(stage: str) -> bool:
+    """Seed 1's stage trains in a process of its own (grpo.trainer_process): its crash must not leave it behind."""
+    return stage.endswith("-1")
 
 
 def spawn(root: Path, stage: str) -> subprocess.Popen[bytes]:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     log = open(root / f"{stage}.log", "ab")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen([sys.executable, __file__, str(root), stage], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen([sys.executable, __file__, str(root), stage, str(int(trainer_process_of(stage)))],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie left to an init that does not reap counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def run_to_end(root: Path, stage: str) -> None:
@@ -130,6 +145,12 @@ def kill_during(root: Path, stage: str, k: int, rng: random.Random) -> str:
     assert process.poll() is None, "the stage ended before the kill"
     process.kill()  # SIGKILL: no cleanup, no final checkpoint
     process.wait()
+    if trainer_process_of(stage):
+        [pid] = re.findall(r"grpo: trainer in process (\d+)", log.read_text(errors="replace"))
+        deadline = time.monotonic() + 10
+        while not gone(int(pid)):
+            assert time.monotonic() < deadline, f"the trainer process {pid} outlived its killed stage"
+            time.sleep(0.1)
     return marker
 
 
@@ -139,7 +160,8 @@ def test_sigkill_at_random_points_loses_nothing_and_trains_nothing_twice(tmp_pat
     for manifest in make_inputs(tmp_path):
         (tmp_path / f"{manifest.stage}.json").write_text(manifest.model_dump_json())
     resumed = []
-    for seed in (0, 1, 2):  # killed during step 1, 2 and 3 (a random time into it)
+    # killed during step 1, 2 and 3 (a random time into it); seed 1 with the trainer in a process of its own
+    for seed in (0, 1, 2):
         stage = f"grpo-crash-{seed}"
         where = kill_during(tmp_path, stage, seed, random.Random(seed))
         run_to_end(tmp_path, stage)
@@ -152,4 +174,4 @@ def test_sigkill_at_random_points_loses_nothing_and_trains_nothing_twice(tmp_pat
 
 
 if __name__ == "__main__":
-    child(Path(sys.argv[1]), sys.argv[2])
+    child(Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1")

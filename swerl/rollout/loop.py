@@ -28,7 +28,7 @@ from swerl.rollout.journal import FinishedGroup, Ledger
 from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
-from swerl.train.grpo_trainer import GRPOTrainer
+from swerl.train.grpo_trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ async def collect_batch(
 
 
 async def train_async(
-    trainer: GRPOTrainer,
+    trainer: Trainer,
     engine: Engine,
     manager: RolloutManager[Any],
     settings: AsyncSettings,

@@ -19,7 +19,7 @@ from swerl.rollout.loop import AsyncSettings, Batch, train_async
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
 from swerl.stage import StageContext
-from swerl.train.grpo_trainer import EpisodeFn, GRPOTrainer
+from swerl.train.grpo_trainer import EpisodeFn, Trainer
 
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:
@@ -57,7 +57,7 @@ class AsyncGRPO:
 
     async def run(
         self,
-        trainer: GRPOTrainer,
+        trainer: Trainer,
         engine: Engine,
         episode: EpisodeFn[TaskInstance],
         infra_counts: dict[str, int],

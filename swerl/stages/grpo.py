@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
 from swerl.agent.grading import setup_patch
@@ -47,8 +48,9 @@ from swerl.stages.common import (
     seeded_sample,
 )
 from swerl.stages.grpo_eval import checkpoint_evaluator
-from swerl.train.grpo_trainer import GRPOTrainer, rollout_groups
-from swerl.train.model import load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.train.grpo_trainer import GRPOTrainer, Trainer, rollout_groups
+from swerl.train.model import context_length, load_model_and_tokenizer, load_tokenizer
+from swerl.train.trainer_process import TrainerProcess
 
 FAILURES_FILE = "failure_counts.json"
 """Infrastructure failures by cause so far, saved inside every trainer checkpoint (a resumed stage continues them)."""
@@ -94,19 +96,54 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     start_dir = get_dir(ctx.store, sft, "model", ctx.workdir / "sft_model")
     durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
     resume = durable.restore_latest()
-    model, tokenizer = load_model_and_tokenizer(start_dir)
-    check_config(cfg, int(getattr(model.config, "max_position_embeddings", 0) or 0))
-    reference = load_model_and_tokenizer(start_dir)[0] if g.kl_coef > 0 else None
+    tokenizer = load_tokenizer(start_dir)
+    check_config(cfg, context_length(start_dir))
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.temperature,
                               top_p=g.top_p)  # fmt: skip
-    trainer = GRPOTrainer(
+    trainer: Trainer
+    if g.trainer_process:
+        # The child imports and loads while this process opens the engine and the sandboxes.
+        trainer = TrainerProcess(
+            build_trainer, start_dir, g, logprob_temperature(sampling), ctx.seed, wait=False
+        )
+        ctx.log.info("grpo: trainer in process %s (%d threads)", trainer.pid, g.threads)
+    else:
+        trainer = build_trainer(start_dir, g, logprob_temperature(sampling), ctx.seed)
+    try:
+        return _run_grpo(cfg, ctx, trainer, tokenizer, sampling, start_dir, durable, resume, order, started)
+    finally:
+        if isinstance(trainer, TrainerProcess):
+            trainer.close()
+
+
+def build_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int) -> GRPOTrainer:
+    """The stage's trainer, from the SFT model directory (in the stage's process, or in a TrainerProcess child:
+    a module-level function, so the child can import it)."""
+    torch.set_num_threads(g.threads)
+    model, tokenizer = load_model_and_tokenizer(start_dir)
+    reference = load_model_and_tokenizer(start_dir)[0] if g.kl_coef > 0 else None
+    return GRPOTrainer(
         model, lr=g.lr, weight_decay=g.weight_decay, grad_clip=g.grad_clip, clip_eps_low=g.clip_eps_low,
         clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, tis_level=g.tis_level, mis_low=g.mis_low,
         mis_high=g.mis_high, mis_level=g.mis_level, kl_coef=g.kl_coef, ref_model=reference,
         scale_adv_by_std=g.scale_adv_by_std, micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs,
-        num_minibatches=g.num_minibatches, logprob_temperature=logprob_temperature(sampling), seed=ctx.seed,
-        tokenizer=tokenizer,
+        num_minibatches=g.num_minibatches, logprob_temperature=temperature, seed=seed, tokenizer=tokenizer,
     )  # fmt: skip
+
+
+def _run_grpo(
+    cfg: GRPOStage,
+    ctx: StageContext,
+    trainer: Trainer,
+    tokenizer: PreTrainedTokenizerBase,
+    sampling: SamplingParams,
+    start_dir: Path,
+    durable: DurableCheckpoints,
+    resume: Path | None,
+    order: list[TaskInstance],
+    started: float,
+) -> StageResult:
+    g = cfg.grpo
     serve_dir = start_dir
     if resume is not None:
         trainer.load(resume)
@@ -190,8 +227,7 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         save(trainer, durable, g, len(order), counts, asynchronous)
     if asynchronous is not None:
         asynchronous.log_histograms()
-    out = ctx.workdir / "model"
-    save_model_and_tokenizer(trainer.model, tokenizer, out)
+    out = trainer.save_model(ctx.workdir / "model")
     put_dir(ctx, "model", out)
     rewards = [h["reward_mean"] for h in history]
     report: dict[str, Any] = {
@@ -226,7 +262,7 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
 
 
 def save(
-    trainer: GRPOTrainer,
+    trainer: Trainer,
     durable: DurableCheckpoints,
     g: GRPOConfig,
     num_tasks: int,

@@ -219,6 +219,31 @@ def rollout_stats(groups: Sequence[Sequence[Trajectory]], scored: ScoredGroups) 
 # The trainer
 
 
+class Trainer(Protocol):
+    """What the GRPO loops need of a trainer: GRPOTrainer in this process, or a TrainerProcess serving one."""
+
+    step: int
+
+    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]: ...
+
+    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path: ...
+
+    def save(
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        epoch: int = 0,
+        example_index: int = 0,
+        num_examples: int = 0,
+        data_fingerprint: str = "",
+        keep_last: int = 2,
+    ) -> Path: ...
+
+    def load(self, path: str | Path) -> TrainerState: ...
+
+    def save_model(self, out_dir: str | Path) -> Path: ...
+
+
 class GRPOTrainer:
     """Synchronous GRPO on a Hugging Face causal LM (torch; CPU or one GPU).
 
@@ -451,6 +476,15 @@ class GRPOTrainer:
         for old in exports[: -self.keep_exports]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def save_model(self, out_dir: str | Path) -> Path:
+        """The policy (and tokenizer, when given) in Hugging Face format under out_dir, for the next stage."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        if self.tokenizer is not None:
+            save_tokenizer(self.tokenizer, out)
+        return out
 
     def save(
         self,

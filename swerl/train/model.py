@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -264,12 +265,25 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local directory, never from a hub."""
     directory = Path(path)
+    tokenizer = load_tokenizer(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    return model, tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local model directory (checked as load_model_and_tokenizer checks it), without weights."""
+    directory = Path(path)
     _check_model_dir(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
     if tokenizer.chat_template is None:
         tokenizer.chat_template = CHAT_TEMPLATE
-    return model, tokenizer
+    return tokenizer
+
+
+def context_length(path: str | Path) -> int:
+    """max_position_embeddings of a local model directory's config (0 when it does not say)."""
+    config = AutoConfig.from_pretrained(Path(path), local_files_only=True)
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
 def _render(
