@@ -447,6 +447,9 @@ class GRPOConfig(StrictModel):
     """k3 KL penalty to the SFT checkpoint (0: no reference model is kept)."""
     scale_adv_by_std: bool = False
     """Divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)."""
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    """token_mean: every scored token of a minibatch weighs the same (DAPO; long trajectories weigh more);
+    sequence_mean: every trajectory weighs the same (the original GRPO)."""
     micro_batch_tokens: int = Field(8192, ge=2, le=100_000_000)
     ppo_epochs: int = Field(1, ge=1, le=100)
     num_minibatches: int = Field(1, ge=1, le=10_000)

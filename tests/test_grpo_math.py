@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from swerl.train.grpo import gather_logprobs, group_advantages, policy_loss, token_entropy
+from swerl.train.grpo_trainer import sequence_mean_scales
 
 # --- advantages ---------------------------------------------------------------------------------------------
 
@@ -336,3 +337,28 @@ def test_per_token_advantages_and_empty_mask() -> None:
     assert float(by_token) == pytest.approx(float(by_trajectory), abs=1e-12)
     loss, gradient, stats = run_loss(LOGPROBS, OLD, BEHAVIOUR, ADVANTAGES, [[0] * 4, [0] * 4], **kwargs)
     assert float(loss) == 0.0 and torch.all(gradient == 0) and stats.num_tokens == 0
+
+
+def test_sequence_mean_scales_turn_the_token_mean_into_the_mean_of_per_trajectory_means() -> None:
+    """policy_loss with advantages scaled by sequence_mean_scales == the mean over trajectories of each one's own
+    token-mean loss (brute force, float64), in value and gradient; clipping is unchanged by the positive factors."""
+    kwargs = dict(eps_low=0.2, eps_high=0.28, tis_cap=2.0)
+    lengths = [sum(row) for row in MASK]
+    scales = sequence_mean_scales(lengths)
+    assert scales == pytest.approx([5 / (2 * 3), 5 / (2 * 2)])
+    loss, gradient, _ = run_loss(
+        LOGPROBS, OLD, BEHAVIOUR, [a * c for a, c in zip(ADVANTAGES, scales, strict=True)], MASK,
+        clip_eps_low=kwargs["eps_low"], clip_eps_high=kwargs["eps_high"], tis_cap=kwargs["tis_cap"],
+    )  # fmt: skip
+    per_row = [
+        reference_loss([LOGPROBS[b]], [OLD[b]], [BEHAVIOUR[b]], [ADVANTAGES[b]], [MASK[b]], **kwargs)
+        for b in range(len(MASK))
+    ]
+    assert float(loss) == pytest.approx(math.fsum(row[0] for row in per_row) / len(MASK), abs=1e-12)
+    expected_gradient = [[g / len(MASK) for g in row[1][0]] for row in per_row]
+    assert gradient.tolist() == [pytest.approx(row, abs=1e-12) for row in expected_gradient]
+    # ... and it differs from the token mean, which weighs the 3-token trajectory more.
+    token_mean, _, _ = run_loss(LOGPROBS, OLD, BEHAVIOUR, ADVANTAGES, MASK, clip_eps_low=0.2, clip_eps_high=0.28,
+                                tis_cap=2.0)  # fmt: skip
+    assert abs(float(token_mean) - float(loss)) > 1e-3
+    assert sequence_mean_scales([4, 0]) == [0.5, 0.0]  # a trajectory with no scored token adds nothing

@@ -438,3 +438,42 @@ def test_grpo_with_the_local_engine_raises_reward(tokenizer: PreTrainedTokenizer
         f"weights_v{steps:08d}",
     ]
     assert time.perf_counter() - started < 60
+
+
+def test_sequence_mean_aggregation_reweights_trajectories_of_unequal_length(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """loss_aggregation reaches the update: with trajectories of equal scored length both aggregations are the
+    same update (every factor is 1); with unequal lengths they differ."""
+    vocab = len(tokenizer)
+
+    def groups(unequal: bool) -> list[list[Trajectory]]:
+        rng = random.Random(3)
+        return [
+            [
+                synthetic_trajectory(
+                    rng, float(attempt % 2), 4, [(6 + 8 * attempt * unequal, 2)], vocab, f"g{group}", attempt
+                )  # fmt: skip
+                for attempt in range(4)
+            ]
+            for group in range(2)
+        ]
+
+    def params_after(aggregation: str, batch: list[list[Trajectory]]) -> list[torch.Tensor]:
+        trainer = GRPOTrainer(tiny_model(tokenizer), lr=1e-2, seed=0, loss_aggregation=aggregation)  # type: ignore[arg-type]
+        trainer.train_step(batch)
+        return [p.detach().clone() for p in trainer.model.parameters()]
+
+    equal = groups(unequal=False)
+    for a, b in zip(params_after("token_mean", equal), params_after("sequence_mean", equal), strict=True):
+        assert torch.allclose(a, b, atol=1e-7)
+    unequal = groups(unequal=True)
+    moved = [
+        not torch.allclose(a, b, atol=1e-7)
+        for a, b in zip(
+            params_after("token_mean", unequal), params_after("sequence_mean", unequal), strict=True
+        )
+    ]
+    assert any(moved)
+    with pytest.raises(ValueError, match="loss_aggregation"):
+        GRPOTrainer(tiny_model(tokenizer), loss_aggregation="per_row")  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -172,6 +172,22 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
     return MicroBatch(input_ids, loss_mask, behaviour, per_row * loss_mask)
 
 
+def sequence_mean_scales(loss_tokens: Sequence[int]) -> list[float]:
+    """Per-trajectory advantage factors that turn the token-mean loss into the sequence mean.
+
+    The token mean (DAPO) sums every scored token of a minibatch and divides by their count, so a trajectory weighs
+    in proportion to its length: in a GRPO group whose failed attempts ran to the turn cap, the failures' tokens
+    outnumber the success's, and tokens they share (the tool-call format) get a net push down. The sequence mean
+    (the original GRPO) averages each trajectory's token mean: every trajectory weighs the same, and a group's
+    advantages, which sum to zero, cancel on what its attempts share. With c_i = total / (N * L_i) for trajectory
+    i of L_i scored tokens among N trajectories of `total` tokens, sum_i c_i A_i sum_t pg_it / total equals
+    (1 / N) sum_i A_i sum_t pg_it / L_i; c_i > 0, so no clipping decision changes. A trajectory with no scored
+    token gets 0.
+    """
+    total, count = sum(loss_tokens), len(loss_tokens)
+    return [total / (count * tokens) if tokens > 0 else 0.0 for tokens in loss_tokens]
+
+
 def plan_micro_batches(lengths: Sequence[int], micro_batch_tokens: int) -> list[list[int]]:
     """Indices of rows per micro-batch, longest first, so that rows x longest row <= micro_batch_tokens.
 
@@ -219,6 +235,9 @@ def rollout_stats(groups: Sequence[Sequence[Trajectory]], scored: ScoredGroups) 
 # The trainer
 
 
+LossAggregation = Literal["token_mean", "sequence_mean"]
+
+
 class Trainer(Protocol):
     """What the GRPO loops need of a trainer: GRPOTrainer in this process, or a TrainerProcess serving one."""
 
@@ -258,6 +277,8 @@ class GRPOTrainer:
         kl_coef: weight of the k3 KL penalty against ref_model (ignored without one).
         ref_model: a frozen reference policy for the KL penalty; None for no penalty (the recipe's default).
         scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
+        loss_aggregation: "token_mean" (every scored token of a minibatch weighs the same, DAPO) or
+            "sequence_mean" (every trajectory weighs the same; sequence_mean_scales). The KL term stays a token mean.
         micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward.
         ppo_epochs, num_minibatches: optimizer updates per step = ppo_epochs x num_minibatches; old log-probs
             are fixed before the first.
@@ -289,6 +310,7 @@ class GRPOTrainer:
         kl_coef: float = 0.0,
         ref_model: PreTrainedModel | None = None,
         scale_adv_by_std: bool = False,
+        loss_aggregation: LossAggregation = "token_mean",
         micro_batch_tokens: int = 8192,
         ppo_epochs: int = 1,
         num_minibatches: int = 1,
@@ -315,6 +337,11 @@ class GRPOTrainer:
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.kl_coef = kl_coef if ref_model is not None else 0.0
         self.scale_adv_by_std = scale_adv_by_std
+        if loss_aggregation not in ("token_mean", "sequence_mean"):
+            raise ValueError(
+                f"loss_aggregation must be token_mean or sequence_mean, not {loss_aggregation!r}"
+            )
+        self.loss_aggregation = loss_aggregation
         self.micro_batch_tokens = micro_batch_tokens
         self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
         self.logprob_temperature = logprob_temperature
@@ -423,11 +450,16 @@ class GRPOTrainer:
                 continue
             lengths = [len(scored.trajectories[index].token_ids) for index in part]
             plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+            advantages = [scored.advantages[index] for index in part]
+            if self.loss_aggregation == "sequence_mean":
+                # scored tokens as MicroBatch.num_loss_tokens counts them (the first position is never scored)
+                tokens = [sum(scored.trajectories[index].loss_mask[1:]) for index in part]
+                advantages = [a * c for a, c in zip(advantages, sequence_mean_scales(tokens), strict=True)]
             minibatches.append(
                 [
                     collate(
                         [scored.trajectories[part[row]] for row in rows],
-                        [scored.advantages[part[row]] for row in rows],
+                        [advantages[row] for row in rows],
                         self.pad_token_id,
                     ).to(self.model.device)
                     for rows in plan
