@@ -47,7 +47,9 @@ _GATE = ["/bin/sh", "-c", 'head -c 1 >/dev/null; exec "$@"', "swerl-gate"]
 # Runs the command as a child, then kills whatever it left behind (kill -1 spares the caller and PID 1).
 # stderr joins stdout inside the container: one stream keeps the order the command wrote in (Docker frames two
 # streams from separate readers, so `print; echo >&2` could come back as err-then-out), as the local backend does.
-_WRAPPER = 'exec 2>&1; cd -- "$1" || exit 1; /bin/bash -c "$2"; status=$?; kill -9 -1 2>/dev/null; exit $status'
+_WRAPPER = (
+    'exec 2>&1; cd -- "$1" || exit 1; /bin/bash -c "$2"; status=$?; kill -9 -1 2>/dev/null; exit $status'
+)
 # PID 1: sleeps, reaps orphans (bash waits for any child on SIGCHLD), leaves after the lifetime.
 _INIT = "trap 'exit 0' TERM; end=$((SECONDS + {lifetime})); while [ $SECONDS -lt $end ]; do sleep 60 & wait $!; done"
 _PATCH_FAILED = 91
