@@ -54,7 +54,7 @@ from swerl.train.grpo import (
     policy_loss,
     token_entropy,
 )
-from swerl.train.model import save_tokenizer
+from swerl.train.model import save_model_and_tokenizer, save_tokenizer
 from swerl.train.sft import build_optimizer, seed_everything
 
 logger = logging.getLogger(__name__)
@@ -511,11 +511,11 @@ class GRPOTrainer:
 
     def save_model(self, out_dir: str | Path) -> Path:
         """The policy (and tokenizer, when given) in Hugging Face format under out_dir, for the next stage."""
+        if self.tokenizer is not None:
+            return save_model_and_tokenizer(self.model, self.tokenizer, out_dir)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
-        if self.tokenizer is not None:
-            save_tokenizer(self.tokenizer, out)
         return out
 
     def save(
