@@ -108,17 +108,22 @@ def cpu_seconds() -> tuple[float, float]:
 # Benchmark 1: sync vs async GRPO steps
 
 
-def tiny_trainer(tokenizer: PreTrainedTokenizerBase, positions: int) -> GRPOTrainer:
+def tiny_trainer(
+    tokenizer: PreTrainedTokenizerBase, positions: int, ppo_epochs: int = 1, num_minibatches: int = 1
+) -> GRPOTrainer:
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                              intermediate_size=64, max_position_embeddings=positions, seed=0)  # fmt: skip
-    return GRPOTrainer(model, lr=1e-4, micro_batch_tokens=16384, seed=0, tokenizer=tokenizer)
+    return GRPOTrainer(model, lr=1e-4, micro_batch_tokens=16384, seed=0, tokenizer=tokenizer,
+                       ppo_epochs=ppo_epochs, num_minibatches=num_minibatches)  # fmt: skip
 
 
-def tiny_trainer_in_child(tokenizer_dir: str, positions: int) -> GRPOTrainer:
+def tiny_trainer_in_child(
+    tokenizer_dir: str, positions: int, ppo_epochs: int = 1, num_minibatches: int = 1
+) -> GRPOTrainer:
     """tiny_trainer for a TrainerProcess child (one torch thread, as this process)."""
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    return tiny_trainer(tokenizer, positions)
+    return tiny_trainer(tokenizer, positions, ppo_epochs, num_minibatches)
 
 
 async def sync_steps(trainer: GRPOTrainer, engine: EmulatedEngine, episode: EpisodeFn[TaskInstance],
@@ -161,8 +166,14 @@ async def async_steps(trainer: Trainer, engine: EmulatedEngine, episode: Episode
 
 
 def benchmark_steps(
-    work: Path, quick: bool, in_flight: int | None = None, trainer_process: bool = True
+    work: Path,
+    quick: bool,
+    in_flight: int | None = None,
+    trainer_process: bool = True,
+    ppo_epochs: int = 1,
+    num_minibatches: int = 1,
 ) -> dict[str, Any]:
+    """Sync vs async steps; ppo_epochs x num_minibatches optimizer updates per step in every arm."""
     tokenizer = emulation_tokenizer(work / "tokenizer")
     profile = EpisodeProfile(max_turns=12, turn_latency_s=1.0, weight_sync_s=0.05)
     limits = EpisodeLimits(max_turns=profile.max_turns, max_trajectory_tokens=2048, max_new_tokens_per_turn=64,
@@ -174,19 +185,20 @@ def benchmark_steps(
     provider = LocalSandboxProvider(sys.executable, git_baseline=True)
     counts: dict[str, int] = {}
     episode = agent_episode(provider, tokenizer, limits, 1, counts)
+    schedule = (ppo_epochs, num_minibatches)
 
     async def run() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
         engine = EmulatedEngine(tokenizer, profile, seed=1)
-        sync = await sync_steps(tiny_trainer(tokenizer, 2048), engine, episode, tasks, b, n, sync_count,
+        sync = await sync_steps(tiny_trainer(tokenizer, 2048, *schedule), engine, episode, tasks, b, n, sync_count,
                                 work / "sync")  # fmt: skip
         engine = EmulatedEngine(tokenizer, profile, seed=2)
-        in_thread = await async_steps(tiny_trainer(tokenizer, 2048), engine, episode, tasks, b, n,
+        in_thread = await async_steps(tiny_trainer(tokenizer, 2048, *schedule), engine, episode, tasks, b, n,
                                       async_count, in_flight, work / "async")  # fmt: skip
         in_process = None
         if trainer_process:
             # The same async loop with the trainer in a process of its own (grpo.trainer_process).
             engine = EmulatedEngine(tokenizer, profile, seed=3)
-            with TrainerProcess(tiny_trainer_in_child, str(work / "tokenizer"), 2048) as child:
+            with TrainerProcess(tiny_trainer_in_child, str(work / "tokenizer"), 2048, *schedule) as child:
                 in_process = await async_steps(child, engine, episode, tasks, b, n, async_count, in_flight,
                                                work / "async-process")  # fmt: skip
         return sync, in_thread, in_process
@@ -209,7 +221,8 @@ def benchmark_steps(
 
     return {
         "profile": vars(profile), "tasks_per_step": b, "attempts_per_task": n, "sync_concurrency": b * n,
-        "async_max_in_flight": in_flight, "sync_steps": len(sync), "sync_step_s": sync_step,
+        "async_max_in_flight": in_flight, "ppo_epochs": ppo_epochs, "num_minibatches": num_minibatches,
+        "sync_steps": len(sync), "sync_step_s": sync_step,
         "sync_wait_share": sum(s["time_wait_rollouts_s"] for s in sync) / sum(s["time_total_s"] for s in sync),
         **summary(in_thread),
         "trainer_process": summary(in_process) if in_process else None,
@@ -316,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="benchmark 1: async trajectories in flight (default 4 x B x n = 64)")  # fmt: skip
     parser.add_argument("--no-trainer-process", action="store_true",
                         help="benchmark 1: skip the async arm with the trainer in a process of its own")  # fmt: skip
+    parser.add_argument("--ppo-epochs", type=int, default=1,
+                        help="benchmark 1: passes over each batch per step (configs/local.yaml: 4)")  # fmt: skip
+    parser.add_argument("--num-minibatches", type=int, default=1,
+                        help="benchmark 1: optimizer updates per pass (configs/local.yaml: 2)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
@@ -323,7 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         if "steps" not in args.skip:
             results["steps"] = steps = benchmark_steps(
-                work, args.quick, args.in_flight, not args.no_trainer_process
+                work,
+                args.quick,
+                args.in_flight,
+                not args.no_trainer_process,
+                args.ppo_epochs,
+                args.num_minibatches,
             )
             for label, arm in (
                 ("trainer in a thread", steps),

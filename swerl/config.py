@@ -427,7 +427,9 @@ class GRPOConfig(StrictModel):
     steps: int = Field(10, ge=0, le=10_000_000)
     """Optimizer steps (0 skips RL: the SFT checkpoint is passed on)."""
     time_budget_s: float | None = Field(None, gt=0)
-    """Stop after the step during which this much wall clock has passed."""
+    """Wall-clock budget for training. async: no step starts after it, a batch still being collected when it runs
+    out is given back untrained (its groups stay journaled), and an update the previous one's duration says would
+    end past it is not started; sync: stops after the step during which it ran out."""
     tasks_per_step: int = Field(8, ge=1, le=1_000_000)
     """B: tasks (groups) per step."""
     attempts_per_task: int = Field(4, ge=2, le=10_000)

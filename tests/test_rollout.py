@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from swerl.engine.emulated import EmulatedEngine, EpisodeProfile
 from swerl.errors import InfraError
 from swerl.rollout.journal import FinishedAttempt, JournalState, Ledger, RolloutJournal
 from swerl.rollout.longtail import longtail_stats, tail_share
-from swerl.rollout.loop import AsyncSettings, Batch, collect_batch, train_async
+from swerl.rollout.loop import AsyncSettings, Batch, BudgetSpent, collect_batch, train_async
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
 from swerl.sandbox.base import ExecResult, Sandbox
@@ -264,6 +265,78 @@ def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(
     # Only the missing attempt of group 1, all of group 2, then the data stream continues at 5 (not 0, not 4).
     assert started == ["g00000001/0", "g00000002/0", "g00000002/1", "g00000005/0"]
     assert next_seq == 5
+
+
+def test_a_batch_still_being_collected_when_the_budget_runs_out_is_given_back() -> None:
+    # Group 0 has no signal (discarded), group 1 is trainable, and no other group ever finishes: B = 2 is never met.
+    state = JournalState(
+        {seq: (0, finished_group(seq, r, float(seq))) for seq, r in enumerate([[0, 0], [1, 0]])}, 1
+    )
+
+    async def run() -> tuple[Ledger, list[int], float]:
+        manager = RolloutManager(None, never_finishes, lambda seq: seq, n_attempts=2, max_in_flight=2,  # type: ignore[arg-type]
+                                 max_buffered_groups=100, journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager.restore(state, Ledger())
+        manager.start()
+        ledger = Ledger()
+        settings = AsyncSettings(steps=1, tasks_per_step=2, max_staleness=0, max_extra_groups_per_step=4)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BudgetSpent, match="1 trainable groups of 2"):
+            await collect_batch(manager, 0, settings, ledger, deadline=time.monotonic() + 0.3)
+        waited = asyncio.get_running_loop().time() - started
+        await manager.close()
+        return ledger, [group.seq for group in manager.buffer], waited
+
+    ledger, buffered, waited = asyncio.run(run())
+    assert 0.3 <= waited < 2.0
+    assert ledger.entries == [
+        (0, 1, "no_signal")
+    ]  # the discard stands; group 1's 'trained' mark was taken back
+    assert buffered == [1]  # ... and group 1 is back at the front of the buffer, untrained
+
+
+@pytest.mark.parametrize("finished_groups", [1, 3])
+def test_the_async_loop_keeps_to_its_time_budget(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path, finished_groups: int
+) -> None:
+    # Real trainer (tiny model) whose update is slowed to ~0.8 s; B = 1; budget 1.2 s. Step 1 trains. Then either
+    # no group ever finishes (1 group): the wait is cut at the budget; or a batch is ready at once (3 groups) but
+    # an update like the last one would end past the budget: it is not started. Either way the untrained group
+    # goes back and the loop ends within the budget (plus the export of step 1), not one update later.
+    state = JournalState(
+        {seq: (0, finished_group(seq, [1, 0], float(seq))) for seq in range(finished_groups)},
+        finished_groups - 1,
+    )
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                             intermediate_size=64, max_position_embeddings=2048, seed=0)  # fmt: skip
+    trainer = GRPOTrainer(model, lr=1e-3, seed=0)
+    step = trainer.train_step
+
+    def slow_step(groups: Any) -> dict[str, float]:
+        time.sleep(0.8)
+        return step(groups)
+
+    trainer.train_step = slow_step  # type: ignore[method-assign]
+    ledger = Ledger()
+
+    async def run() -> tuple[float, list[int]]:
+        manager = RolloutManager(EmulatedEngine(tokenizer, PROFILE, seed=0), never_finishes, lambda seq: seq,
+                                 n_attempts=2, max_in_flight=2, max_buffered_groups=100,
+                                 journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager.restore(state, Ledger())
+        settings = AsyncSettings(steps=10, tasks_per_step=1, max_staleness=10, time_budget_s=1.2)
+        started = time.monotonic()
+        await train_async(trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports",
+                          on_step=lambda stats, batch: None, save=lambda ledger: None)  # fmt: skip
+        return time.monotonic() - started, [group.seq for group in manager.buffer]
+
+    elapsed, buffered = asyncio.run(run())
+    assert trainer.step == 1
+    assert ledger.entries == [(0, 1, "trained")]
+    assert buffered == list(range(1, finished_groups))  # given back in order (the 3-group case), none lost
+    assert (
+        elapsed < 1.5
+    )  # without the budget logic: 1 group waits forever; 3 groups train 2 updates, >= 1.7 s
 
 
 def test_requeue_reruns_the_whole_group_first_under_a_new_generation() -> None:

@@ -83,6 +83,10 @@ class Ledger:
     def add(self, seq: int, step: int, reason: str) -> None:
         self.entries.append((seq, step, reason))
 
+    def remove(self, seq: int, step: int, reason: str) -> None:
+        """Take back an entry (a batch that was not trained after all); ValueError if it is not there."""
+        self.entries.remove((seq, step, reason))
+
     @property
     def consumed(self) -> set[int]:
         return {seq for seq, _, _ in self.entries}

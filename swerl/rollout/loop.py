@@ -58,6 +58,25 @@ class Batch:
     stale_attempts: int = 0
     stale_left_out: int = 0
     requeued: int = 0
+    trained_groups: list[FinishedGroup] = field(default_factory=list)  # the taken groups behind `groups`
+
+
+class BudgetSpent(Exception):
+    """The time budget ran out while a batch was being collected (its groups were given back untrained)."""
+
+
+def give_back(batch: Batch, manager: RolloutManager[Any], ledger: Ledger, step: int) -> int:
+    """Undo the 'trained' marks of a batch that will not be trained and return its groups to the buffer's front.
+
+    The groups stay finished and journaled: a resumed run trains them. Discard decisions stay in the ledger.
+    Returns how many groups were given back.
+    """
+    for group in batch.trained_groups:
+        ledger.remove(group.seq, step, "trained")
+    manager.put_back(batch.trained_groups)
+    count = len(batch.trained_groups)
+    batch.groups, batch.trained_groups = [], []
+    return count
 
 
 def no_gradient_reason(trajectories: list[Trajectory]) -> str | None:
@@ -71,14 +90,28 @@ def no_gradient_reason(trajectories: list[Trajectory]) -> str | None:
 
 
 async def collect_batch(
-    manager: RolloutManager[Any], version: int, settings: AsyncSettings, ledger: Ledger
+    manager: RolloutManager[Any],
+    version: int,
+    settings: AsyncSettings,
+    ledger: Ledger,
+    deadline: float | None = None,
 ) -> Batch:
-    """Take finished groups until B can be trained on; discarded groups go to the ledger with their reason."""
+    """Take finished groups until B can be trained on; discarded groups go to the ledger with their reason.
+
+    deadline (time.monotonic()): BudgetSpent if B trainable groups are not in by then; the ones already taken for
+    training are given back (give_back), so nothing finished is lost.
+    """
     batch = Batch()
     extra = 0
     step = version + 1  # the step these groups are consumed by
     while len(batch.groups) < settings.tasks_per_step:
-        group = await manager.get()
+        try:
+            group = await manager.get(deadline)
+        except TimeoutError:
+            returned = give_back(batch, manager, ledger, step)
+            raise BudgetSpent(
+                f"{returned} trainable groups of {settings.tasks_per_step} by the deadline"
+            ) from None
         triage = triage_group(group.trajectories, version, settings.max_staleness, settings.staleness_policy,
                               group.generation, settings.max_requeues)  # fmt: skip
         batch.stale_attempts += triage.stale
@@ -100,6 +133,7 @@ async def collect_batch(
             continue
         ledger.add(group.seq, step, "trained")
         batch.groups.append(triage.kept)
+        batch.trained_groups.append(group)
     return batch
 
 
@@ -122,19 +156,38 @@ async def train_async(
     runs on the event loop; an evaluation it starts runs as its own task).
     """
     started = time.monotonic()
+    deadline = None if settings.time_budget_s is None else started + settings.time_budget_s
+    last_update_s: float | None = None  # the previous step's update: what the next one is expected to take
     totals: collections.Counter[str] = collections.Counter()
     manager.start()
     try:
         while trainer.step < settings.steps:
-            if settings.time_budget_s is not None and time.monotonic() - started > settings.time_budget_s:
+            if deadline is not None and time.monotonic() >= deadline:
                 logger.info("grpo async: time budget spent after %d steps", trainer.step)
                 break
             step_started = time.monotonic()
             version = trainer.step
-            batch = await collect_batch(manager, version, settings, ledger)
+            try:
+                batch = await collect_batch(manager, version, settings, ledger, deadline)
+            except BudgetSpent as spent:
+                logger.info("grpo async: time budget spent after %d steps, waiting for the next batch (%s; given "
+                            "back untrained)", trainer.step, spent)  # fmt: skip
+                break
+            if (
+                deadline is not None
+                and last_update_s is not None
+                and time.monotonic() + last_update_s > deadline
+            ):
+                returned = give_back(batch, manager, ledger, version + 1)
+                logger.info("grpo async: time budget spent after %d steps: an update (~%.0f s) would end %.0f s past "
+                            "it; %d groups given back untrained", trainer.step, last_update_s,
+                            time.monotonic() + last_update_s - deadline, returned)  # fmt: skip
+                break
             waited = time.monotonic() - step_started
             trained = [trajectory for group in batch.groups for trajectory in group]
+            update_started = time.monotonic()
             stats = await asyncio.to_thread(trainer.train_step, batch.groups)
+            last_update_s = time.monotonic() - update_started
             sync_started = time.monotonic()
             export = await asyncio.to_thread(trainer.export_weights, export_dir)
             await engine.update_weights_from_disk(str(export), trainer.step)

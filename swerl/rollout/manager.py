@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -204,8 +205,11 @@ class RolloutManager(Generic[TaskT]):
         self._pending.extendleft((group.seq, generation, a) for a in reversed(range(self.n_attempts)))
         self._fill()
 
-    async def get(self) -> FinishedGroup:
-        """The oldest finished group, waiting for one if needed; re-raises an episode's exception."""
+    async def get(self, deadline: float | None = None) -> FinishedGroup:
+        """The oldest finished group, waiting for one if needed; re-raises an episode's exception.
+
+        deadline (time.monotonic()): TimeoutError if no group has finished by then (nothing is taken).
+        """
         while True:
             if self._error is not None:
                 raise self._error
@@ -214,7 +218,19 @@ class RolloutManager(Generic[TaskT]):
                 self._fill()  # a buffer slot freed: a new group may open
                 return group
             self._changed.clear()
-            await self._changed.wait()
+            if deadline is None:
+                await self._changed.wait()
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no finished group before the deadline")
+            with contextlib.suppress(TimeoutError):  # only the event's wait is cancelled: no group is lost
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def put_back(self, groups: list[FinishedGroup]) -> None:
+        """Return taken groups, untrained, to the front of the buffer in their order (next `get` sees them first)."""
+        self.buffer.extendleft(reversed(groups))
+        self._changed.set()
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Cancel every running attempt (their finished siblings stay in the journal); an attempt whose
