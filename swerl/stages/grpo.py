@@ -127,7 +127,8 @@ def build_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int)
         clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, tis_level=g.tis_level, mis_low=g.mis_low,
         mis_high=g.mis_high, mis_level=g.mis_level, kl_coef=g.kl_coef, ref_model=reference,
         scale_adv_by_std=g.scale_adv_by_std, loss_aggregation=g.loss_aggregation,
-        micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs, num_minibatches=g.num_minibatches, logprob_temperature=temperature, seed=seed, tokenizer=tokenizer,
+        micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs, num_minibatches=g.num_minibatches,
+        logprob_temperature=temperature, seed=seed, tokenizer=tokenizer,
     )  # fmt: skip
 
 
