@@ -60,7 +60,18 @@ def local_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
         workspace_mb=limits.workspace_mb,
         **kwargs,
     )
-    return Backend("local", provider, lambda: sorted(p.name for p in root.glob("*")) if root.exists() else [])
+    name = "local-bwrap" if kwargs.get("runtime") == "bubblewrap" else "local"
+    return Backend(
+        name,
+        provider,
+        lambda: sorted(p.name for p in root.glob("*")) if root.exists() else [],
+        teardown=provider.close,
+    )
+
+
+def local_bwrap_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
+    """The local backend on bubblewrap (what runs where swerl may not mount; "local" is the supervisor as root)."""
+    return local_backend(scratch, limits, runtime="bubblewrap", **kwargs)
 
 
 @functools.cache
@@ -142,6 +153,7 @@ def e2b_fake_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
 
 BACKENDS: dict[str, tuple[Callable[..., Backend], list[pytest.MarkDecorator]]] = {
     "local": (local_backend, []),
+    "local-bwrap": (local_bwrap_backend, []),
     "docker": (docker_backend, [pytest.mark.docker]),
     "e2b-fake": (e2b_fake_backend, []),
 }

@@ -13,6 +13,7 @@ import pytest
 
 from swerl.errors import InfraError
 from swerl.sandbox import ExecResult, LocalSandbox, LocalSandboxProvider, Sandbox, SandboxProvider
+from swerl.sandbox.supervisor import SupervisedSandbox
 
 
 @pytest.fixture
@@ -23,10 +24,15 @@ def env_dir(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def provider(tmp_path: Path) -> LocalSandboxProvider:
+@pytest.fixture(params=["auto", "bubblewrap"])
+def provider(tmp_path: Path, request: pytest.FixtureRequest) -> LocalSandboxProvider:
+    """Both runtimes: auto is the supervisor where this process may mount (root), else bubblewrap."""
     return LocalSandboxProvider(
-        sys.executable, max_processes=64, memory_mb=1024, root_dir=tmp_path / "sandboxes"
+        sys.executable,
+        max_processes=64,
+        memory_mb=1024,
+        root_dir=tmp_path / "sandboxes",
+        runtime=request.param,
     )
 
 
@@ -152,7 +158,7 @@ def test_process_and_file_size_limits(tmp_path: Path, env_dir: Path):
 
 
 def test_missing_bwrap_is_a_clear_start_error(env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, bwrap="bwrap-not-installed")
+    provider = LocalSandboxProvider(sys.executable, bwrap="bwrap-not-installed", runtime="bubblewrap")
     with pytest.raises(InfraError) as info:
         run(provider.start(env_dir))
     assert info.value.cause == "start_failed" and "install bubblewrap" in str(info.value)
@@ -205,7 +211,10 @@ def test_sandboxes_are_private_to_each_other(provider: LocalSandboxProvider, env
     async def body() -> None:
         a, b = await provider.start(env_dir), await provider.start(env_dir)
         try:
-            assert isinstance(a, LocalSandbox) and a.uid != b.uid
+            assert isinstance(a, LocalSandbox | SupervisedSandbox) and isinstance(
+                b, LocalSandbox | SupervisedSandbox
+            )
+            assert a.uid != b.uid
             await a.write_file("only-a.txt", "a")
             assert (await b.exec("ls", 10)).output.split() == ["pkg"]
         finally:
@@ -247,20 +256,34 @@ def _host_mounts_under(parent: Path) -> list[str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-@pytest.mark.parametrize("quota", ["auto", "tmpfs", "none"])
-def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str):
+@pytest.mark.parametrize(
+    ("quota", "runtime"),
+    [
+        ("auto", "bubblewrap"),
+        ("tmpfs", "bubblewrap"),
+        ("none", "bubblewrap"),
+        ("auto", "auto"),
+        ("tmpfs", "auto"),
+    ],
+)
+def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str, runtime: str):
     """auto/tmpfs (as root): each sandbox's workspace is a tmpfs of workspace_mb in a mount namespace held by a
-    process of its own (never a host mount), gone with the holder on close; none: a plain directory."""
+    process of its own (bubblewrap: a holder; the supervisor: the sandbox's init), never a host mount, gone with
+    that process on close; none: a plain directory."""
     root = tmp_path / "sandboxes"
     provider = LocalSandboxProvider(
-        sys.executable, memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota
+        sys.executable, memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota, runtime=runtime
     )
 
     async def body() -> None:
         sandbox = await provider.start(env_dir)
         holder = sandbox.holder
+        holder_pid = (
+            sandbox.init_pid if isinstance(sandbox, SupervisedSandbox) else holder and holder.proc.pid
+        )
         try:
-            assert (holder is None) == (quota == "none")
+            assert isinstance(sandbox, SupervisedSandbox) == (runtime == "auto")
+            assert (holder_pid is None) == (quota == "none")
             assert _host_mounts_under(root) == []  # the host's mount table does not grow
             fill = await sandbox.exec("head -c 24M /dev/zero > big; echo status=$?; du -sm big", 60)
             used_mb = int(fill.output.split()[-2])
@@ -276,7 +299,9 @@ def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str):
             await sandbox.close()
         assert list(root.iterdir()) == []
         if holder is not None:
-            assert holder.proc.returncode is not None and not Path(f"/proc/{holder.proc.pid}").exists()
+            assert holder.proc.returncode is not None
+        if holder_pid is not None:
+            assert not Path(f"/proc/{holder_pid}").exists()
         assert provider.limits()["workspace_mb"] == (0 if quota == "none" else 16)
 
     run(body())

@@ -66,7 +66,9 @@ def test_concurrency_limit_waits_for_a_close(
 
 def test_start_failures_retried_by_cause(local: LocalSandboxProvider, env_dir: Path, sandboxes: Path) -> None:
     async def body() -> None:
-        broken = LocalSandboxProvider(sys.executable, root_dir=sandboxes, bwrap="no-such-bwrap")
+        broken = LocalSandboxProvider(
+            sys.executable, root_dir=sandboxes, bwrap="no-such-bwrap", runtime="bubblewrap"
+        )
         async with SandboxPool(broken, start_retries=2, retry_backoff_s=0.01) as pool:
             with pytest.raises(InfraError) as info:
                 await pool.start(env_dir)

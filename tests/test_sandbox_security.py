@@ -41,7 +41,7 @@ def env_dir(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture(params=backend_params(["local", "docker"]))
+@pytest.fixture(params=backend_params(["local", "local-bwrap", "docker"]))
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:

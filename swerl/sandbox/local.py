@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import platform
 import re
 import secrets
 import shlex
@@ -21,7 +22,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,20 +32,30 @@ from typing import Any
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
+from swerl.sandbox.nsinit import SYS_PIVOT_ROOT
 from swerl.sandbox.process import (
     BoundedOutput,
+    CommandSandbox,
     kill_group,
     kill_processes_mentioning,
     owner_alive,
     owner_tag,
     read_status,
 )
-from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, hold_tmpfs, holder_tools
+from swerl.sandbox.supervisor import Launcher, SupervisedSandbox
+from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, can_mount, hold_tmpfs, holder_tools
 
 log = logging.getLogger(__name__)
 
 _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf")
 """Host /etc entries a sandbox sees (dynamic linker and locale plumbing; nothing with credentials)."""
+
+_GIT = ["git", "-c", "user.name=swerl", "-c", "user.email=swerl@localhost", "-c", "init.defaultBranch=main"]
+_GIT_BASELINE = " && ".join(
+    shlex.join([*_GIT, *args])
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"])
+)
+"""git_baseline: the agent's patch is later `git diff` against this commit, the task's starting state."""
 
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
@@ -84,7 +97,7 @@ def _own_tag(pid: int) -> str:
     return owner_tag(pid)
 
 
-class LocalSandbox:
+class LocalSandbox(CommandSandbox):
     """One sandbox: a workspace directory on the host, commands run under bubblewrap as `uid`."""
 
     def __init__(
@@ -114,27 +127,6 @@ class LocalSandbox:
         self._closed = False
         self._killed = False  # a command was killed: close() sweeps for orphans (kill_processes_mentioning)
 
-    async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
-        """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree."""
-        return await self._run(["/bin/bash", "-c", cmd], timeout, cwd or WORKSPACE, stdin=None)
-
-    async def read_file(self, path: str) -> str:
-        """Read a file as the sandbox sees it (so a symlink cannot reach outside it)."""
-        result = await self._run(["/bin/cat", "--", self._abs(path)], 60.0, WORKSPACE, stdin=None)
-        if result.exit_code != 0:
-            raise FileNotFoundError(f"cannot read {path} in sandbox: {result.output.strip()}")
-        return result.output
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Write a file under /workspace from inside the sandbox, creating parent directories."""
-        target = self._abs(path)
-        if not (target == WORKSPACE or target.startswith(WORKSPACE + "/")):
-            raise ValueError(f"write_file({path!r}): only paths under {WORKSPACE} are writable")
-        script = f"mkdir -p -- {shlex.quote(os.path.dirname(target))} && cat > {shlex.quote(target)}"
-        result = await self._run(["/bin/bash", "-c", script], 60.0, WORKSPACE, stdin=content.encode())
-        if result.exit_code != 0:
-            raise OSError(f"cannot write {path} in sandbox: {result.output.strip()}")
-
     async def close(self) -> None:
         """Kill every running command and delete the workspace."""
         self._closed = True
@@ -149,10 +141,6 @@ class LocalSandbox:
         if self.holder is not None:
             await self.holder.close()
         await asyncio.to_thread(shutil.rmtree, self.root, True)
-
-    @staticmethod
-    def _abs(path: str) -> str:
-        return os.path.normpath(path if path.startswith("/") else f"{WORKSPACE}/{path}")
 
     async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
         if self._closed:
@@ -267,9 +255,16 @@ class LocalSandboxProvider:
         bwrap: str = "bwrap",
         workspace_mb: int = 1024,
         workspace_quota: str = "auto",
+        runtime: str = "auto",
     ) -> None:
         if workspace_quota not in ("auto", "tmpfs", "none"):
             raise ValueError(f"workspace_quota must be auto, tmpfs or none, not {workspace_quota!r}")
+        if runtime not in ("auto", "supervisor", "bubblewrap"):
+            raise ValueError(f"runtime must be auto, supervisor or bubblewrap, not {runtime!r}")
+        if runtime == "supervisor" and workspace_quota == "none":
+            raise ValueError(
+                "runtime supervisor always caps the workspace: it cannot run with workspace_quota none"
+            )
         self.python_executable = os.path.abspath(python_executable)
         self.memory_mb = memory_mb
         self.max_processes = max_processes
@@ -288,7 +283,13 @@ class LocalSandboxProvider:
         self.bwrap = bwrap
         self.workspace_mb = workspace_mb
         self.workspace_quota = workspace_quota
-        self._mount: bool | None = None  # decided at the first start (auto: whether this process may mount)
+        self.runtime = runtime
+        """auto: the supervisor (swerl/sandbox/nsinit.py) where this process may mount, else bubblewrap."""
+        self._launcher: Launcher | None = None
+        self._mount: bool | None = None
+        self._first_start_lock = (
+            threading.Lock()
+        )  # decided at the first start (auto: whether this process may mount)
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
 
@@ -308,10 +309,8 @@ class LocalSandboxProvider:
 
     async def start(
         self, env_dir: Path, setup_patch: str | None = None, env: Mapping[str, str] | None = None
-    ) -> LocalSandbox:
+    ) -> LocalSandbox | SupervisedSandbox:
         """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied."""
-        if self._tools is None:
-            self._tools = require_tools(self.bwrap)
         if self._python_dirs is None:
             self._python_dirs = await asyncio.to_thread(interpreter_dirs, self.python_executable)
         env_dir = Path(env_dir)
@@ -321,6 +320,10 @@ class LocalSandboxProvider:
             self.root_dir.mkdir(parents=True, exist_ok=True)
         if self._mount is None:  # the first start
             self._mount = await asyncio.to_thread(self._first_start)
+        if self._launcher is not None:
+            return await self._start_supervised(env_dir, setup_patch, env or {})
+        if self._tools is None:
+            self._tools = require_tools(self.bwrap)
         prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-"
         root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
         holder: TmpfsHolder | None = None
@@ -370,11 +373,145 @@ class LocalSandboxProvider:
         return sandbox
 
     def _first_start(self) -> bool:
-        """Once per provider: remove dead runs' sandbox directories, then decide the workspace kind."""
+        """Once per provider: remove dead runs' sandbox directories, then decide the runtime and workspace kind."""
+        with self._first_start_lock:  # concurrent first starts: one decides, the others take its decision
+            if self._mount is None:
+                self._mount = self._decide_runtime()
+            return self._mount
+
+    def _decide_runtime(self) -> bool:
         removed = sweep_dead_sandboxes(self._parent())
         if removed:
             log.warning("removed %d sandbox directories of dead runs under %s", len(removed), self._parent())
+        if self.runtime != "bubblewrap" and self.workspace_quota != "none":
+            allowed, why = can_mount(self._parent())
+            if allowed and platform.machine() in SYS_PIVOT_ROOT:
+                self._launcher = Launcher(self._supervisor_config())
+                weakref.finalize(self, self._launcher.close)
+                return True
+            if self.runtime == "supervisor":
+                raise InfraError("start_failed", f"runtime supervisor needs root (CAP_SYS_ADMIN): {why}")
+        if self._tools is None:
+            self._tools = require_tools(self.bwrap)
         return self._decide_mount()
+
+    def close(self) -> None:
+        """End the supervisor's zygote, if any (sandboxes still open stay open until closed)."""
+        if self._launcher is not None:
+            self._launcher.close()
+
+    def _supervisor_config(self) -> dict[str, Any]:
+        """What every sandbox of this provider shares: its file system layout, limits and workspace rules."""
+        with open("/proc/sys/kernel/cap_last_cap") as file:
+            cap_last_cap = int(file.read())
+        return {
+            "layout": self._layout(),
+            "workspace": WORKSPACE,
+            "workspace_mb": self.workspace_mb,
+            "rlimits": {
+                "as": self.memory_mb * MiB,
+                "nproc": self.max_processes,
+                "cpu": self.cpu_time_s,
+                "fsize": self.file_size_mb * MiB,
+                "nofile": self.max_open_files,
+                "core": 0,
+            },
+            "cap_last_cap": cap_last_cap,
+            "ignore_names": ["__pycache__", ".pytest_cache"],
+            "ignore_suffixes": [".pyc"],
+        }
+
+    def _layout(self) -> list[list[Any]]:
+        """The supervisor's mount plan: the same file system _bwrap_args gives bubblewrap."""
+        assert self._python_dirs is not None
+        layout: list[list[Any]] = [["ro-bind", "/usr", "/usr"]]
+        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / link
+            if host.is_symlink():
+                layout.append(["symlink", f"/{link}", os.readlink(host)])
+            elif host.is_dir():
+                layout.append(["ro-bind", f"/{link}", str(host)])
+        layout.append(["dir", "/etc", 0o755])
+        layout += [["ro-bind-try", f"/etc/{name}", f"/etc/{name}"] for name in _ETC_FILES]
+        layout += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.tmp_size_mb, 0o1777]]
+        made: set[str] = {"/usr", "/etc", "/tmp"}
+        for prefix in self._python_dirs:
+            for parent in ancestors(prefix):
+                if parent not in made:
+                    layout.append(["dir", parent, 0o755])
+                    made.add(parent)
+            layout.append(["ro-bind", prefix, prefix])
+        return layout
+
+    def _environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """A command's whole environment: the base, then the provider's extra_env, then the sandbox's own."""
+        python_bin = str(Path(self.python_executable).parent)
+        base_env = {
+            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "USER": "sandbox",
+        }
+        return {**base_env, **self.extra_env, **env}
+
+    async def _start_supervised(
+        self, env_dir: Path, setup_patch: str | None, env: Mapping[str, str]
+    ) -> SupervisedSandbox:
+        """A sandbox from the supervisor: its init copies env_dir into the workspace; git runs as its first commands."""
+        assert self._launcher is not None
+        prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-"
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
+        uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
+        request = {
+            "root": str(root),
+            "uid": uid,
+            "env_dir": str(env_dir.resolve()),
+            "env": self._environment(env),
+        }
+        try:
+            control = await self._launcher.start(request)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        sandbox = SupervisedSandbox(root, uid, control, 0, self.max_output_bytes, self.kill_grace_s)
+        try:
+            try:
+                sandbox.init_pid = await asyncio.wait_for(
+                    asyncio.shield(control.started), self.start_timeout_s
+                )
+            except TimeoutError:
+                raise InfraError(
+                    "start_timeout", f"sandbox did not start within {self.start_timeout_s}s"
+                ) from None
+            sandbox.workspace = Path(f"/proc/{sandbox.init_pid}/root{WORKSPACE}")
+            steps: list[tuple[str, str | None]] = []
+            if setup_patch:
+                steps.append(("git apply --whitespace=nowarn -", setup_patch))
+            if self.git_baseline:
+                steps.append((_GIT_BASELINE, None))
+            if not self._python_ok:
+                steps.append(("test -w /workspace && python -c 'pass'", None))
+            for script, stdin in steps:
+                argv = ["/bin/bash", "-c", script]
+                result = await sandbox._run(
+                    argv, self.start_timeout_s, WORKSPACE, None if stdin is None else stdin.encode()
+                )
+                if result.timed_out:
+                    raise InfraError("start_timeout", f"sandbox did not start within {self.start_timeout_s}s")
+                if result.exit_code != 0:
+                    what = (
+                        "setup patch does not apply to"
+                        if stdin is not None
+                        else "sandbox start check failed for"
+                    )
+                    raise InfraError("start_failed", f"{what} {env_dir}: {result.output.strip()}")
+        except BaseException:
+            await asyncio.shield(sandbox.close())
+            raise
+        self._python_ok = True
+        return sandbox
 
     def _parent(self) -> Path:
         """Where sandbox directories are made."""
@@ -429,26 +566,8 @@ class LocalSandboxProvider:
                     "start_failed", f"setup patch does not apply to {env_dir}: {applied.stderr.strip()}"
                 )
         if self.git_baseline:
-            # The agent's patch is later `git diff` against this commit: the task's starting state.
-            git = [
-                "git",
-                "-c",
-                "user.name=swerl",
-                "-c",
-                "user.email=swerl@localhost",
-                "-c",
-                "init.defaultBranch=main",
-            ]
             # One shell for the three commands: each process chain (nsenter, sh, git) costs a spawn per start.
-            script = " && ".join(
-                shlex.join([*git, *args])
-                for args in (
-                    ["init", "-q"],
-                    ["add", "-A"],
-                    ["commit", "-q", "--no-verify", "-m", "task start"],
-                )
-            )
-            in_workspace(["/bin/sh", "-c", script], check=True)
+            in_workspace(["/bin/sh", "-c", _GIT_BASELINE], check=True)
         etc = root / "etc"
         etc.mkdir()
         (etc / "passwd").write_text(
@@ -512,15 +631,6 @@ class LocalSandboxProvider:
                     made.add(parent)
             args += ["--ro-bind", prefix, prefix]
         args += ["--bind", str(root / "workspace"), WORKSPACE, "--clearenv"]
-        python_bin = str(Path(self.python_executable).parent)
-        base_env = {
-            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/tmp",
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "USER": "sandbox",
-        }
-        for key, value in {**base_env, **self.extra_env, **env}.items():
+        for key, value in self._environment(env).items():
             args += ["--setenv", key, value]
         return args

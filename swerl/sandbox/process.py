@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
+
+from swerl.sandbox.base import WORKSPACE, ExecResult
 
 
 class BoundedOutput:
@@ -116,3 +119,35 @@ def owner_alive(tag: str) -> bool:
     """Whether the process an owner_tag names is still running (same pid, same start time)."""
     pid, _, start = tag.partition("-")
     return process_start_time(int(pid)) == int(start)
+
+
+class CommandSandbox:
+    """exec, read_file and write_file of a sandbox that runs an argv (its `_run`) as the sandbox's user."""
+
+    async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
+        raise NotImplementedError
+
+    async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
+        """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree."""
+        return await self._run(["/bin/bash", "-c", cmd], timeout, cwd or WORKSPACE, stdin=None)
+
+    async def read_file(self, path: str) -> str:
+        """Read a file as the sandbox sees it (so a symlink cannot reach outside it)."""
+        result = await self._run(["/bin/cat", "--", self._abs(path)], 60.0, WORKSPACE, stdin=None)
+        if result.exit_code != 0:
+            raise FileNotFoundError(f"cannot read {path} in sandbox: {result.output.strip()}")
+        return result.output
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a file under /workspace from inside the sandbox, creating parent directories."""
+        target = self._abs(path)
+        if not (target == WORKSPACE or target.startswith(WORKSPACE + "/")):
+            raise ValueError(f"write_file({path!r}): only paths under {WORKSPACE} are writable")
+        script = f"mkdir -p -- {shlex.quote(os.path.dirname(target))} && cat > {shlex.quote(target)}"
+        result = await self._run(["/bin/bash", "-c", script], 60.0, WORKSPACE, stdin=content.encode())
+        if result.exit_code != 0:
+            raise OSError(f"cannot write {path} in sandbox: {result.output.strip()}")
+
+    @staticmethod
+    def _abs(path: str) -> str:
+        return os.path.normpath(path if path.startswith("/") else f"{WORKSPACE}/{path}")

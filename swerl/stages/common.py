@@ -103,6 +103,7 @@ def sandbox_provider(
         root_dir=limits.workspace_dir,
         workspace_mb=limits.workspace_mb,
         workspace_quota=limits.workspace_quota,
+        runtime=limits.runtime,
     )
 
 

@@ -1,0 +1,383 @@
+"""The host side of the supervisor runtime for local sandboxes (swerl/sandbox/nsinit.py is the other side).
+
+`Launcher` owns one zygote process per LocalSandboxProvider; `Control` is one sandbox's control socket (the
+messages of its init process, dispatched to futures); `SupervisedSandbox` runs commands through it. A command's
+output comes back on a pipe whose write end travels with the request (SCM_RIGHTS), so output never passes through
+the supervisor; its exit status comes back as a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swerl.errors import InfraError
+from swerl.sandbox.base import WORKSPACE, ExecResult
+from swerl.sandbox.process import BoundedOutput, CommandSandbox
+
+NSINIT = str(Path(__file__).with_name("nsinit.py"))
+MESSAGE_BYTES = 1 << 20
+"""The largest message either side sends (as nsinit.MESSAGE_BYTES)."""
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a future's exception seen: a start or command nobody awaits any more may still fail."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def send(
+    sock: socket.socket, lock: asyncio.Lock, message: dict[str, Any], fds: list[int] | None = None
+) -> None:
+    """Send one message (with fds attached) on a non-blocking SOCK_SEQPACKET socket, waiting while it is full.
+
+    `lock` is the socket's: one waiter at a time (a second add_writer on the same fd would replace the first's).
+    """
+    data = json.dumps(message).encode()
+    if len(data) > MESSAGE_BYTES:
+        raise ValueError(f"sandbox message of {len(data)} bytes exceeds {MESSAGE_BYTES}")
+    loop = asyncio.get_running_loop()
+    async with lock:
+        while True:
+            try:
+                socket.send_fds(sock, [data], fds or [])
+                return
+            except BlockingIOError:
+                writable = loop.create_future()
+                loop.add_writer(sock.fileno(), _wake, writable)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(sock.fileno())
+
+
+class LoopLock:
+    """An asyncio.Lock per event loop (a provider may outlive one asyncio.run and serve the next)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+    def get(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            self._locks = {known: lock for known, lock in self._locks.items() if not known.is_closed()}
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
+
+
+class Launcher:
+    """The zygote (nsinit.py) that forks every sandbox of one provider; started at the first start."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._lock = LoopLock()
+
+    def _ensure(self) -> socket.socket:
+        if self._proc is not None and self._proc.poll() is None and self._sock is not None:
+            return self._sock
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", NSINIT, str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C reaches swerl, which closes sandboxes in order
+                env={"PATH": "/usr/bin:/bin"},
+            )
+        except OSError as exc:
+            ours.close()
+            raise InfraError("start_failed", f"cannot start the sandbox supervisor: {exc}") from exc
+        finally:
+            theirs.close()
+        ours.sendall(json.dumps(self._config).encode())
+        ours.setblocking(False)
+        self._sock = ours
+        return ours
+
+    async def start(self, request: dict[str, Any]) -> Control:
+        """Ask the zygote for a sandbox; its init answers on the returned Control."""
+        sock = self._ensure()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            await send(sock, self._lock.get(), request, [theirs.fileno()])
+        except OSError as exc:
+            mine.close()
+            self.close()  # the next start launches a new zygote
+            raise InfraError("start_failed", f"the sandbox supervisor has ended: {exc}") from exc
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return Control(mine)
+
+    def close(self) -> None:
+        """End the zygote (sandboxes already started live on until closed: each is its own process tree)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+class Control:
+    """One sandbox's control socket: start-up messages, then each command's result, matched by id."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self.init_pid: int | None = None
+        self.started: asyncio.Future[int] = self._loop.create_future()
+        self.started.add_done_callback(_retrieve)
+        """Resolves to the init's host pid once the sandbox is ready; InfraError if its set-up failed."""
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        """Resolves when the init has ended (every process of the sandbox killed and reaped)."""
+        self._ready = False
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, MESSAGE_BYTES, 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            for fd in fds:
+                os.close(fd)
+            if not data:
+                self._end()
+                return
+            message = json.loads(data)
+            if "id" in message:
+                future = self._pending.pop(message["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif "pid" in message:
+                self.init_pid = message["pid"]
+            elif "ready" in message:
+                self._ready = True
+            elif "error" in message and not self.started.done():
+                self.started.set_exception(
+                    InfraError("start_failed", f"sandbox set-up failed: {message['error']}")
+                )
+            if self._ready and self.init_pid is not None and not self.started.done():
+                self.started.set_result(self.init_pid)
+
+    def _end(self) -> None:
+        self._loop.remove_reader(self.sock.fileno())
+        died = InfraError("sandbox_died", "the sandbox's init process has ended")
+        if not self.started.done():
+            self.started.set_exception(died)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(died)
+        self._pending.clear()
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    @property
+    def alive(self) -> bool:
+        return not self.ended.done()
+
+    def expect(self) -> tuple[int, asyncio.Future[dict[str, Any]]]:
+        """A new command id and the future of its result."""
+        command = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        future.add_done_callback(_retrieve)
+        self._pending[command] = future
+        return command, future
+
+    async def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        try:
+            await send(self.sock, self._lock, message, fds)
+        except OSError as exc:
+            raise InfraError("sandbox_died", f"the sandbox's init does not listen: {exc}") from exc
+
+    async def close(self, grace_s: float) -> None:
+        """Ask the init to kill everything and end; SIGKILL it if it has not within grace_s."""
+        if not self.ended.done():
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)
+            try:
+                await asyncio.wait_for(asyncio.shield(self.ended), grace_s)
+            except TimeoutError:
+                if self.init_pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.init_pid, signal.SIGKILL)  # its namespace dies with it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.ended), grace_s)
+        if not self.ended.done():
+            self._end()
+        self.sock.close()
+
+
+async def _read_until_eof(fd: int, output: BoundedOutput) -> None:
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            readable = loop.create_future()
+            loop.add_reader(fd, _wake, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            continue
+        if not chunk:
+            return
+        output.add(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        with contextlib.suppress(BrokenPipeError):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+class SupervisedSandbox(CommandSandbox):
+    """A sandbox whose init process (nsinit.py) runs each command with one fork and one exec."""
+
+    def __init__(
+        self,
+        root: Path,
+        uid: int,
+        control: Control,
+        init_pid: int,
+        max_output_bytes: int,
+        kill_grace_s: float,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.root = root
+        """The sandbox's directory on the host: its init mounted the sandbox's tmpfs on it, in its own namespace."""
+        self.uid = uid
+        self.control = control
+        self.init_pid = init_pid
+        self.workspace = Path(f"/proc/{init_pid}/root{WORKSPACE}")
+        """The workspace as this (host) process reaches it: through the init's root, while it lives."""
+        self.holder = None  # no holder process: the init itself holds the tmpfs (LocalSandbox's attribute)
+        self._max_output_bytes = max_output_bytes
+        self._kill_grace_s = kill_grace_s
+        self._on_close = on_close
+        self._closed = False
+
+    async def close(self) -> None:
+        """Kill every process of the sandbox (its init does, then ends) and remove its directory."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.control.close(self._kill_grace_s)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if self._on_close is not None:
+            self._on_close()
+
+    async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
+        if self._closed:
+            raise InfraError("sandbox_died", f"sandbox {self.root} is closed")
+        if not self.control.alive:
+            raise InfraError("sandbox_died", f"sandbox {self.root}'s init process has ended")
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin is not None else (-1, -1)
+        command, result = self.control.expect()
+        started = time.monotonic()
+        try:
+            await self.control.send(
+                {"op": "exec", "id": command, "argv": argv, "cwd": cwd},
+                [out_w] + ([in_r] if in_r >= 0 else []),
+            )
+        except BaseException:
+            os.close(out_r)
+            if in_w >= 0:
+                os.close(in_w)
+            raise
+        finally:
+            os.close(out_w)
+            if in_r >= 0:
+                os.close(in_r)
+        output = BoundedOutput(self._max_output_bytes)
+        collect = asyncio.ensure_future(self._collect(out_r, in_w, stdin, output, result))
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(collect), timeout)
+        except TimeoutError:
+            timed_out = True
+            with contextlib.suppress(InfraError):
+                await self.control.send({"op": "kill"})
+            try:
+                await asyncio.wait_for(collect, self._kill_grace_s)
+            except TimeoutError as exc:
+                collect.cancel()
+                raise InfraError(
+                    "exec_unresponsive", f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}"
+                ) from exc
+        except asyncio.CancelledError:
+            if self.control.alive:
+                asyncio.ensure_future(self.control.send({"op": "kill"})).add_done_callback(
+                    lambda task: task.exception()
+                )
+            collect.cancel()
+            raise
+        message = collect.result()
+        duration = time.monotonic() - started
+        if self._closed:
+            raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
+        if "error" in message:
+            raise InfraError("start_failed", f"sandbox command did not start: {message['error']}")
+        exit_code = 124 if timed_out else int(message["exit"])
+        return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
+
+    @staticmethod
+    async def _collect(
+        out_r: int,
+        in_w: int,
+        stdin: bytes | None,
+        output: BoundedOutput,
+        result: asyncio.Future[dict[str, Any]],
+    ) -> dict[str, Any]:
+        writer = (
+            asyncio.ensure_future(asyncio.to_thread(_write_all, in_w, stdin)) if stdin is not None else None
+        )
+        try:
+            await _read_until_eof(out_r, output)
+            if writer is not None:
+                await writer
+            return await result
+        finally:
+            os.close(out_r)
