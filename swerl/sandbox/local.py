@@ -1,10 +1,13 @@
-"""Local sandboxes under bubblewrap: private workspace, no network, no host secrets, resource limits.
+"""Local sandboxes: private workspace, no network, no host secrets, resource limits; two runtimes.
 
-Every command runs in a fresh bubblewrap instance over the sandbox's workspace (a private copy of the task's
-repository, bound read-write at /workspace). The rest of the file system is the host's /usr (read-only), a
-minimal /etc, the interpreter's own prefix directories (read-only) and a bounded tmpfs /tmp that lasts one
-command; state persists only under /workspace. Processes run as a per-sandbox unprivileged uid with no
-capabilities, which is what makes the process limit bite (the kernel never applies RLIMIT_NPROC to root).
+The supervisor (runtime auto as root, or supervisor; swerl/sandbox/nsinit.py and supervisor.py) builds each
+sandbox once in a namespace init of its own and runs each command with one vfork and exec. Bubblewrap (runtime
+bubblewrap, or auto without the right to mount) runs every command in a fresh bubblewrap instance over the
+sandbox's workspace. Both give the same sandbox: the task's repository bound read-write at /workspace, the host's
+/usr (read-only), a minimal /etc, the interpreter's own prefix directories (read-only) and a bounded tmpfs /tmp;
+processes run as a per-sandbox unprivileged uid with no capabilities, which is what makes the process limit bite
+(the kernel never applies RLIMIT_NPROC to root), and none outlives its command. Under bubblewrap /tmp lasts one
+command; under the supervisor, the sandbox.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Process plumbing for the bubblewrap sandbox: bounded output capture, status pipe, group kill."""
+"""Process plumbing for local sandboxes: bounded output capture, status pipe, group kill, the shell commands."""
 
 from __future__ import annotations
 
