@@ -1,7 +1,7 @@
 """Sandbox start-to-first-exec latency under bursts of concurrent starts, against each backend's raw floor.
 
     .venv/bin/python benchmarks/sandbox_start.py [--local 64,384] [--docker 16,64] [--skip-docker] [--repeat 3]
-                                                 [--workspace-dir /dev/shm]
+                                                 [--workspace-dir /dev/shm] [--runtime auto]
 
 For each burst size N, all N starts are issued at once; a sandbox's latency is the time from the burst's start
 to the return of its first command (`true`). The raw floor is measured in the same run at the same concurrency:
@@ -93,10 +93,11 @@ async def main(args: argparse.Namespace) -> None:
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
         workspaces = Path(args.workspace_dir or tmp) / f"swerl-bench-{os.getpid()}"
         local = LocalSandboxProvider(sys.executable, root_dir=workspaces, max_processes=256,
-                                     workspace_quota=args.workspace_quota)  # fmt: skip
+                                     workspace_quota=args.workspace_quota, runtime=args.runtime)  # fmt: skip
         await (await local.start(env_dir)).close()  # warm the interpreter probe, as a running stage has
         for count in args.local:
             await measure("local", count, local, env_dir, raw_bwrap_argv(), args.repeat)
+        local.close()
         shutil.rmtree(workspaces, ignore_errors=True)
         if args.skip_docker or shutil.which("docker") is None:
             return
@@ -124,6 +125,12 @@ if __name__ == "__main__":
         default="auto",
         choices=["auto", "tmpfs", "none"],
         help="local: a size-capped tmpfs per sandbox (auto/tmpfs, as root) or a plain directory",
+    )
+    parser.add_argument(
+        "--runtime",
+        default="auto",
+        choices=["auto", "supervisor", "bubblewrap"],
+        help="local: the supervisor (auto as root) or a bubblewrap per command",
     )
     parser.add_argument("--workspace-dir", default=None, help="where local workspaces go (default: temp dir)")
     asyncio.run(main(parser.parse_args()))
