@@ -207,6 +207,35 @@ def test_git_baseline(env_dir: Path):
     assert "+x = 1" in run(body())
 
 
+def test_a_command_cannot_end_its_sandbox(provider: LocalSandboxProvider, env_dir: Path):
+    """Signals to pid 1 (the supervisor's init, or bubblewrap's) and a kill of everything it may signal end the
+    command, never the sandbox: a policy must not be able to turn its own failure into an infrastructure error.
+    Nor can it read pid 1's environment or memory."""
+
+    async def body() -> None:
+        sandbox = await provider.start(env_dir)
+        try:
+            probe = await sandbox.exec(
+                "cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable; "
+                "head -c1 /proc/1/mem >/dev/null 2>&1 && echo mem-readable; "
+                "for s in INT TERM HUP QUIT USR1 USR2 CHLD PIPE STOP KILL; do kill -$s 1 2>/dev/null; done; "
+                "echo signalled",
+                10,
+            )
+            assert probe.output.split() == ["signalled"], probe.output
+            everything = await sandbox.exec("sleep 30 & kill -KILL -1; wait; echo survived", 10)
+            assert (
+                everything.output.endswith("survived\n") and not everything.timed_out
+            )  # kill(-1) spares the caller
+            assert "Killed" in everything.output  # ... and took the sleep
+            after = await sandbox.exec("echo alive; ls", 10)
+            assert (after.exit_code, after.output.split()) == (0, ["alive", "pkg"])
+        finally:
+            await sandbox.close()
+
+    run(body())
+
+
 def test_sandboxes_are_private_to_each_other(provider: LocalSandboxProvider, env_dir: Path):
     async def body() -> None:
         a, b = await provider.start(env_dir), await provider.start(env_dir)
