@@ -3,29 +3,29 @@
 This file runs as its own small interpreter (`python -I -S nsinit.py FD PPID`, standard library only), started
 once per LocalSandboxProvider (swerl/sandbox/supervisor.py is the host side). It is a zygote: for each sandbox
 swerl sends it one request over the SOCK_SEQPACKET socket FD, with the sandbox's own control socket attached, and
-it forks:
+it does unshare(CLONE_NEWPID) and forks (then setns back into its own pid namespace): the child, I, is pid 1 of
+a new pid namespace, the sandbox's init.
 
-    zygote ── fork ─> S: unshare(mount, pid, net, ipc, uts, cgroup) ── fork ─> I: pid 1 of the sandbox
-                         waits for I, then exits                         builds the root, serves commands
-
-I mounts a size-capped tmpfs on the sandbox's directory (workspace_mb), builds the sandbox's file system in it
-(read-only binds of /usr and the interpreter, a minimal /etc and /dev, /proc, a bounded /tmp), copies the task's
-repository to /workspace owned by the sandbox's uid, and pivots into it. Each command is then one fork of I and
-one exec: the child sets its limits, drops every capability and the bounding set, sets no_new_privs, switches to
-the sandbox's unprivileged uid and execs the command, with its output on the pipe swerl passed along.
+I unshares mount, network, IPC, UTS and cgroup namespaces, mounts a size-capped tmpfs on the sandbox's directory
+(workspace_mb), builds the sandbox's file system in it (read-only binds of /usr and the interpreter, a minimal
+/etc and /dev, /proc, a bounded /tmp), copies the task's repository to /workspace owned by the sandbox's uid,
+and pivots into it. Then, once, it sets what every command inherits: the limits, no_new_privs, an empty bounding
+set, no groups, and real uid/gid = the sandbox's (its effective uid stays 0). Each command is one posix_spawn
+(vfork + exec) with POSIX_SPAWN_RESETIDS: the effective ids become the sandbox's, and at the exec the saved ids
+and the (empty) capabilities follow. Its output goes to the pipe swerl passed along, never through I.
 
 No process outlives its command: when a command's main process ends, I kills every other process of the sandbox
 (kill(-1) from a pid namespace's init reaches exactly its namespace). A kill request does the same at once. When
 swerl closes the control socket (close(), or swerl dying), I kills everything, reaps it, and exits; the kernel
-tears the namespaces and the tmpfs down with it. Parent-death signals tie zygote -> swerl, S -> zygote, I -> S.
+tears the namespaces and the tmpfs down with it. Parent-death signals tie the zygote to swerl and I to the zygote.
 
 Why not bubblewrap per command: each command paid nsenter + prlimit + bubblewrap + setpriv + bash, and each start
 a holder chain (setpriv, unshare, sh, mount, sleep): 4x the CPU of a bare `bwrap /bin/true` (docs/benchmarks.md).
-Here a start is two forks of a small interpreter plus ~30 mount calls, and a command is a fork plus its own exec.
+Here a start is one fork of a small interpreter plus ~20 mount calls, and a command is a vfork and its own exec.
 Needs root (CAP_SYS_ADMIN); without it, LocalSandboxProvider uses bubblewrap.
 
 Messages are JSON. swerl -> zygote: {"root", "uid", "env_dir", "env"} with the control socket attached (the
-layout, limits and base environment came once, as the first message). I -> swerl: {"pid"} (I's host pid, from S),
+layout, limits and base environment came once, as the first message). I -> swerl: {"pid"} (I's host pid),
 {"ready"} or {"error"}; {"id", "exit"} or {"id", "error"} per command. swerl -> I: {"op": "exec", "id", "argv",
 "cwd"} with the output pipe's write end (and stdin's read end) attached; {"op": "kill"}.
 """
@@ -151,8 +151,6 @@ def zygote(sock: socket.socket, swerl_pid: int) -> None:
                 __import__("traceback").print_exc()
             finally:
                 os._exit(code)
-        with contextlib.suppress(OSError):  # swerl gave up on this start: the init sees the same and ends
-            send(ctl, {"pid": pid})
         ctl.close()
 
 
@@ -180,6 +178,8 @@ def init(config: dict, request: dict, ctl: socket.socket) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: a signal sent from inside cannot reach init
     os.set_inheritable(ctl.fileno(), False)
+    # The host's procfs (still mounted here) names this process by its pid out there, the one swerl needs.
+    send(ctl, {"pid": int(os.readlink("/proc/self"))})
     try:
         flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
         if _libc.unshare(flags | CLONE_NEWCGROUP) != 0:
