@@ -281,13 +281,26 @@ def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -
                              f"{free} MB free vs {want} MB (sandboxes x file_size_mb + 1 GB)"))  # fmt: skip
     backends = _backends(cfg)
     if "local" in backends:
-        out.append(Check("bubblewrap", bool(machine.get("bwrap_ok")), str(machine.get("bwrap"))))
-        modes = {
-            limits.workspace_quota
-            for _, limits in stage_concurrency(cfg).values()
-            if limits.backend == "local"
-        }
+        local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
+        modes = {limits.workspace_quota for limits in local_limits}
         mountable = bool(machine.get("tmpfs_mount_ok", True))
+        needs_bwrap = False
+        for runtime, quota in sorted({(limits.runtime, limits.workspace_quota) for limits in local_limits}):
+            supervised = runtime != "bubblewrap" and quota != "none" and mountable
+            needs_bwrap |= not supervised
+            why = "workspace_quota none" if quota == "none" else str(machine.get("tmpfs_mount"))
+            if supervised:
+                detail = f"runtime {runtime}: the supervisor (swerl/sandbox/nsinit.py)"
+            elif runtime == "supervisor":
+                detail = f"runtime supervisor needs root (CAP_SYS_ADMIN) and a workspace quota: {why}"
+            else:
+                detail = f"runtime {runtime}: bubblewrap per command" + (
+                    "" if runtime == "bubblewrap" else f" ({why})"
+                )
+            out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
+        bwrap_ok = bool(machine.get("bwrap_ok"))
+        out.append(Check("bubblewrap", bwrap_ok or not needs_bwrap,
+                         str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)")))  # fmt: skip
         for mode in sorted(modes):
             capped = mode != "none" and mountable
             detail = (f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})" if capped

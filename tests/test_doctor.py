@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 from swerl.cli import main
 from swerl.config import load_config
@@ -47,3 +50,20 @@ def test_refuses_when_open_files_are_too_few() -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL open_files: ~624 descriptors needed vs RLIMIT_NOFILE soft 300" in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping a capability from the bounding set needs root")
+def test_refuses_the_supervisor_runtime_without_the_right_to_mount() -> None:
+    # A real process without CAP_SYS_ADMIN (dropped from its bounding set), not a patched probe.
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_admin", sys.executable, "-m", "swerl.cli", "doctor", "configs/local.yaml",
+         "--set", "agent.sandbox.runtime=supervisor", "--set", "agent.sandbox.memory_mb=256"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL local_runtime.supervisor: runtime supervisor needs root (CAP_SYS_ADMIN)" in done.stdout
+    assert "Operation not permitted" in done.stdout and "refused: local_runtime.supervisor" in done.stdout
+    # auto falls back to bubblewrap there, which the doctor then requires
+    assert "ok   local_runtime.auto: runtime auto: bubblewrap per command" in done.stdout
