@@ -304,7 +304,12 @@ class SupervisedSandbox(CommandSandbox):
             return
         self._closed = True
         await self.control.close(self._kill_grace_s)
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        try:
+            os.rmdir(self.root)  # empty on the host: the tmpfs and every file lived in the init's namespace
+        except FileNotFoundError:
+            pass
+        except OSError:
+            await asyncio.to_thread(shutil.rmtree, self.root, True)
         if self._on_close is not None:
             self._on_close()
 
