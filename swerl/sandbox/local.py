@@ -435,7 +435,11 @@ class LocalSandboxProvider:
             elif host.is_dir():
                 layout.append(["ro-bind", f"/{link}", str(host)])
         layout.append(["dir", "/etc", 0o755])
-        layout += [["ro-bind-try", f"/etc/{name}", f"/etc/{name}"] for name in _ETC_FILES]
+        for (
+            name
+        ) in _ETC_FILES:  # small files are copied (a bind costs two mount calls now and one at teardown)
+            kind = "ro-bind-try" if os.path.isdir(f"/etc/{name}") else "copy-try"
+            layout.append([kind, f"/etc/{name}", f"/etc/{name}"])
         layout += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.tmp_size_mb, 0o1777]]
         made: set[str] = {"/usr", "/etc", "/tmp"}
         for prefix in self._python_dirs:

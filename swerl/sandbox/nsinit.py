@@ -232,6 +232,9 @@ def build_root(config: dict, request: dict) -> None:
             os.symlink(entry[2], path)
         elif kind in ("ro-bind", "ro-bind-try"):
             bind(entry[2], path, kind == "ro-bind-try")
+        elif kind == "copy-try":
+            with contextlib.suppress(FileNotFoundError):
+                copy_file(entry[2], path, os.stat(entry[2]), 0, 0o644)
         elif kind == "tmpfs":
             os.makedirs(path, mode=0o755, exist_ok=True)
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={entry[2]}m,mode={entry[3]:o}")
@@ -325,12 +328,12 @@ def copy_tree(
                 copy_file(src, dst, st, uid)
 
 
-def copy_file(source: str, target: str, st: os.stat_result, uid: int) -> None:
+def copy_file(source: str, target: str, st: os.stat_result, uid: int, mode: int | None = None) -> None:
+    """Copy one regular file (contents, mode without set-id bits or `mode`, modification time), owned by uid."""
     fin = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fout = os.open(
-            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, stat.S_IMODE(st.st_mode) & 0o777
-        )
+        mode = stat.S_IMODE(st.st_mode) & 0o777 if mode is None else mode
+        fout = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
             offset = 0
             while offset < st.st_size:

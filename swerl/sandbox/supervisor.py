@@ -337,29 +337,31 @@ class SupervisedSandbox(CommandSandbox):
             if in_r >= 0:
                 os.close(in_r)
         output = BoundedOutput(self._max_output_bytes)
-        collect = asyncio.ensure_future(self._collect(out_r, in_w, stdin, output, result))
+        loop = asyncio.get_running_loop()
         timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(collect), timeout)
-        except TimeoutError:
-            timed_out = True
-            with contextlib.suppress(InfraError):
-                await self.control.send({"op": "kill"})
-            try:
-                await asyncio.wait_for(collect, self._kill_grace_s)
-            except TimeoutError as exc:
-                collect.cancel()
-                raise InfraError(
-                    "exec_unresponsive", f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}"
-                ) from exc
+            # One deadline, no extra task: at `timeout` the init kills the command's processes and the deadline
+            # moves kill_grace_s on; passing that too means the command did not die (exec_unresponsive).
+            async with asyncio.timeout(None) as deadline:
+
+                def expire() -> None:
+                    nonlocal timed_out
+                    timed_out = True
+                    deadline.reschedule(loop.time() + self._kill_grace_s)
+                    self._kill_soon()
+
+                timer = loop.call_later(timeout, expire)
+                try:
+                    message = await self._collect(out_r, in_w, stdin, output, result)
+                finally:
+                    timer.cancel()
+        except TimeoutError as exc:
+            raise InfraError(
+                "exec_unresponsive", f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}"
+            ) from exc
         except asyncio.CancelledError:
-            if self.control.alive:
-                asyncio.ensure_future(self.control.send({"op": "kill"})).add_done_callback(
-                    lambda task: task.exception()
-                )
-            collect.cancel()
+            self._kill_soon()
             raise
-        message = collect.result()
         duration = time.monotonic() - started
         if self._closed:
             raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
@@ -367,6 +369,11 @@ class SupervisedSandbox(CommandSandbox):
             raise InfraError("start_failed", f"sandbox command did not start: {message['error']}")
         exit_code = 124 if timed_out else int(message["exit"])
         return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
+
+    def _kill_soon(self) -> None:
+        """Ask the init to kill the sandbox's commands (from a callback: the request is sent by a task)."""
+        if self.control.alive:
+            asyncio.ensure_future(self.control.send({"op": "kill"})).add_done_callback(_retrieve)
 
     @staticmethod
     async def _collect(
