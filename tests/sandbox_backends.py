@@ -64,9 +64,19 @@ def local_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
     return Backend(
         name,
         provider,
-        lambda: sorted(p.name for p in root.glob("*")) if root.exists() else [],
+        lambda: local_leftovers(provider, root),
         teardown=provider.close,
     )
+
+
+def local_leftovers(provider: LocalSandboxProvider, root: Path) -> list[str]:
+    """Entries under root but the supervisor's mount point, which must be empty (its inits' mounts are theirs)."""
+    found = []
+    for path in sorted(root.glob("*")) if root.exists() else []:
+        if path == provider.mount_point and not any(path.iterdir()):
+            continue
+        found.append(path.name)
+    return found
 
 
 def local_bwrap_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:

@@ -316,11 +316,9 @@ class LocalSandboxProvider:
         """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied."""
         if self._python_dirs is None:
             self._python_dirs = await asyncio.to_thread(interpreter_dirs, self.python_executable)
-        env_dir = Path(env_dir)
+        env_dir = Path(env_dir).absolute()
         if not env_dir.is_dir():
             raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
-        if self.root_dir is not None:
-            self.root_dir.mkdir(parents=True, exist_ok=True)
         if self._mount is None:  # the first start
             self._mount = await asyncio.to_thread(self._first_start)
         if self._launcher is not None:
@@ -377,6 +375,8 @@ class LocalSandboxProvider:
 
     def _first_start(self) -> bool:
         """Once per provider: remove dead runs' sandbox directories, then decide the runtime and workspace kind."""
+        if self.root_dir is not None:
+            self.root_dir.mkdir(parents=True, exist_ok=True)
         with self._first_start_lock:  # concurrent first starts: one decides, the others take its decision
             if self._mount is None:
                 self._mount = self._decide_runtime()
@@ -389,8 +389,13 @@ class LocalSandboxProvider:
         if self.runtime != "bubblewrap" and self.workspace_quota != "none":
             allowed, why = can_mount(self._parent())
             if allowed and platform.machine() in SYS_PIVOT_ROOT:
-                self._launcher = Launcher(self._supervisor_config())
-                weakref.finalize(self, self._launcher.close)
+                # Every init mounts its sandbox's tmpfs on this one empty directory, each in its own mount
+                # namespace: the host sees nothing there, and a start makes no directory of its own. Named after
+                # this process like a sandbox directory, so a dead run's is swept.
+                prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-mnt-"
+                mount_point = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
+                self._launcher = Launcher(self._supervisor_config(), mount_point)
+                weakref.finalize(self, self._launcher.shutdown)
                 return True
             if self.runtime == "supervisor":
                 raise InfraError("start_failed", f"runtime supervisor needs root (CAP_SYS_ADMIN): {why}")
@@ -398,10 +403,15 @@ class LocalSandboxProvider:
             self._tools = require_tools(self.bwrap)
         return self._decide_mount()
 
+    @property
+    def mount_point(self) -> Path | None:
+        """The supervisor's one (empty) host directory its inits mount on; None under bubblewrap."""
+        return self._launcher.mount_point if self._launcher is not None else None
+
     def close(self) -> None:
         """End the supervisor's zygote, if any (sandboxes still open stay open until closed)."""
         if self._launcher is not None:
-            self._launcher.close()
+            self._launcher.shutdown()
 
     def _supervisor_config(self) -> dict[str, Any]:
         """What every sandbox of this provider shares: its file system layout, limits and workspace rules."""
@@ -468,20 +478,10 @@ class LocalSandboxProvider:
     ) -> SupervisedSandbox:
         """A sandbox from the supervisor: its init copies env_dir into the workspace; git runs as its first commands."""
         assert self._launcher is not None
-        prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-"
-        root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
         uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
-        request = {
-            "root": str(root),
-            "uid": uid,
-            "env_dir": str(env_dir.resolve()),
-            "env": self._environment(env),
-        }
-        try:
-            control = await self._launcher.start(request)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
+        root = self._launcher.mount_point
+        request = {"root": str(root), "uid": uid, "env_dir": str(env_dir), "env": self._environment(env)}
+        control = await self._launcher.start(request)
         sandbox = SupervisedSandbox(root, uid, control, 0, self.max_output_bytes, self.kill_grace_s)
         try:
             try:

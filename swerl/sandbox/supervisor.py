@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -86,8 +85,10 @@ class LoopLock:
 class Launcher:
     """The zygote (nsinit.py) that forks every sandbox of one provider; started at the first start."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], mount_point: Path) -> None:
         self._config = config
+        self.mount_point = mount_point
+        """The empty host directory every init mounts its sandbox's tmpfs on (in its own mount namespace)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._lock = LoopLock()
@@ -133,6 +134,12 @@ class Launcher:
             theirs.close()
         return Control(mine)
 
+    def shutdown(self) -> None:
+        """End the zygote and remove the mount point (for good: the provider is closed)."""
+        self.close()
+        with contextlib.suppress(OSError):
+            self.mount_point.rmdir()  # still in use (a sandbox not closed yet): the sweep of a later run takes it
+
     def close(self) -> None:
         """End the zygote (sandboxes already started live on until closed: each is its own process tree)."""
         if self._sock is not None:
@@ -155,6 +162,8 @@ class Control:
         sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
         self.init_pid: int | None = None
+        self._pidfd = -1
+        """Readable once the init has exited, i.e. after the kernel killed and reaped its whole namespace."""
         self.started: asyncio.Future[int] = self._loop.create_future()
         self.started.add_done_callback(_retrieve)
         """Resolves to the init's host pid once the sandbox is ready; InfraError if its set-up failed."""
@@ -186,6 +195,8 @@ class Control:
                     future.set_result(message)
             elif "pid" in message:
                 self.init_pid = message["pid"]
+                with contextlib.suppress(ProcessLookupError):  # (it sent this itself: alive a moment ago)
+                    self._pidfd = os.pidfd_open(self.init_pid)
             elif "ready" in message:
                 self._ready = True
             elif "error" in message and not self.started.done():
@@ -226,21 +237,38 @@ class Control:
             raise InfraError("sandbox_died", f"the sandbox's init does not listen: {exc}") from exc
 
     async def close(self, grace_s: float) -> None:
-        """Ask the init to kill everything and end; SIGKILL it if it has not within grace_s."""
+        """Ask the init to kill everything and end; SIGKILL it if it has not within grace_s. Returns once the init
+        (and so every process of the sandbox) is gone."""
         if not self.ended.done():
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
             try:
                 await asyncio.wait_for(asyncio.shield(self.ended), grace_s)
             except TimeoutError:
-                if self.init_pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.init_pid, signal.SIGKILL)  # its namespace dies with it
+                self._kill_init()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self.ended), grace_s)
         if not self.ended.done():
             self._end()
         self.sock.close()
+        if self._pidfd >= 0:
+            # The socket closes early in the init's exit; the pidfd turns readable at its very end.
+            exited = self._loop.create_future()
+            self._loop.add_reader(self._pidfd, _wake, exited)
+            try:
+                await asyncio.wait_for(exited, grace_s)
+            except TimeoutError:
+                self._kill_init()
+            finally:
+                self._loop.remove_reader(self._pidfd)
+                os.close(self._pidfd)
+                self._pidfd = -1
+
+    def _kill_init(self) -> None:
+        """SIGKILL the init (its namespace, every process of the sandbox, dies with it)."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
 
 async def _read_until_eof(fd: int, output: BoundedOutput) -> None:
@@ -286,7 +314,8 @@ class SupervisedSandbox(CommandSandbox):
         on_close: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
-        """The sandbox's directory on the host: its init mounted the sandbox's tmpfs on it, in its own namespace."""
+        """Where the init mounted the sandbox's tmpfs, in its own mount namespace (on the host: an empty directory
+        shared by every sandbox of the provider)."""
         self.uid = uid
         self.control = control
         self.init_pid = init_pid
@@ -304,12 +333,6 @@ class SupervisedSandbox(CommandSandbox):
             return
         self._closed = True
         await self.control.close(self._kill_grace_s)
-        try:
-            os.rmdir(self.root)  # empty on the host: the tmpfs and every file lived in the init's namespace
-        except FileNotFoundError:
-            pass
-        except OSError:
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
         if self._on_close is not None:
             self._on_close()
 
