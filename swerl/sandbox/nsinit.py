@@ -25,9 +25,9 @@ Here a start is one fork of a small interpreter plus ~20 mount calls, and a comm
 Needs root (CAP_SYS_ADMIN); without it, LocalSandboxProvider uses bubblewrap.
 
 Messages are JSON. swerl -> zygote: {"root", "uid", "env_dir", "env"} with the control socket attached (the
-layout, limits and base environment came once, as the first message). I -> swerl: {"pid"} (I's host pid),
-{"ready"} or {"error"}; {"id", "exit"} or {"id", "error"} per command. swerl -> I: {"op": "exec", "id", "argv",
-"cwd"} with the output pipe's write end (and stdin's read end) attached; {"op": "kill"}.
+layout, limits and base environment came once, as the first message). I -> swerl: {"ready", "pid"} or
+{"error", "pid"} (pid: I's host pid); {"id", "exit"} or {"id", "error"} per command. swerl -> I: {"op": "exec",
+"id", "argv", "cwd"} with the output pipe's write end (and stdin's read end) attached; {"op": "kill"}.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def init(config: dict, request: dict, ctl: socket.socket) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: a signal sent from inside cannot reach init
     os.set_inheritable(ctl.fileno(), False)
     # The host's procfs (still mounted here) names this process by its pid out there, the one swerl needs.
-    send(ctl, {"pid": int(os.readlink("/proc/self"))})
+    host_pid = int(os.readlink("/proc/self"))
     try:
         flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
         if _libc.unshare(flags | CLONE_NEWCGROUP) != 0:
@@ -187,9 +187,9 @@ def init(config: dict, request: dict, ctl: socket.socket) -> int:
         build_root(config, request)
         drop_privileges(config, request["uid"])
     except Exception as exc:  # noqa: BLE001 - every setup failure is reported, with its cause
-        send(ctl, {"error": f"{type(exc).__name__}: {exc}"})
+        send(ctl, {"error": f"{type(exc).__name__}: {exc}", "pid": host_pid})
         return 1
-    send(ctl, {"ready": True})
+    send(ctl, {"ready": True, "pid": host_pid})
     return serve(request, ctl)
 
 
@@ -351,7 +351,7 @@ def copy_file(source: str, target: str, st: os.stat_result, uid: int, mode: int 
 
 def loopback_up() -> None:
     """Bring the new network namespace's loopback up (as bubblewrap does): 127.0.0.1 inside, nothing outside."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # any socket reaches the device ioctls
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
 

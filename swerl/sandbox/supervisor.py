@@ -193,11 +193,12 @@ class Control:
                 future = self._pending.pop(message["id"], None)
                 if future is not None and not future.done():
                     future.set_result(message)
-            elif "pid" in message:
+                continue
+            if "pid" in message:
                 self.init_pid = message["pid"]
                 with contextlib.suppress(ProcessLookupError):  # (it sent this itself: alive a moment ago)
                     self._pidfd = os.pidfd_open(self.init_pid)
-            elif "ready" in message:
+            if "ready" in message:
                 self._ready = True
             elif "error" in message and not self.started.done():
                 self.started.set_exception(
