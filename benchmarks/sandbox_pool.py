@@ -2,7 +2,7 @@
 
     nice -n 19 .venv/bin/python benchmarks/sandbox_pool.py [--in-flight 384] [--warm 16] [--handouts 100]
 
-Local (bubblewrap) backend. First `--in-flight` trajectories start and stay in flight: each holds a sandbox and
+Local backend (the runtime `auto` picks). First `--in-flight` trajectories start and stay in flight: each holds a sandbox and
 runs agent-like commands (`sleep` in the sandbox, a host pause standing in for the LLM). Then the pool keeps
 `--warm` sandboxes of one task's starting state ready, and requests for that state arrive one after another;
 each hand-out's latency (request to a ready sandbox) is recorded, the sandbox used for one command and closed
