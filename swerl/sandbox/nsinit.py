@@ -389,7 +389,8 @@ def serve(request: dict, ctl: socket.socket) -> int:
                 try:
                     running[spawn(env, message, fds)] = message["id"]
                 except OSError as exc:
-                    send(ctl, {"id": message["id"], "error": str(exc)})
+                    with contextlib.suppress(OSError):
+                        send(ctl, {"id": message["id"], "error": str(exc)})
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -417,7 +418,8 @@ def reap(ctl: socket.socket, running: dict[int, int]) -> None:
         if not running:
             kill_all()  # nothing outlives its command (and the output pipe reaches end of file)
         code = os.waitstatus_to_exitcode(status)
-        send(ctl, {"id": command, "exit": code if code >= 0 else 128 - code})
+        with contextlib.suppress(OSError):  # swerl is gone: the end of file that follows ends this init
+            send(ctl, {"id": command, "exit": code if code >= 0 else 128 - code})
 
 
 def spawn(env: dict, message: dict, fds: list[int]) -> int:
