@@ -519,7 +519,9 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     attempts get ready sandboxes; each group is warmed once, in data order, and nothing is left after close."""
     sandboxes = tmp_path / "sandboxes"
     pool = SandboxPool(
-        LocalSandboxProvider(sys.executable, git_baseline=True, root_dir=sandboxes), max_concurrent=8
+        LocalSandboxProvider(sys.executable, git_baseline=True, root_dir=sandboxes),
+        max_concurrent=8,
+        owns_provider=True,  # as the stages' pools do: closing the pool releases the provider (its zygote)
     )
     episode = agent_episode(pool, tokenizer, LIMITS, 1, {})
     engine = EmulatedEngine(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections import Counter
@@ -84,6 +85,16 @@ class _Warm:
     """False for warm_ahead: `target` counts the starts still expected and falls with each one (warm or cold)."""
 
 
+def release_provider(provider: SandboxProvider) -> None:
+    """Release what a provider itself holds (the local supervisor's zygote, docker's API threads), if anything.
+
+    Sandboxes still open are not touched; a local provider stays usable (its next start launches a new zygote).
+    """
+    close = getattr(provider, "close", None)
+    if callable(close) and not inspect.iscoroutinefunction(close):
+        close()
+
+
 class SandboxPool:
     """SandboxProvider with limits: at most `max_concurrent` sandboxes alive (in use + warm + starting)."""
 
@@ -99,8 +110,11 @@ class SandboxPool:
         warm_size: int = 0,
         price_per_sandbox_hour: float = 0.0,
         clock: Any = time.monotonic,
+        owns_provider: bool = False,
     ) -> None:
         self.provider = provider
+        self.owns_provider = owns_provider
+        """Release the provider's own resources (release_provider) when the pool closes: it was made for the pool."""
         self.max_concurrent = max_concurrent
         self.start_timeout_s = start_timeout_s
         self.start_retries = start_retries
@@ -386,6 +400,8 @@ class SandboxPool:
         for key in list(self._warm):
             self.stop_warming(*key)
         await self.drain()
+        if self.owns_provider:
+            release_provider(self.provider)
 
     async def __aenter__(self) -> SandboxPool:
         return self

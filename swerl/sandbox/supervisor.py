@@ -97,6 +97,9 @@ class Launcher:
         if self._proc is not None and self._proc.poll() is None and self._sock is not None:
             return self._sock
         self.close()
+        self.mount_point.mkdir(
+            exist_ok=True
+        )  # (gone if the provider was closed before: it may be used again)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(

@@ -118,6 +118,7 @@ def sandbox_pool(limits: SandboxLimits, git_baseline: bool = False) -> SandboxPo
     p = limits.pool
     return SandboxPool(
         sandbox_provider(limits, git_baseline),
+        owns_provider=True,
         max_concurrent=p.max_concurrent,
         start_timeout_s=p.start_timeout_s,
         start_retries=p.start_retries,

@@ -23,6 +23,7 @@ from swerl.data.schema import TaskInstance
 from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
 from swerl.sandbox.base import SandboxProvider
+from swerl.sandbox.pool import release_provider
 from swerl.stage import StageContext, StageResult
 from swerl.stages.common import run_async, sandbox_provider
 
@@ -155,11 +156,14 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     if micro:
         ctx.log.info("curate: and from %d micro repositories (%s)", len(micro), cfg.micro)
     all_specs = specs + micro
-    synthesized, repo_reports = (
-        run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
-        if all_specs
-        else ([], [])
-    )
+    try:
+        synthesized, repo_reports = (
+            run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
+            if all_specs
+            else ([], [])
+        )
+    finally:
+        release_provider(provider)
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     tasks = synthesized + loaded
