@@ -94,6 +94,8 @@ class Launcher:
         self._lock = LoopLock()
 
     def _ensure(self) -> socket.socket:
+        # The zygote dies with the thread that launches it (a parent-death signal follows the thread): a stage's
+        # event-loop thread, which outlives its pool. A start after it ended (poll() set) launches a new one.
         if self._proc is not None and self._proc.poll() is None and self._sock is not None:
             return self._sock
         self.close()
