@@ -257,4 +257,6 @@ def test_a_pool_that_owns_its_provider_releases_it(env_dir: Path, sandboxes: Pat
         asyncio.run(body())
         assert [pid for pid in zygotes if Path(f"/proc/{pid}").exists()] == []
         assert list(sandboxes.iterdir()) == []
-    assert len(set(zygotes)) == (2 if provider.mount_point is not None else 0)  # a new zygote for the second pool
+    assert len(set(zygotes)) == (
+        2 if provider.mount_point is not None else 0
+    )  # a new zygote for the second pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -121,11 +122,12 @@ def owner_alive(tag: str) -> bool:
     return process_start_time(int(pid)) == int(start)
 
 
-class CommandSandbox:
+class CommandSandbox(abc.ABC):
     """exec, read_file and write_file of a sandbox that runs an argv (its `_run`) as the sandbox's user."""
 
+    @abc.abstractmethod
     async def _run(self, argv: list[str], timeout: float, cwd: str, stdin: bytes | None) -> ExecResult:
-        raise NotImplementedError
+        """Run argv in the sandbox as its user, in cwd, with stdin (None: /dev/null); output merged, bounded."""
 
     async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
         """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree."""
