@@ -22,12 +22,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 setup: $(STAMP) sysdeps
 
-# System packages the sandboxes need (bubblewrap), installed only when missing.
+# System packages the sandboxes need, installed only when missing: bubblewrap, and a C compiler that builds the
+# local sandbox supervisor (swerl/sandbox/nsinit.c) once, at its first use.
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  echo "installing bubblewrap"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null; }
+	@command -v $${CC:-cc} >/dev/null 2>&1 || { \
+	  echo "installing gcc"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq gcc libc6-dev >/dev/null; }
 
 run: setup
 	$(BIN)/swerl run $(CONFIG)
@@ -39,6 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy swerl flows tasks
+	$${CC:-cc} -fsyntax-only -Wall -Wextra -Werror swerl/sandbox/nsinit.c
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -126,9 +126,10 @@ class SandboxLimits(StrictModel):
     without it), `auto` does so where this process may mount and otherwise warns once and uses a plain directory,
     `none` uses a plain directory (a command can then fill the host disk file by file)."""
     runtime: Literal["auto", "supervisor", "bubblewrap"] = "auto"
-    """Local backend: `supervisor` builds each sandbox in-process once (swerl/sandbox/nsinit.py: namespaces,
-    mounts, the uid switch; a command is one fork and exec; needs root), `bubblewrap` runs each command in a fresh
-    bubblewrap; `auto` is the supervisor where this process may mount, else bubblewrap. Same isolation and
+    """Local backend: `supervisor` builds each sandbox in-process once (swerl/sandbox/nsinit.c, compiled once with
+    the system C compiler: namespaces, mounts, the uid switch; a command is one fork and exec; needs root),
+    `bubblewrap` runs each command in a fresh bubblewrap; `auto` is the supervisor where this process may mount and
+    a C compiler built it, else bubblewrap. Same isolation and
     limits (the security suite runs against both); the supervisor starts and runs commands at a fraction of the
     CPU (docs/benchmarks.md)."""
     backend: Literal["local", "docker", "e2b"] = "local"

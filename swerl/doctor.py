@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
+from swerl.errors import InfraError
+from swerl.sandbox.supervisor import helper_binary
 from swerl.sandbox.tmpfs import can_hold_tmpfs
 
 FDS_PER_SANDBOX = {"local": 6, "docker": 2, "e2b": 4}
@@ -158,11 +160,20 @@ def read_machine(cfg: PipelineConfig) -> dict[str, Any]:
         machine["bwrap_ok"], machine["bwrap"] = _bwrap_works()
         scratch = Path(cfg.agent.sandbox.workspace_dir or tempfile.gettempdir())
         machine["tmpfs_mount_ok"], machine["tmpfs_mount"] = can_hold_tmpfs(scratch)
+        machine["supervisor_ok"], machine["supervisor"] = _supervisor_builds()
     reachable, networks, detail = _docker_state()
     machine["dockerd_reachable"], machine["docker_networks"], machine["docker"] = reachable, networks, detail
     if "e2b" in backends:
         machine["e2b_api_key_set"] = bool(os.environ.get("E2B_API_KEY"))
     return machine
+
+
+def _supervisor_builds() -> tuple[bool, str]:
+    """Whether the local supervisor (swerl/sandbox/nsinit.c) is built, or can be: it builds it if needed."""
+    try:
+        return True, str(helper_binary())
+    except InfraError as exc:
+        return False, exc.message
 
 
 def _disk_paths(cfg: PipelineConfig) -> dict[str, Path]:
@@ -284,13 +295,18 @@ def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -
         local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
         modes = {limits.workspace_quota for limits in local_limits}
         mountable = bool(machine.get("tmpfs_mount_ok", True))
+        builds = bool(machine.get("supervisor_ok", True))
         needs_bwrap = False
         for runtime, quota in sorted({(limits.runtime, limits.workspace_quota) for limits in local_limits}):
-            supervised = runtime != "bubblewrap" and quota != "none" and mountable
+            supervised = runtime != "bubblewrap" and quota != "none" and mountable and builds
             needs_bwrap |= not supervised
             why = "workspace_quota none" if quota == "none" else str(machine.get("tmpfs_mount"))
+            if mountable and quota != "none" and not builds:
+                why = str(machine.get("supervisor"))
             if supervised:
-                detail = f"runtime {runtime}: the supervisor (swerl/sandbox/nsinit.py)"
+                detail = f"runtime {runtime}: the supervisor ({machine.get('supervisor')})"
+            elif runtime == "supervisor" and not builds and mountable:
+                detail = f"runtime supervisor cannot be built: {why}"
             elif runtime == "supervisor":
                 detail = f"runtime supervisor needs root (CAP_SYS_ADMIN) and a workspace quota: {why}"
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,21 @@ def test_refuses_the_supervisor_runtime_without_the_right_to_mount() -> None:
     assert "Operation not permitted" in done.stdout and "refused: local_runtime.supervisor" in done.stdout
     # auto falls back to bubblewrap there, which the doctor then requires
     assert "ok   local_runtime.auto: runtime auto: bubblewrap per command" in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")
+def test_refuses_the_supervisor_runtime_it_cannot_build(tmp_path: Path) -> None:
+    # A real missing compiler (CC names no program) and an empty build cache, in the doctor's own process.
+    env = {**os.environ, "CC": "cc-not-installed", "SWERL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "swerl.cli", "doctor", "configs/local.yaml",
+         "--set", "agent.sandbox.runtime=supervisor", "--set", "agent.sandbox.memory_mb=256"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL local_runtime.supervisor: runtime supervisor cannot be built" in done.stdout
+    assert "'cc-not-installed' was not found" in done.stdout
+    assert "refused: local_runtime.supervisor" in done.stdout

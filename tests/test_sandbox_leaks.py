@@ -158,7 +158,7 @@ def test_no_leaks_after_200_lifecycles_with_random_kills(backend_name: str, tmp_
         left_children = [
             (p.pid, _describe(p.pid))
             for p in new_children()
-            if p.name() != "docker" and not (p.ppid() == os.getpid() and "nsinit.py" in " ".join(p.cmdline()))
+            if p.name() != "docker" and not (p.ppid() == os.getpid() and "nsinit" in " ".join(p.cmdline()))
         ]
         assert left_children == []
         assert backend.leftovers() == []

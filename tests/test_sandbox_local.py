@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -168,6 +169,91 @@ def test_missing_bwrap_is_a_clear_start_error(env_dir: Path):
     with pytest.raises(InfraError) as info:
         run(provider.start(env_dir))
     assert info.value.cause == "start_failed" and "install bubblewrap" in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")
+def test_the_supervisor_is_built_once_and_needs_a_c_compiler_for_it(
+    tmp_path: Path, env_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A real missing compiler (CC names no program) and an empty build cache; nothing in swerl is patched.
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SWERL_CACHE_DIR", str(cache))
+    monkeypatch.setenv("CC", "cc-not-installed")
+    strict = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "strict", runtime="supervisor")
+    with pytest.raises(InfraError) as info:
+        run(strict.start(env_dir))
+    assert info.value.cause == "start_failed" and "needs a C compiler" in str(info.value)
+    assert "'cc-not-installed' was not found" in str(info.value)
+
+    async def echo(provider: LocalSandboxProvider) -> Sandbox:
+        sandbox = await provider.start(env_dir)
+        try:
+            assert (await sandbox.exec("echo ok", 10)).output == "ok\n"
+        finally:
+            await sandbox.close()
+        return sandbox
+
+    assert isinstance(
+        run(echo(LocalSandboxProvider(sys.executable, root_dir=tmp_path / "auto"))), LocalSandbox
+    )
+    monkeypatch.delenv("CC")
+    built = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "built", runtime="supervisor")
+    assert isinstance(run(echo(built)), SupervisedSandbox)
+    built.close()
+    [binary] = cache.iterdir()  # one build, named after the source's digest; the next provider reuses it
+    again = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "again", runtime="supervisor")
+    monkeypatch.setenv("CC", "cc-not-installed")
+    assert isinstance(run(echo(again)), SupervisedSandbox)
+    again.close()
+    assert list(cache.iterdir()) == [binary]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")
+def test_the_supervisor_refuses_what_its_messages_cannot_carry(tmp_path: Path, env_dir: Path):
+    provider = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "sandboxes", runtime="supervisor")
+
+    async def body() -> None:
+        with pytest.raises(ValueError, match="NUL byte"):
+            await provider.start(env_dir, env={"A": "x\0y"})
+        with pytest.raises(ValueError, match="hold no '='"):
+            await provider.start(env_dir, env={"A=B": "x"})
+        sandbox = await provider.start(env_dir, env={"SWERL_X": "a b=c"})
+        try:
+            assert (await sandbox.exec("echo $SWERL_X", 10)).output == "a b=c\n"
+            with pytest.raises(ValueError, match="NUL byte"):
+                await sandbox.exec("echo a\0b", 10)
+            assert (await sandbox.exec("echo still", 10)).output == "still\n"  # the refusal left it working
+        finally:
+            await sandbox.close()
+
+    run(body())
+    provider.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")
+def test_the_supervisor_refuses_to_run_with_inheritable_capabilities(tmp_path: Path, env_dir: Path):
+    # A real process with a non-empty inheritable set (setpriv): a command could keep what it inherits through exec.
+    script = (
+        "import asyncio, sys\n"
+        "from swerl.errors import InfraError\n"
+        "from swerl.sandbox import LocalSandboxProvider\n"
+        f"p = LocalSandboxProvider(sys.executable, root_dir={str(tmp_path / 'sandboxes')!r}, runtime='supervisor')\n"
+        "try:\n"
+        f"    asyncio.run(p.start({str(env_dir)!r}))\n"
+        "except InfraError as exc:\n"
+        "    print(exc.cause, exc.message)\n"
+        "p.close()\n"
+    )
+    done = subprocess.run(
+        ["setpriv", "--inh-caps=+net_raw", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "start_failed sandbox set-up failed: swerl's inheritable capabilities are not empty"
+    )
 
 
 def test_bad_environment_and_patch(provider: LocalSandboxProvider, env_dir: Path, tmp_path: Path):

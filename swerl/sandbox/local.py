@@ -1,7 +1,7 @@
 """Local sandboxes: private workspace, no network, no host secrets, resource limits; two runtimes.
 
-The supervisor (runtime auto as root, or supervisor; swerl/sandbox/nsinit.py and supervisor.py) builds each
-sandbox once in a namespace init of its own and runs each command with one vfork and exec. Bubblewrap (runtime
+The supervisor (runtime auto as root, or supervisor; swerl/sandbox/nsinit.c and supervisor.py) builds each
+sandbox once in a namespace init of its own and runs each command with one fork and exec. Bubblewrap (runtime
 bubblewrap, or auto without the right to mount) runs every command in a fresh bubblewrap instance over the
 sandbox's workspace. Both give the same sandbox: the task's repository bound read-write at /workspace, the host's
 /usr (read-only), a minimal /etc, the interpreter's own prefix directories (read-only) and a bounded tmpfs /tmp;
@@ -17,7 +17,6 @@ import contextlib
 import functools
 import logging
 import os
-import platform
 import re
 import secrets
 import shlex
@@ -35,7 +34,6 @@ from typing import Any
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
-from swerl.sandbox.nsinit import SYS_PIVOT_ROOT
 from swerl.sandbox.process import (
     BoundedOutput,
     CommandSandbox,
@@ -45,7 +43,7 @@ from swerl.sandbox.process import (
     owner_tag,
     read_status,
 )
-from swerl.sandbox.supervisor import Launcher, SupervisedSandbox
+from swerl.sandbox.supervisor import Launcher, SupervisedSandbox, encode_start, helper_binary
 from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, can_mount, hold_tmpfs, holder_tools
 
 log = logging.getLogger(__name__)
@@ -287,7 +285,8 @@ class LocalSandboxProvider:
         self.workspace_mb = workspace_mb
         self.workspace_quota = workspace_quota
         self.runtime = runtime
-        """auto: the supervisor (swerl/sandbox/nsinit.py) where this process may mount, else bubblewrap."""
+        """auto: the supervisor (swerl/sandbox/nsinit.c) where this process may mount and it can be built, else
+        bubblewrap."""
         self._launcher: Launcher | None = None
         self._mount: bool | None = None
         self._first_start_lock = (
@@ -388,13 +387,22 @@ class LocalSandboxProvider:
             log.warning("removed %d sandbox directories of dead runs under %s", len(removed), self._parent())
         if self.runtime != "bubblewrap" and self.workspace_quota != "none":
             allowed, why = can_mount(self._parent())
-            if allowed and platform.machine() in SYS_PIVOT_ROOT:
+            helper = None
+            if allowed:
+                try:
+                    helper = helper_binary()
+                except InfraError as exc:
+                    if self.runtime == "supervisor":
+                        raise
+                    allowed, why = False, str(exc)
+                    log.warning("local sandboxes run under bubblewrap: %s", why)
+            if allowed and helper is not None:
                 # Every init mounts its sandbox's tmpfs on this one empty directory, each in its own mount
                 # namespace: the host sees nothing there, and a start makes no directory of its own. Named after
                 # this process like a sandbox directory, so a dead run's is swept.
                 prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-mnt-"
                 mount_point = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
-                self._launcher = Launcher(self._supervisor_config(), mount_point)
+                self._launcher = Launcher(helper, self._supervisor_config(), mount_point)
                 weakref.finalize(self, self._launcher.shutdown)
                 return True
             if self.runtime == "supervisor":
@@ -480,8 +488,9 @@ class LocalSandboxProvider:
         assert self._launcher is not None
         uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
         root = self._launcher.mount_point
-        request = {"root": str(root), "uid": uid, "env_dir": str(env_dir), "env": self._environment(env)}
-        control = await self._launcher.start(request)
+        control = await self._launcher.start(
+            encode_start(str(root), uid, str(env_dir), self._environment(env))
+        )
         sandbox = SupervisedSandbox(root, uid, control, 0, self.max_output_bytes, self.kill_grace_s)
         try:
             try:

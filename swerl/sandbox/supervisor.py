@@ -1,6 +1,6 @@
-"""The host side of the supervisor runtime for local sandboxes (swerl/sandbox/nsinit.py is the other side).
+"""The host side of the supervisor runtime for local sandboxes (swerl/sandbox/nsinit.c is the other side).
 
-`Launcher` owns one zygote process per LocalSandboxProvider; `Control` is one sandbox's control socket (the
+`helper_binary` builds nsinit.c once per source version (a C compiler is needed once); `Launcher` owns one zygote process per LocalSandboxProvider; `Control` is one sandbox's control socket (the
 messages of its init process, dispatched to futures); `SupervisedSandbox` runs commands through it. A command's
 output comes back on a pipe whose write end travels with the request (SCM_RIGHTS), so output never passes through
 the supervisor; its exit status comes back as a message.
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
-import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +28,105 @@ from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult
 from swerl.sandbox.process import BoundedOutput, CommandSandbox
 
-NSINIT = str(Path(__file__).with_name("nsinit.py"))
+SOURCE = Path(__file__).with_name("nsinit.c")
+CFLAGS = ("-O2", "-Wall")
 MESSAGE_BYTES = 1 << 20
-"""The largest message either side sends (as nsinit.MESSAGE_BYTES)."""
+"""The largest message either side sends (as MESSAGE_BYTES in nsinit.c)."""
+BUILD_TIMEOUT_S = 120.0
+"""How long compiling nsinit.c may take (once per source version and cache directory)."""
+_build_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where the built supervisor lives: $SWERL_CACHE_DIR, else $XDG_CACHE_HOME/swerl, else ~/.cache/swerl."""
+    if os.environ.get("SWERL_CACHE_DIR"):
+        return Path(os.environ["SWERL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "swerl"
+
+
+def helper_binary(cc: str | None = None) -> Path:
+    """The supervisor executable, compiled from nsinit.c once per source version and compiler flags.
+
+    Raises InfraError(start_failed) naming the cause when there is no C compiler or the build fails."""
+    cc = cc or os.environ.get("CC") or "cc"
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"nsinit-{digest}"
+    if os.access(target, os.X_OK):
+        return target
+    compiler = shutil.which(cc)
+    if compiler is None:
+        raise InfraError(
+            "start_failed",
+            f"the sandbox supervisor is C ({SOURCE}) and needs a C compiler once: {cc!r} was not found "
+            "(install gcc, set CC, or set agent.sandbox.runtime: bubblewrap)",
+        )
+    with _build_lock:
+        if os.access(target, os.X_OK):
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+                built = Path(tmp) / "nsinit"
+                done = subprocess.run(
+                    [compiler, *CFLAGS, "-o", str(built), str(SOURCE)],
+                    capture_output=True,
+                    text=True,
+                    timeout=BUILD_TIMEOUT_S,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise InfraError(
+                        "start_failed",
+                        f"building the sandbox supervisor failed ({compiler} {SOURCE}): {done.stderr[-2000:]}",
+                    )
+                os.replace(
+                    built, target
+                )  # atomic: a concurrent build of the same source wrote the same bytes
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise InfraError(
+                "start_failed", f"cannot build the sandbox supervisor into {target}: {exc}"
+            ) from exc
+    return target
+
+
+def encode(*tokens: str | int) -> bytes:
+    """One message: each token NUL-terminated (nsinit.c splits on NUL). A token holding a NUL byte is refused."""
+    out = []
+    for token in tokens:
+        data = os.fsencode(str(token))
+        if b"\0" in data:
+            raise ValueError(f"sandbox message token contains a NUL byte: {data[:80]!r}")
+        out.append(data + b"\0")
+    return b"".join(out)
+
+
+def decode(data: bytes) -> list[str]:
+    return [os.fsdecode(token) for token in data.split(b"\0")[:-1]]
+
+
+def encode_config(config: dict[str, Any]) -> bytes:
+    """The first message to the zygote: workspace, limits, copy rules and the mount plan (see nsinit.c)."""
+    tokens: list[str | int] = ["config", config["workspace"], config["workspace_mb"], config["cap_last_cap"]]
+    tokens.append(len(config["rlimits"]))
+    for name, value in config["rlimits"].items():
+        tokens += [name, int(value)]
+    for key in ("ignore_names", "ignore_suffixes"):
+        tokens += [len(config[key]), *config[key]]
+    tokens.append(len(config["layout"]))
+    for entry in config["layout"]:
+        if len(entry) > 4:
+            raise ValueError(f"layout entry with more than 3 arguments: {entry!r}")
+        tokens += [*entry, *[""] * (4 - len(entry))]
+    return encode(*tokens)
+
+
+def encode_start(root: str, uid: int, env_dir: str, env: dict[str, str]) -> bytes:
+    bad = [name for name in env if not name or "=" in name]
+    if bad:
+        raise ValueError(f"environment variable names must be non-empty and hold no '=': {bad!r}")
+    return encode("start", root, uid, env_dir, len(env), *(f"{name}={value}" for name, value in env.items()))
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -42,14 +140,11 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def send(
-    sock: socket.socket, lock: asyncio.Lock, message: dict[str, Any], fds: list[int] | None = None
-) -> None:
+async def send(sock: socket.socket, lock: asyncio.Lock, data: bytes, fds: list[int] | None = None) -> None:
     """Send one message (with fds attached) on a non-blocking SOCK_SEQPACKET socket, waiting while it is full.
 
     `lock` is the socket's: one waiter at a time (a second add_writer on the same fd would replace the first's).
     """
-    data = json.dumps(message).encode()
     if len(data) > MESSAGE_BYTES:
         raise ValueError(f"sandbox message of {len(data)} bytes exceeds {MESSAGE_BYTES}")
     loop = asyncio.get_running_loop()
@@ -83,10 +178,11 @@ class LoopLock:
 
 
 class Launcher:
-    """The zygote (nsinit.py) that forks every sandbox of one provider; started at the first start."""
+    """The zygote (nsinit.c) that forks every sandbox of one provider; started at the first start."""
 
-    def __init__(self, config: dict[str, Any], mount_point: Path) -> None:
-        self._config = config
+    def __init__(self, helper: Path, config: dict[str, Any], mount_point: Path) -> None:
+        self._helper = helper
+        self._config = encode_config(config)
         self.mount_point = mount_point
         """The empty host directory every init mounts its sandbox's tmpfs on (in its own mount namespace)."""
         self._proc: subprocess.Popen[bytes] | None = None
@@ -105,7 +201,7 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", NSINIT, str(theirs.fileno()), str(os.getpid())],
+                [str(self._helper), str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -117,13 +213,13 @@ class Launcher:
             raise InfraError("start_failed", f"cannot start the sandbox supervisor: {exc}") from exc
         finally:
             theirs.close()
-        ours.sendall(json.dumps(self._config).encode())
+        ours.sendall(self._config)
         ours.setblocking(False)
         self._sock = ours
         return ours
 
-    async def start(self, request: dict[str, Any]) -> Control:
-        """Ask the zygote for a sandbox; its init answers on the returned Control."""
+    async def start(self, request: bytes) -> Control:
+        """Ask the zygote for a sandbox (an encode_start message); its init answers on the returned Control."""
         sock = self._ensure()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -193,22 +289,20 @@ class Control:
             if not data:
                 self._end()
                 return
-            message = json.loads(data)
-            if "id" in message:
-                future = self._pending.pop(message["id"], None)
+            kind, *args = decode(data) or [""]
+            if kind in ("exit", "failed"):  # exit ID CODE | failed ID TEXT
+                future = self._pending.pop(int(args[0]), None) if args and args[0].isdigit() else None
                 if future is not None and not future.done():
-                    future.set_result(message)
+                    future.set_result({"exit": int(args[1])} if kind == "exit" else {"error": args[1]})
                 continue
-            if "pid" in message:
-                self.init_pid = message["pid"]
+            if kind in ("ready", "error") and args and int(args[0]) > 0:  # ready PID | error PID TEXT
+                self.init_pid = int(args[0])
                 with contextlib.suppress(ProcessLookupError):  # (it sent this itself: alive a moment ago)
                     self._pidfd = os.pidfd_open(self.init_pid)
-            if "ready" in message:
+            if kind == "ready":
                 self._ready = True
-            elif "error" in message and not self.started.done():
-                self.started.set_exception(
-                    InfraError("start_failed", f"sandbox set-up failed: {message['error']}")
-                )
+            elif kind == "error" and not self.started.done():
+                self.started.set_exception(InfraError("start_failed", f"sandbox set-up failed: {args[-1]}"))
             if self._ready and self.init_pid is not None and not self.started.done():
                 self.started.set_result(self.init_pid)
 
@@ -236,9 +330,9 @@ class Control:
         self._pending[command] = future
         return command, future
 
-    async def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    async def send(self, *tokens: str | int, fds: list[int] | None = None) -> None:
         try:
-            await send(self.sock, self._lock, message, fds)
+            await send(self.sock, self._lock, encode(*tokens), fds)
         except OSError as exc:
             raise InfraError("sandbox_died", f"the sandbox's init does not listen: {exc}") from exc
 
@@ -307,7 +401,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class SupervisedSandbox(CommandSandbox):
-    """A sandbox whose init process (nsinit.py) runs each command with one fork and one exec."""
+    """A sandbox whose init process (nsinit.c) runs each command with one fork and one exec."""
 
     def __init__(
         self,
@@ -353,8 +447,7 @@ class SupervisedSandbox(CommandSandbox):
         started = time.monotonic()
         try:
             await self.control.send(
-                {"op": "exec", "id": command, "argv": argv, "cwd": cwd},
-                [out_w] + ([in_r] if in_r >= 0 else []),
+                "exec", command, cwd, len(argv), *argv, fds=[out_w] + ([in_r] if in_r >= 0 else [])
             )
         except BaseException:
             os.close(out_r)
@@ -402,7 +495,7 @@ class SupervisedSandbox(CommandSandbox):
     def _kill_soon(self) -> None:
         """Ask the init to kill the sandbox's commands (from a callback: the request is sent by a task)."""
         if self.control.alive:
-            asyncio.ensure_future(self.control.send({"op": "kill"})).add_done_callback(_retrieve)
+            asyncio.ensure_future(self.control.send("kill")).add_done_callback(_retrieve)
 
     @staticmethod
     async def _collect(
