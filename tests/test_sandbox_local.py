@@ -206,6 +206,10 @@ def test_the_supervisor_is_built_once_and_needs_a_c_compiler_for_it(
     assert isinstance(run(echo(again)), SupervisedSandbox)
     again.close()
     assert list(cache.iterdir()) == [binary]
+    binary.chmod(0o777)  # anyone could have replaced it: it is not run (as root)
+    tampered = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "tampered", runtime="supervisor")
+    with pytest.raises(InfraError, match="refusing to run the sandbox supervisor .* writable by others"):
+        run(tampered.start(env_dir))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")

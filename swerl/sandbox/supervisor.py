@@ -1,7 +1,8 @@
 """The host side of the supervisor runtime for local sandboxes (swerl/sandbox/nsinit.c is the other side).
 
-`helper_binary` builds nsinit.c once per source version (a C compiler is needed once); `Launcher` owns one zygote process per LocalSandboxProvider; `Control` is one sandbox's control socket (the
-messages of its init process, dispatched to futures); `SupervisedSandbox` runs commands through it. A command's
+`helper_binary` builds nsinit.c once per source version (a C compiler is needed once); `Launcher` owns one
+zygote process per LocalSandboxProvider; `Control` is one sandbox's control socket (the messages of its init
+process, dispatched to futures); `SupervisedSandbox` runs commands through it. A command's
 output comes back on a pipe whose write end travels with the request (SCM_RIGHTS), so output never passes through
 the supervisor; its exit status comes back as a message.
 """
@@ -54,7 +55,7 @@ def helper_binary(cc: str | None = None) -> Path:
     digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
     target = cache_dir() / f"nsinit-{digest}"
     if os.access(target, os.X_OK):
-        return target
+        return _trusted(target)
     compiler = shutil.which(cc)
     if compiler is None:
         raise InfraError(
@@ -64,7 +65,7 @@ def helper_binary(cc: str | None = None) -> Path:
         )
     with _build_lock:
         if os.access(target, os.X_OK):
-            return target
+            return _trusted(target)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
@@ -81,14 +82,26 @@ def helper_binary(cc: str | None = None) -> Path:
                         "start_failed",
                         f"building the sandbox supervisor failed ({compiler} {SOURCE}): {done.stderr[-2000:]}",
                     )
-                os.replace(
-                    built, target
-                )  # atomic: a concurrent build of the same source wrote the same bytes
+                # atomic: a concurrent build of the same source wrote the same bytes
+                os.replace(built, target)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise InfraError(
                 "start_failed", f"cannot build the sandbox supervisor into {target}: {exc}"
             ) from exc
-    return target
+    return _trusted(target)
+
+
+def _trusted(binary: Path) -> Path:
+    """binary, if only this user could have written it or its directory (it runs with this user's rights)."""
+    for path in (binary, binary.parent):
+        st = path.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise InfraError(
+                "start_failed",
+                f"refusing to run the sandbox supervisor {binary}: {path} is not owned by uid {os.geteuid()} "
+                f"or is writable by others (mode {st.st_mode & 0o7777:o}); remove it or set SWERL_CACHE_DIR",
+            )
+    return binary
 
 
 def encode(*tokens: str | int) -> bytes:
