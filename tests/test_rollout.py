@@ -11,6 +11,7 @@ bubblewrap sandboxes, grading, the store, the trainer (a tiny model) and the man
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import time
 from collections.abc import Callable
@@ -408,6 +409,10 @@ def test_manager_keeps_trajectories_in_flight_and_real_grading_scores_them(
     assert counts == {}
 
 
+CURRENT_RETRY: contextvars.ContextVar[int] = contextvars.ContextVar("current_retry", default=0)
+"""The try of the episode running in this task (set by FailingEngine from the request id)."""
+
+
 class FailingEngine:
     """Engine boundary fault, on every try of chosen attempts: HTTP 503 (engine_http) or a timeout (engine_timeout).
     Even groups lose attempt 1 (503 when seq % 4 == 0, else a timeout); odd groups lose attempts 0 (503) and 1
@@ -423,7 +428,10 @@ class FailingEngine:
         self.inner = inner
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
-        group, attempt, _ = (request.rid or "").split("/")
+        group, attempt, retry = (request.rid or "").split("/")
+        CURRENT_RETRY.set(
+            int(retry)
+        )  # the episode's own task context: its sandbox reads it (KillableSandbox)
         cause = self.cause(int(group[1:]), int(attempt))
         if cause == "engine_http":
             raise InfraError("engine_http", "HTTP 503 Service Unavailable")
@@ -440,16 +448,18 @@ class FailingEngine:
 
 class KillableSandbox:
     """Sandbox boundary fault: when told to, the real sandbox is closed (its processes killed) while its first
-    command runs, which the real backend reports as InfraError(sandbox_died)."""
+    command runs, which the real backend reports as InfraError(sandbox_died). A retry's sandbox is never killed
+    (which first command a retry's is depends on timing: killing it too would make the failure permanent)."""
 
     def __init__(self, inner: Sandbox, provider: KillingProvider) -> None:
         self.inner, self.provider, self.commands = inner, provider, 0
 
     async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
         self.commands += 1
-        if self.commands > 1 or not self.provider.kill_next():
+        if self.commands > 1 or CURRENT_RETRY.get() > 0 or not self.provider.kill_next():
             return await self.inner.exec(cmd, timeout, cwd)
         running = asyncio.ensure_future(self.inner.exec("sleep 5; " + cmd, timeout, cwd))
+        running.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen even if this task is cancelled
         await asyncio.sleep(0.2)
         await self.inner.close()
         return await running
@@ -465,7 +475,7 @@ class KillableSandbox:
 
 
 class KillingProvider:
-    """Kills the 1st, 6th, 11th, ... sandbox that runs a command (a transient failure: the retry works)."""
+    """Kills the 1st, 6th, 11th, ... first try's sandbox that runs a command (a transient failure: the retry works)."""
 
     def __init__(self, inner: LocalSandboxProvider) -> None:
         self.inner, self.first_commands = inner, 0
@@ -603,7 +613,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
         expected = [t.reward - sum(u.reward for u in g) / len(g) for g in kept for t in g]  # type: ignore[operator, misc]
         assert scored.advantages == pytest.approx(expected)  # ...nor in a baseline
         assert stats["groups_dropped"] == len(valid_groups) - len(kept)
-        assert stats["infra_error/engine_http"] + stats["infra_error/engine_timeout"] == sum(
+        assert stats.get("infra_error/engine_http", 0) + stats.get("infra_error/engine_timeout", 0) == sum(
             1 for g in step_groups for t in g if t.reward is None
         )
     odd = sum(seq % 2 for seq in seqs)
