@@ -459,7 +459,8 @@ class KillableSandbox:
         if self.commands > 1 or CURRENT_RETRY.get() > 0 or not self.provider.kill_next():
             return await self.inner.exec(cmd, timeout, cwd)
         running = asyncio.ensure_future(self.inner.exec("sleep 5; " + cmd, timeout, cwd))
-        running.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen even if this task is cancelled
+        # Its failure is seen even if this task is cancelled before it awaits it.
+        running.add_done_callback(lambda f: f.cancelled() or f.exception())
         await asyncio.sleep(0.2)
         await self.inner.close()
         return await running
