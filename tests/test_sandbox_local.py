@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -196,7 +197,7 @@ def test_the_supervisor_is_built_once_and_needs_a_c_compiler_for_it(
     assert isinstance(
         run(echo(LocalSandboxProvider(sys.executable, root_dir=tmp_path / "auto"))), LocalSandbox
     )
-    monkeypatch.delenv("CC")
+    monkeypatch.setenv("CC", f"{shutil.which('cc')} -pipe")  # a compiler command with a flag of its own
     built = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "built", runtime="supervisor")
     assert isinstance(run(echo(built)), SupervisedSandbox)
     built.close()

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -56,7 +57,8 @@ def helper_binary(cc: str | None = None) -> Path:
     target = cache_dir() / f"nsinit-{digest}"
     if os.access(target, os.X_OK):
         return _trusted(target)
-    compiler = shutil.which(cc)
+    command = shlex.split(cc)  # CC may carry flags or a wrapper ("ccache gcc", "gcc -m64")
+    compiler = shutil.which(command[0]) if command else None
     if compiler is None:
         raise InfraError(
             "start_failed",
@@ -71,7 +73,7 @@ def helper_binary(cc: str | None = None) -> Path:
             with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
                 built = Path(tmp) / "nsinit"
                 done = subprocess.run(
-                    [compiler, *CFLAGS, "-o", str(built), str(SOURCE)],
+                    [compiler, *command[1:], *CFLAGS, "-o", str(built), str(SOURCE)],
                     capture_output=True,
                     text=True,
                     timeout=BUILD_TIMEOUT_S,
