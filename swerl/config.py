@@ -129,9 +129,8 @@ class SandboxLimits(StrictModel):
     """Local backend: `supervisor` builds each sandbox in-process once (swerl/sandbox/nsinit.c, compiled once with
     the system C compiler: namespaces, mounts, the uid switch; a command is one fork and exec; needs root),
     `bubblewrap` runs each command in a fresh bubblewrap; `auto` is the supervisor where this process may mount and
-    a C compiler built it, else bubblewrap. Same isolation and
-    limits (the security suite runs against both); the supervisor starts and runs commands at a fraction of the
-    CPU (docs/benchmarks.md)."""
+    a C compiler built it, else bubblewrap. Same isolation and limits (the security suite runs against both); the
+    supervisor starts and runs commands at a fraction of the CPU (docs/benchmarks.md)."""
     backend: Literal["local", "docker", "e2b"] = "local"
     """Where sandboxes run: bubblewrap on this host, containers of a Docker engine, or e2b's cloud."""
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)

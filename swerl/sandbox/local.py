@@ -453,9 +453,8 @@ class LocalSandboxProvider:
             elif host.is_dir():
                 layout.append(["ro-bind", f"/{link}", str(host)])
         layout.append(["dir", "/etc", 0o755])
-        for (
-            name
-        ) in _ETC_FILES:  # small files are copied (a bind costs two mount calls now and one at teardown)
+        # Small files are copied (a bind costs two mount calls now and one at teardown).
+        for name in _ETC_FILES:
             kind = "ro-bind-try" if os.path.isdir(f"/etc/{name}") else "copy-try"
             layout.append([kind, f"/etc/{name}", f"/etc/{name}"])
         layout += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.tmp_size_mb, 0o1777]]

@@ -498,6 +498,20 @@ static int nrunning, running_capacity;
 
 static void kill_all(void) { kill(-1, SIGKILL); } /* every process of this pid namespace but I */
 
+/* Remember a running command; -1 when out of memory. */
+static int track(pid_t pid, const char *id) {
+    if (nrunning == running_capacity) {
+        struct command *grown = realloc(running, sizeof *running * (size_t)(running_capacity + 8));
+        if (grown == NULL) return -1;
+        running = grown;
+        running_capacity += 8;
+    }
+    running[nrunning].pid = pid;
+    snprintf(running[nrunning].id, sizeof running[nrunning].id, "%s", id);
+    nrunning++;
+    return 0;
+}
+
 /* Start one command: a fork whose child becomes the sandbox's user and execs argv. 0, or -1 with `failure` set. */
 static pid_t spawn(uid_t uid, char **envp, const char *cwd, char **argv, struct message *m) {
     int report[2];
@@ -583,20 +597,15 @@ static int serve(int ctl, uid_t uid, char **envp, struct message *m, int sfd) {
             long argc = next_long(m, &ok);
             if (!ok || id == NULL || cwd == NULL || argc < 1 || argc > m->n - m->at || m->nfds < 1) {
                 say(ctl, "failed", id ? id : "", "malformed exec request", NULL);
-            } else if (nrunning == running_capacity &&
-                       (running = realloc(running, sizeof *running * (size_t)(running_capacity += 8))) == NULL) {
-                say(ctl, "failed", id, "out of memory", NULL);
-                return 1;
             } else {
                 char **argv = &m->tok[m->at];
                 m->tok[m->at + argc] = NULL; /* the token array has room for one NULL after the last token */
                 pid_t pid = spawn(uid, envp, cwd, argv, m);
                 if (pid < 0) {
                     say(ctl, "failed", id, failure, NULL);
-                } else {
-                    running[nrunning].pid = pid;
-                    snprintf(running[nrunning].id, sizeof running[nrunning].id, "%s", id);
-                    nrunning++;
+                } else if (track(pid, id) != 0) {
+                    kill_all();
+                    say(ctl, "failed", id, "out of memory", NULL);
                 }
             }
         } else if (op != NULL && strcmp(op, "kill") == 0) {
@@ -631,7 +640,6 @@ static int init(int ctl, struct message *request) {
     }
     char **envp = &request->tok[request->at];
     request->tok[request->at + nenv] = NULL;
-    request->at += (int)nenv + 1;
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);

@@ -47,11 +47,11 @@ def cache_dir() -> Path:
     return Path(base) / "swerl"
 
 
-def helper_binary(cc: str | None = None) -> Path:
+def helper_binary() -> Path:
     """The supervisor executable, compiled from nsinit.c once per source version and compiler flags.
 
     Raises InfraError(start_failed) naming the cause when there is no C compiler or the build fails."""
-    cc = cc or os.environ.get("CC") or "cc"
+    cc = os.environ.get("CC") or "cc"
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
     target = cache_dir() / f"nsinit-{digest}"
@@ -210,9 +210,8 @@ class Launcher:
         if self._proc is not None and self._proc.poll() is None and self._sock is not None:
             return self._sock
         self.close()
-        self.mount_point.mkdir(
-            exist_ok=True
-        )  # (gone if the provider was closed before: it may be used again)
+        # The mount point is gone if the provider was closed before (it may be used again).
+        self.mount_point.mkdir(exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
