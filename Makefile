@@ -44,6 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy swerl flows tasks
+	$(BIN)/lint-imports
 	$${CC:-cc} -fsyntax-only -Wall -Wextra -Werror swerl/sandbox/nsinit.c
 
 format: $(STAMP)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 
 
 def stdlib_texts(max_bytes: int) -> list[str]:

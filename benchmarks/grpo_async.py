@@ -29,22 +29,26 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
-from swerl.agent.tools import format_tool_call, system_prompt
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
+from swerl.agent.tools import system_prompt
+from swerl.data.environments import resolve_environment
 from swerl.data.micro import TEST_CMD
-from swerl.data.repos import resolve_environment, tree_hash
+from swerl.data.repos import tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.emulated import EmulatedEngine, EpisodeProfile
+from swerl.model.loading import build_tiny_model
+from swerl.model.tokenizer import train_tokenizer
+from swerl.model.toolcall import format_tool_call
+from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
+from swerl.rollout.groups import EpisodeFn, rollout_groups
 from swerl.rollout.journal import Ledger, RolloutJournal
-from swerl.rollout.loop import AsyncSettings, Batch, train_async
 from swerl.rollout.manager import RolloutManager
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.stages.common import episode_with_retries
-from swerl.train.grpo_trainer import EpisodeFn, GRPOTrainer, Trainer, rollout_groups
-from swerl.train.model import build_tiny_model, train_tokenizer
+from swerl.train.grpo_trainer import GRPOTrainer, Trainer
 from swerl.train.trainer_process import TrainerProcess
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 TEST_COMMAND = TEST_CMD  # the micro repositories' harness (pytest -rA summary lines)
 

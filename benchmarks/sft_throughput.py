@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from common import demo_model, stdlib_texts
 
-from swerl.train.model import train_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.train.sft import StepMetrics, train_sft
 
 

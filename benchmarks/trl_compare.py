@@ -16,7 +16,7 @@ Fairness rules (what both sides share):
 - Model: the tiny Qwen3 of the other benchmarks (hidden 256, 4 layers, 4 heads / 2 KV heads, FFN 768, vocab 4096
   from a byte-level BPE trained here on the local standard library), float32 on CPU, same initial weights, same
   torch thread count (checked inside TRL's loop), sdpa attention, no gradient checkpointing, no torch.compile.
-  Nothing is downloaded: tokenizer and model are built locally (swerl.train.model).
+  Nothing is downloaded: tokenizer and model are built locally (swerl.model).
 - Data: the same synthetic agent conversations in swerl's format (system prompt and tool-call text of
   swerl.agent.tools, tool observations numbered like `cat -n`, source lines of the standard library), rendered
   with swerl's chat template. swerl trains on render_messages (assistant-only loss mask); TRL gets the messages
@@ -80,10 +80,11 @@ from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-from swerl.agent.tools import format_tool_call, number_lines, system_prompt
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
+from swerl.agent.tools import number_lines, system_prompt
+from swerl.model.chat import CHAT_TEMPLATE, render_messages, render_text
+from swerl.model.tokenizer import train_tokenizer
+from swerl.model.toolcall import format_tool_call
 from swerl.train.grpo_trainer import GRPOTrainer as SwerlGRPOTrainer
-from swerl.train.model import CHAT_TEMPLATE, render_messages, render_text, train_tokenizer
 from swerl.train.sft import (
     IGNORE_INDEX,
     DataPosition,
@@ -93,6 +94,7 @@ from swerl.train.sft import (
     seed_everything,
     train_step,
 )
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model, tokenizer, template

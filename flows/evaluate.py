@@ -1,7 +1,7 @@
 """Scheduled evaluation: evaluate every checkpoint in the store that has no evaluation yet.
 
 `swerl serve` registers this flow as a deployment on the cron schedule `serve.eval_cron`. Each pending checkpoint
-(swerl.eval.schedule) is evaluated by the evaluate stage on the same saved stratified subset as every other
+(swerl.stages.schedule) is evaluated by the evaluate stage on the same saved stratified subset as every other
 checkpoint of its run; a checkpoint that fails (e.g. does not load) does not stop the others, but fails the run.
 """
 
@@ -14,8 +14,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from swerl.config import PipelineConfig
-from swerl.eval.schedule import pending_evaluations, schedule_report
 from swerl.pipeline import open_session, store_for
+from swerl.stages.schedule import pending_evaluations, schedule_report
 from tasks.stages import evaluate_checkpoint_task
 
 

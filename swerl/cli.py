@@ -1,6 +1,7 @@
 """`swerl`: run the pipeline, start local services, serve deployments.
 
-Prefect is imported lazily, only by the commands that run flows (the library itself never imports it).
+The commands that run flows (run, serve) import them from flows/ (the Prefect project beside the library); no
+other part of swerl imports Prefect.
 """
 
 from __future__ import annotations
@@ -36,6 +37,28 @@ def _prefect_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def _prefect_project() -> Path:
+    """Make the Prefect project (flows/ and tasks/, beside the swerl package in its checkout) importable here and
+    in the flow-run processes `swerl serve` starts; returns its directory.
+
+    flows/ and tasks/ are not installed packages: Prefect names flows by file (`flows/pipeline.py:pipeline`), and
+    the flows must be the ones of the library that runs them, so the checkout swerl was installed from comes first.
+    """
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "flows" / "pipeline.py").is_file() and (root / "tasks" / "stages.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            if str(root) not in paths:
+                os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+            return root
+    raise ConfigError(
+        "this command runs the Prefect flows in flows/ and tasks/ of a swerl checkout, and none was found beside "
+        f"the installed swerl ({Path(__file__).resolve().parent}) or in {Path.cwd()}: install swerl editable from "
+        "its checkout (`make setup`) or run from the checkout's directory"
+    )
+
+
 def _load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, args.set or [])
 
@@ -56,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Open the MLflow store while Prefect imports and starts its API (both take seconds; there are 2 cores).
     warm = threading.Thread(target=_warm_tracking, args=(cfg,), name="swerl-warm-tracking", daemon=True)
     warm.start()
+    _prefect_project()
     from flows.pipeline import pipeline
 
     summary = pipeline(config=cfg, force=args.force or [])
@@ -146,31 +170,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         stop_all()
 
 
-def build_deployments(cfg: PipelineConfig) -> list[Any]:
-    """The deployments `swerl serve` registers: the pipeline (run on demand) and the scheduled evaluation."""
-    from prefect.schedules import Cron
-
-    from flows.evaluate import evaluate
-    from flows.pipeline import pipeline
-
-    params = {"config": cfg.model_dump(mode="json", by_alias=True)}
-    return [
-        pipeline.to_deployment(name=f"{cfg.run.name}-pipeline", parameters=params, tags=["swerl"]),
-        evaluate.to_deployment(
-            name=f"{cfg.run.name}-evaluate",
-            parameters=params,
-            tags=["swerl", "evaluation"],
-            schedule=Cron(cfg.serve.eval_cron, timezone=cfg.serve.timezone),
-        ),
-    ]
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _prefect_env()
-    from prefect import serve
+    _prefect_project()
+    from flows.deploy import serve_deployments
 
-    serve(*build_deployments(cfg), limit=cfg.serve.max_concurrent_runs)
+    serve_deployments(cfg)
     return 0
 
 

@@ -15,6 +15,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swerl.data.micro import GENERATOR_VERSION
+from swerl.errors import INFRA_CAUSES
+
 STAGES: tuple[str, ...] = ("curate", "traces", "sft", "grpo", "evaluate")
 """Pipeline stages in order; `--force STAGE` reruns that stage and every later one."""
 
@@ -166,8 +169,6 @@ class SandboxPoolConfig(StrictModel):
     @field_validator("retry_causes")
     @classmethod
     def _known_causes(cls, v: list[str]) -> list[str]:
-        from swerl.errors import INFRA_CAUSES
-
         unknown = sorted(set(v) - INFRA_CAUSES)
         if unknown:
             raise ValueError(f"unknown infrastructure-error causes {unknown}; known: {sorted(INFRA_CAUSES)}")
@@ -209,21 +210,15 @@ class MicroSource(StrictModel):
     """Micro repositories generated from the disjoint eval vocabulary; their tasks go to eval.parquet."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Generator seed: the same seed and index give byte-identical repositories on any machine."""
-    generator_version: int = Field(default_factory=lambda: _micro_version())
+    generator_version: int = GENERATOR_VERSION
     """The generator's version (part of the curate key, so a new generator reruns curation); must be current."""
 
     @field_validator("generator_version")
     @classmethod
     def _current_generator(cls, v: int) -> int:
-        if v != _micro_version():
-            raise ValueError(f"micro generator version {v} is not this swerl's ({_micro_version()})")
+        if v != GENERATOR_VERSION:
+            raise ValueError(f"micro generator version {v} is not this swerl's ({GENERATOR_VERSION})")
         return v
-
-
-def _micro_version() -> int:
-    from swerl.data.micro import GENERATOR_VERSION
-
-    return GENERATOR_VERSION
 
 
 class CurateConfig(StrictModel):

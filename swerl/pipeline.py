@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config
-from swerl.stage import Manifest, StageFn, StageOutcome, run_stage
+from swerl.stages.runner import Manifest, StageFn, StageOutcome, run_stage
 from swerl.storage import Store, open_store
 from swerl.tracking import StageRun, Tracker, get_tracker
 

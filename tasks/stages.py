@@ -12,7 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from swerl.pipeline import PipelineSession
-from swerl.stage import Manifest, StageOutcome
+from swerl.stages.runner import Manifest, StageOutcome
 
 
 def _artifact_key(*parts: str) -> str:

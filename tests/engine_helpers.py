@@ -12,8 +12,9 @@ from typing import Any
 
 from swerl.engine.base import GenerateRequest, SamplingParams
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.services import Service, free_port
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
 CORPUS = [
     "def add(left, right):\n    return left + right\n",

@@ -21,16 +21,18 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.oracle import TEST_COMMAND, OracleTrace, generate_oracle_traces, solve_task
 from swerl.agent.scripted import ScriptedEngine
-from swerl.agent.tools import format_tool_call, system_prompt
+from swerl.agent.tools import system_prompt
 from swerl.agent.traces import load_trace_rows, oracle_rows, trace_to_example, write_traces
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.data.bugs import BugCandidate, candidates
 from swerl.data.repos import builtin_repo, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import passing, run_pytest
 from swerl.engine.base import SamplingParams
+from swerl.model.chat import render_messages
+from swerl.model.tokenizer import train_tokenizer
+from swerl.model.toolcall import format_tool_call
 from swerl.sandbox import LocalSandboxProvider
-from swerl.train.model import render_messages, train_tokenizer
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 REPO = builtin_repo("intervals")
 LIMITS = EpisodeLimits(max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60)
@@ -332,7 +334,7 @@ def test_one_render_per_turn_cuts_where_two_renders_did(
     import copy
 
     from swerl.agent.episode import _Episode
-    from swerl.train.model import CHAT_TEMPLATE, IM_END, render_text
+    from swerl.model.chat import CHAT_TEMPLATE, IM_END, render_text
 
     tok = copy.deepcopy(tokenizer)
     if template == "trimming":

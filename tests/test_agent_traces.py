@@ -9,8 +9,7 @@ import pytest
 from pydantic import ValidationError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from swerl.agent.toolcall import parse_tool_call
-from swerl.agent.tools import TOOL_SPECS, format_tool_call, number_lines, system_prompt, truncate_middle
+from swerl.agent.tools import TOOL_SPECS, number_lines, system_prompt, truncate_middle
 from swerl.agent.traces import (
     load_trace_rows,
     normalize_messages,
@@ -19,8 +18,10 @@ from swerl.agent.traces import (
     write_traces,
     xml_to_tool_style,
 )
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
-from swerl.train.model import render_messages, train_tokenizer
+from swerl.model.chat import render_messages
+from swerl.model.tokenizer import train_tokenizer
+from swerl.model.toolcall import format_tool_call, parse_tool_call
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from pathlib import Path
 from swerl.config import CurateConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
-from swerl.stage import run_stage
 from swerl.stages.curate import run_curate, split_by_repo
+from swerl.stages.runner import run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swerl.data.decontam import decontaminate, normalize_repo, normalize_statement, verified_repos
-from swerl.data.schema import TaskInstance
+from swerl.data.decontam import decontaminate, normalize_statement, verified_repos
+from swerl.data.schema import TaskInstance, normalize_repo
 
 
 def task(instance_id: str, repo: str, statement: str = "something breaks") -> TaskInstance:

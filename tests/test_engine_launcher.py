@@ -14,14 +14,16 @@ from pathlib import Path
 import pytest
 from engine_helpers import MODEL, greedy, process_gone, prompt_of
 
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import EngineConfig, load_config
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.factory import open_engine, server_spec
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec, SGLangSpec, sglang_available
 from swerl.engine.router import Router
-from swerl.train.grpo_trainer import GRPOTrainer, rollout_groups
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
+from swerl.rollout.groups import rollout_groups
+from swerl.train.grpo_trainer import GRPOTrainer
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -23,13 +23,9 @@ from swerl.engine.base import (
 from swerl.engine.batching import sample_token
 from swerl.engine.local import LocalEngine
 from swerl.errors import InfraError
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.train.grpo import gather_logprobs
-from swerl.train.model import (
-    build_tiny_model,
-    load_model_and_tokenizer,
-    save_model_and_tokenizer,
-    train_tokenizer,
-)
 
 CORPUS = [
     "def add(left, right):\n    return left + right\n",

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from swerl.config import RunConfig
-from swerl.eval.schedule import pending_evaluations, schedule_report
-from swerl.stage import Manifest, StageContext, StageResult, run_stage
+from swerl.stages.runner import Manifest, StageContext, StageResult, run_stage
+from swerl.stages.schedule import pending_evaluations, schedule_report
 from swerl.storage import Store
 from swerl.tracking import Tracker
 

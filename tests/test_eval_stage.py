@@ -32,15 +32,24 @@ from swerl.config import (
     MicroSource,
     TinyModelConfig,
 )
-from swerl.eval.schedule import pending_evaluations
 from swerl.eval.stratify import Subset, stratify
-from swerl.stage import Manifest, StageContext, StageOutcome, StageResult, load_manifest, run_stage, stage_key
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.stages.common import load_tasks, put_dir
 from swerl.stages.curate import run_curate
 from swerl.stages.evaluate import CheckpointLoadError, EvaluateStage, run_evaluate
+from swerl.stages.runner import (
+    Manifest,
+    StageContext,
+    StageOutcome,
+    StageResult,
+    load_manifest,
+    run_stage,
+    stage_key,
+)
+from swerl.stages.schedule import pending_evaluations
 from swerl.storage import Store
 from swerl.tracking import Tracker
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
 
@@ -197,7 +206,7 @@ def test_bad_input_is_refused_with_nothing_written(env: Env, curate: Manifest, s
     failed = [
         r
         for r in env.tracker.client.search_runs(
-            [env.tracker.experiment_id], "tags.`swerl.stage` = 'evaluate-bad'"
+            [env.tracker.experiment_id], "tags.`swerl.stages.runner` = 'evaluate-bad'"
         )
     ]
     assert failed and all(r.info.status == "FAILED" for r in failed)

@@ -187,8 +187,8 @@ def test_swe_bench_verified_rows_through_datasets_are_stratified_by_repo_and_dif
 
 def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp_path: Path) -> None:
     from swerl.config import DatasetSource, EvaluateConfig
-    from swerl.stage import StageContext
     from swerl.stages.evaluate import evaluation_tasks, load_or_draw_subset
+    from swerl.stages.runner import StageContext
     from swerl.storage import Store
 
     path = tmp_path / "unlabeled.jsonl"

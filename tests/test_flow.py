@@ -18,7 +18,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from swerl.config import STAGES, PipelineConfig, dump_config
-from swerl.stage import StageContext, StageResult, load_manifest, stage_key
+from swerl.stages.runner import StageContext, StageResult, load_manifest, stage_key
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +150,7 @@ def test_pipeline_runs_then_skips_curate(
     assert parent.info.run_id == summary["mlflow_run_id"]
     assert parent.data.tags["swerl.stage.curate"] == "ran"
     assert parent.info.status == "FINISHED"
-    children = {c.data.tags["swerl.stage"]: c for c in _children(cfg, parent.info.run_id)}
+    children = {c.data.tags["swerl.stages.runner"]: c for c in _children(cfg, parent.info.run_id)}
     assert sorted(children) == sorted(STAGES)
     child = children["curate"]
     assert all(c.info.status == "FINISHED" for c in children.values())
@@ -270,7 +270,7 @@ def _flow_run_filter(flow_run_id: UUID):  # type: ignore[no-untyped-def]
 def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp_path: Path) -> None:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-    from swerl.cli import build_deployments
+    from flows.deploy import build_deployments
     from swerl.config import load_config
 
     repo = Path(__file__).resolve().parent.parent

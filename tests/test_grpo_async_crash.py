@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig
-from swerl.stage import Manifest, StageContext, StageResult, run_stage
+from swerl.stages.runner import Manifest, StageContext, StageResult, run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
 
@@ -48,8 +48,8 @@ def make_inputs(root: Path) -> list[Manifest]:
     """curate (clean micro tasks) and sft (a tiny untrained model) manifests, written by literal stages."""
     from benchmarks.grpo_async import clean_micro_tasks, emulation_tokenizer
     from swerl.data.taskio import tasks_to_parquet
+    from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
     from swerl.stages.common import put_dir
-    from swerl.train.model import build_tiny_model, save_model_and_tokenizer
 
     def curate(cfg: Any, ctx: StageContext) -> StageResult:
         ctx.write_artifact("train.parquet", tasks_to_parquet(clean_micro_tasks(6)))

@@ -23,19 +23,19 @@ import psutil
 import pytest
 
 from benchmarks.grpo_async import clean_micro_tasks, emulation_tokenizer
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig
 from swerl.data.taskio import tasks_to_parquet
-from swerl.stage import Manifest, StageContext, StageOutcome, StageResult, run_stage, stage_key
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.stages import evaluate as evaluate_module
 from swerl.stages import grpo as grpo_module
 from swerl.stages import grpo_eval
 from swerl.stages.common import put_dir
 from swerl.stages.grpo import FAILURES_FILE, GRPOStage, run_grpo
+from swerl.stages.runner import Manifest, StageContext, StageOutcome, StageResult, run_stage, stage_key
 from swerl.storage import Store
 from swerl.tracking import Tracker
 from swerl.train.grpo_trainer import GRPOTrainer
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 

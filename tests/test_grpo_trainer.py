@@ -14,18 +14,13 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams, logprob_temperature
 from swerl.engine.local import LocalEngine
-from swerl.train.grpo_trainer import (
-    EpisodeFn,
-    GRPOTrainer,
-    collate,
-    plan_micro_batches,
-    rollout_groups,
-    score_groups,
-)
-from swerl.train.model import build_tiny_model, save_model_and_tokenizer, train_tokenizer
+from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
+from swerl.rollout.groups import EpisodeFn, rollout_groups
+from swerl.train.grpo_trainer import GRPOTrainer, collate, plan_micro_batches, score_groups
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 CORPUS = [
     "task 0: name a letter\n",

@@ -17,6 +17,7 @@ import pytest
 from swerl.agent.grading import grade, start_task_sandbox
 from swerl.config import CurateConfig, MicroSource
 from swerl.data.bugs import candidates
+from swerl.data.environments import resolve_environment
 from swerl.data.micro import (
     GENERATOR_VERSION,
     TEMPLATES,
@@ -30,15 +31,15 @@ from swerl.data.micro import (
     render_repo,
     vocabulary,
 )
-from swerl.data.repos import is_test_file, resolve_environment, source_files, tree_hash
+from swerl.data.repos import is_test_file, source_files, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
 from swerl.data.taskio import tasks_from_parquet
 from swerl.data.testrun import TestStatus, parse_pytest_summary, passing, run_tests, task_test_command
 from swerl.errors import InfraError
 from swerl.sandbox import LocalSandboxProvider
-from swerl.stage import run_stage
 from swerl.stages.curate import run_curate, split_by_repo
+from swerl.stages.runner import run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
 

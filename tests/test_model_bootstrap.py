@@ -12,16 +12,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
-from swerl.train.model import (
-    CHAT_TEMPLATE,
-    CONTROL_TOKENS,
-    TOOL_TAG_TOKENS,
-    build_tiny_model,
-    load_model_and_tokenizer,
-    render_messages,
-    save_model_and_tokenizer,
-    train_tokenizer,
-)
+from swerl.model.chat import CHAT_TEMPLATE, CONTROL_TOKENS, TOOL_TAG_TOKENS, render_messages
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 
 CORPUS = [
     "def add(left, right):\n    return left + right\n",

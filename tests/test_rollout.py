@@ -23,16 +23,16 @@ from transformers import PreTrainedTokenizerBase
 
 from benchmarks.grpo_async import agent_episode, clean_micro_tasks, emulation_tokenizer
 from swerl.agent.episode import EpisodeLimits
-from swerl.agent.grading import task_environment
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import ConfigError, load_config
+from swerl.data.environments import task_environment
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, GenerateResponse
 from swerl.engine.emulated import EmulatedEngine, EpisodeProfile
 from swerl.errors import InfraError
+from swerl.model.loading import build_tiny_model
+from swerl.rollout.async_loop import AsyncSettings, Batch, BudgetSpent, collect_batch, train_async
 from swerl.rollout.journal import FinishedAttempt, JournalState, Ledger, RolloutJournal
 from swerl.rollout.longtail import longtail_stats, tail_share
-from swerl.rollout.loop import AsyncSettings, Batch, BudgetSpent, collect_batch, train_async
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
 from swerl.sandbox.base import ExecResult, Sandbox
@@ -40,7 +40,7 @@ from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import SandboxPool
 from swerl.storage import Store
 from swerl.train.grpo_trainer import GRPOTrainer, score_groups
-from swerl.train.model import build_tiny_model
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 

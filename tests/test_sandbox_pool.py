@@ -11,8 +11,13 @@ import pytest
 
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.rollout.environments import (
+    EnvironmentPlanner,
+    LocalEnvironments,
+    TokenBucket,
+    group_by_environment,
+)
 from swerl.sandbox.base import SandboxProvider
-from swerl.sandbox.envs import EnvironmentPlanner, LocalEnvironments, TokenBucket, group_by_environment
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import SandboxPool
 

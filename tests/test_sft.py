@@ -11,8 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from swerl.model.chat import render_messages
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.train.checkpoint import check_checkpoint_dir, latest_checkpoint, list_checkpoints
-from swerl.train.model import build_tiny_model, load_model_and_tokenizer, render_messages, train_tokenizer
 from swerl.train.sft import (
     IGNORE_INDEX,
     DataPosition,

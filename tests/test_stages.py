@@ -20,7 +20,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swerl.agent.toolcall import ToolCall, parse_tool_call
 from swerl.agent.tools import TOOL_SPECS
 from swerl.agent.traces import load_trace_rows, write_traces
 from swerl.config import (
@@ -35,7 +34,15 @@ from swerl.config import (
     TracesConfig,
 )
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
-from swerl.stage import (
+from swerl.model.loading import load_model_and_tokenizer
+from swerl.model.toolcall import ToolCall, parse_tool_call
+from swerl.stages import grpo as grpo_module
+from swerl.stages import sft as sft_module
+from swerl.stages.common import COMPLETE_MARKER, DurableCheckpoints, get_dir
+from swerl.stages.curate import run_curate
+from swerl.stages.evaluate import EvaluateStage, run_evaluate
+from swerl.stages.grpo import GRPOStage, run_grpo
+from swerl.stages.runner import (
     Manifest,
     StageContext,
     StageOutcome,
@@ -44,17 +51,10 @@ from swerl.stage import (
     run_stage,
     stage_key,
 )
-from swerl.stages import grpo as grpo_module
-from swerl.stages import sft as sft_module
-from swerl.stages.common import COMPLETE_MARKER, DurableCheckpoints, get_dir
-from swerl.stages.curate import run_curate
-from swerl.stages.evaluate import EvaluateStage, run_evaluate
-from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.sft import SFTStage, run_sft
 from swerl.stages.traces import TracesStage, run_traces
 from swerl.storage import Store
 from swerl.tracking import Tracker
-from swerl.train.model import load_model_and_tokenizer
 from swerl.train.sft import replan_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]

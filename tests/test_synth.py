@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from swerl.data.bugs import MODIFIERS, BugCandidate
-from swerl.data.repos import builtin_repo, builtin_repo_names, directory_repo, resolve_environment, tree_hash
+from swerl.data.environments import resolve_environment
+from swerl.data.repos import builtin_repo, builtin_repo_names, directory_repo, tree_hash
 from swerl.data.synth import problem_statement, sample_candidates, summarize, synthesize_repo
 from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.sandbox import LocalSandboxProvider

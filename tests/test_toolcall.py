@@ -7,13 +7,7 @@ import random
 
 import pytest
 
-from swerl.agent.toolcall import (
-    ToolCall,
-    ToolCallError,
-    ToolCallErrorKind,
-    ToolSpec,
-    parse_tool_call,
-)
+from swerl.model.toolcall import ToolCall, ToolCallError, ToolCallErrorKind, ToolSpec, parse_tool_call
 
 TOOLS = [
     ToolSpec("bash", required={"command": str}, optional={"timeout": float}),

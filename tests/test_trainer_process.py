@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
+from swerl.model.tokenizer import save_tokenizer
 from swerl.train.grpo_trainer import GRPOTrainer
-from swerl.train.model import build_tiny_model, load_model_and_tokenizer, load_tokenizer, save_tokenizer
 from swerl.train.trainer_process import TrainerProcess, TrainerProcessDied
 from tests.test_grpo_trainer import MODEL, synthetic_groups
 from tests.test_grpo_trainer import tokenizer as tokenizer  # noqa: F401 - the module-scoped fixture

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 
 from swerl.config import load_config
 from swerl.pipeline import open_session
-from swerl.stage import StageContext, StageResult
 from swerl.stages.common import put_dir
 from swerl.stages.evaluate import EvaluateStage, run_evaluate
 from swerl.stages.grpo import GRPOStage, run_grpo
+from swerl.stages.runner import StageContext, StageResult
 from swerl.stages.sft import SFTStage, run_sft
 from swerl.stages.traces import TracesStage, run_traces
 

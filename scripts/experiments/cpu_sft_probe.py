@@ -31,7 +31,6 @@ import torch
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.oracle import OracleSkip, solve_task
 from swerl.agent.traces import oracle_rows, trace_to_example, write_traces
-from swerl.agent.trajectory import Trajectory
 from swerl.data.repos import builtin_repo, builtin_repo_names
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
@@ -39,15 +38,12 @@ from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.engine.base import SamplingParams
 from swerl.engine.local import LocalEngine
 from swerl.errors import InfraError
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.sandbox import LocalSandboxProvider
 from swerl.stages.curate import split_by_repo
-from swerl.train.model import (
-    build_tiny_model,
-    load_model_and_tokenizer,
-    save_model_and_tokenizer,
-    train_tokenizer,
-)
 from swerl.train.sft import StepMetrics, train_sft
+from swerl.trajectory import Trajectory
 
 log = logging.getLogger("cpu_sft_probe")
 

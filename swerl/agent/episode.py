@@ -7,7 +7,7 @@ The trajectory's token ids are built by appending, never by re-tokenizing what t
   NON-sampled token (mask 0): the conversation stays well-formed for the next turn, and the policy is not
   taught to stop where it did not;
 - the text between turns (turn close, the tool message, the next generation prompt) is cut from the chat
-  template's render of the conversation and tokenized alone, at the same cut points swerl.train.model's
+  template's render of the conversation and tokenized alone, at the same cut points swerl.model's
   render_messages uses (one render per turn: the previous render is its prefix). So when every sampled turn is the
   tokenization of its own text, the trajectory's ids equal render_messages(messages) exactly, and its mask is 1
   exactly on the sampled tokens.
@@ -27,15 +27,16 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.grading import grade, task_environment
-from swerl.agent.toolcall import ToolCallError, parse_tool_call
+from swerl.agent.grading import grade
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
-from swerl.agent.trajectory import EpisodeStatus, PhaseTimings, Trajectory
+from swerl.data.environments import task_environment
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.errors import InfraError
+from swerl.model.chat import IM_END, render_text
+from swerl.model.toolcall import ToolCallError, parse_tool_call
 from swerl.sandbox.base import Sandbox, SandboxProvider
-from swerl.train.model import IM_END, render_text
+from swerl.trajectory import EpisodeStatus, PhaseTimings, Trajectory
 
 
 @dataclass(frozen=True)

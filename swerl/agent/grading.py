@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swerl.data.repos import is_test_file, resolve_environment
+from swerl.data.environments import task_environment
+from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, is_resolved, run_tests
-from swerl.errors import InfraError
 from swerl.sandbox.base import Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
@@ -40,20 +40,6 @@ class Grade:
     restored_tests: tuple[str, ...] = ()
     timed_out: bool = False
     detail: str = ""
-
-
-def task_environment(task: TaskInstance) -> tuple[Path, str | None]:
-    """The task's environment directory and setup patch (the bug, for bug-kind tasks)."""
-    try:
-        env_dir = resolve_environment(task.image, task.base_commit)  # checked for micro:// repositories
-    except ValueError as exc:  # an environment that is not there is never the policy's fault
-        raise InfraError("image_missing", str(exc)) from exc
-    return Path(env_dir), setup_patch(task)
-
-
-def setup_patch(task: TaskInstance) -> str | None:
-    """The patch applied at sandbox start: the bug of a bug-kind task, nothing for a fix-kind one."""
-    return task.patch if task.patch_kind == "bug" else None
 
 
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:

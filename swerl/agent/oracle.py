@@ -24,10 +24,10 @@ from typing import Any
 from swerl.agent.episode import EpisodeLimits, initial_messages
 from swerl.agent.fixplan import FixPlan, NoFixPlan, plan_fix, sed_substitution, wrong_edits
 from swerl.agent.grading import grade, start_task_sandbox
-from swerl.agent.toolcall import ToolCall
-from swerl.agent.tools import Tools, format_tool_call
+from swerl.agent.tools import Tools
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.model.toolcall import ToolCall, format_tool_call
 from swerl.sandbox.base import SandboxProvider
 
 TEST_COMMAND = "python -m pytest -q -x --tb=short 2>&1 | tail -n 15"

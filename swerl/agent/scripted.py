@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swerl.engine.base import FinishReason, GenerateRequest, GenerateResponse
 from swerl.errors import InfraError
-from swerl.train.model import IM_END
+from swerl.model.chat import IM_END
 
 
 class ScriptedEngine:

@@ -7,11 +7,9 @@ Submitted), and sandbox failures propagate as InfraError.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
-from swerl.agent.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ToolSpec
+from swerl.model.toolcall import ToolCall, ToolSpec, format_tool_call
 from swerl.sandbox.base import Sandbox
 
 TOOL_SPECS: tuple[ToolSpec, ...] = (
@@ -40,12 +38,6 @@ def system_prompt() -> str:
     tools = "\n".join(f"- {_DESCRIPTIONS[spec.name]}" for spec in TOOL_SPECS)
     example = format_tool_call("bash", {"command": "ls"})
     return f"Fix the bug in the Python repository in /workspace. One tool call per turn, like:\n{example}\nTools:\n{tools}"
-
-
-def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """An assistant turn's tool-call text, in the same layout the chat template gives `tool_calls`."""
-    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}"
 
 
 def truncate_middle(text: str, max_chars: int) -> str:

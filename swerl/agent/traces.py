@@ -20,8 +20,8 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.oracle import OracleTrace
-from swerl.agent.tools import format_tool_call
-from swerl.train.model import render_messages
+from swerl.model.chat import render_messages
+from swerl.model.toolcall import format_tool_call
 
 _XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.DOTALL)

@@ -9,28 +9,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from swerl.data.schema import TaskInstance
-
-_SWESMITH_REPO = re.compile(r"^swesmith/(?P<owner>[^/]+?)__(?P<name>.+?)(?:\.(?P<commit>[0-9a-f]{7,40}))?$")
+from swerl.data.schema import TaskInstance, normalize_repo
 
 
 def verified_repos() -> frozenset[str]:
     """SWE-bench Verified's 12 repositories, normalised ('owner/name', lowercase)."""
     text = resources.files("swerl.data").joinpath("resources/swebench_verified_repos.txt").read_text()
     return frozenset(normalize_repo(line) for line in text.splitlines() if line.strip())
-
-
-def normalize_repo(repo: str) -> str:
-    """'swesmith/Owner__Name.abc1234', 'https://github.com/owner/name.git', 'owner/name' -> 'owner/name'."""
-    text = repo.strip()
-    text = re.sub(r"^(https?://)?(www\.)?github\.com/", "", text)
-    text = re.sub(r"\.git$", "", text).strip("/")
-    match = _SWESMITH_REPO.match(text)
-    if match:
-        text = f"{match.group('owner')}/{match.group('name')}"
-    elif "/" not in text and "__" in text:  # SWE-bench instance-style 'owner__name'
-        text = text.replace("__", "/", 1)
-    return text.lower()
 
 
 def normalize_statement(text: str) -> str:

@@ -73,34 +73,6 @@ def resolve_repos(entries: list[str]) -> list[RepoSpec]:
     return specs
 
 
-def resolve_environment(image: str, base_commit: str | None = None) -> Path:
-    """The directory behind an environment reference (`local://repos/NAME`, `local:///PATH`, `micro://...`).
-
-    A micro repository is materialized if it is not cached yet; given the task's `base_commit`, its tree hash
-    must match (a mismatch means the task was made by another generator version: a ValueError says so).
-    """
-    if image.startswith("micro://"):
-        from swerl.data.micro import GENERATOR_VERSION, materialize_micro_repo, parse_micro_image
-
-        path = materialize_micro_repo(*parse_micro_image(image))
-        if base_commit is not None and (actual := tree_hash(path)) != base_commit:
-            raise ValueError(
-                f"micro environment {image!r} regenerated at {path} has tree hash {actual[:12]}, but the task "
-                f"expects base_commit {base_commit[:12]}: the task was made by another micro generator version "
-                f"than this one (v{GENERATOR_VERSION}, swerl.data.micro); re-run curate with this swerl"
-            )
-        return path
-    if not image.startswith("local://"):
-        raise ValueError(
-            f"environment {image!r} is not a local directory reference (local://... or micro://...)"
-        )
-    rest = image[len("local://") :]
-    path = BUILTIN_ROOT / rest[len("repos/") :] if rest.startswith("repos/") else Path(rest)
-    if not path.is_dir():
-        raise ValueError(f"environment {image!r} resolves to {path}, which does not exist")
-    return path
-
-
 def iter_files(root: Path) -> list[Path]:
     """Repo-relative paths of the tree's files, sorted, without caches and VCS metadata."""
     files = []

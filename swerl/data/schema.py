@@ -8,11 +8,27 @@ the reference FIX, and the repository at `base_commit` is already broken.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 PatchKind = Literal["bug", "fix"]
+
+_SWESMITH_REPO = re.compile(r"^swesmith/(?P<owner>[^/]+?)__(?P<name>.+?)(?:\.(?P<commit>[0-9a-f]{7,40}))?$")
+
+
+def normalize_repo(repo: str) -> str:
+    """'swesmith/Owner__Name.abc1234', 'https://github.com/owner/name.git', 'owner/name' -> 'owner/name'."""
+    text = repo.strip()
+    text = re.sub(r"^(https?://)?(www\.)?github\.com/", "", text)
+    text = re.sub(r"\.git$", "", text).strip("/")
+    match = _SWESMITH_REPO.match(text)
+    if match:
+        text = f"{match.group('owner')}/{match.group('name')}"
+    elif "/" not in text and "__" in text:  # SWE-bench instance-style 'owner__name'
+        text = text.replace("__", "/", 1)
+    return text.lower()
 
 
 def parse_test_list(value: Any) -> list[str]:
@@ -82,6 +98,4 @@ class TaskInstance(BaseModel):
     @property
     def repo_key(self) -> str:
         """Normalised 'owner/name' (lowercase) whatever the source's repo spelling."""
-        from swerl.data.decontam import normalize_repo
-
         return normalize_repo(self.repo)

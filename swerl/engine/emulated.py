@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.tools import format_tool_call
 from swerl.engine.base import GenerateRequest, GenerateResponse
 from swerl.errors import InfraError
-from swerl.train.model import IM_END
+from swerl.model.chat import IM_END
+from swerl.model.toolcall import format_tool_call
 
 
 @dataclass(frozen=True)

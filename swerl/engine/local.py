@@ -57,7 +57,7 @@ from swerl.engine.base import (
 )
 from swerl.engine.batching import RunningBatch, request_seed, sample_token
 from swerl.errors import InfraError
-from swerl.train.model import load_model_and_tokenizer
+from swerl.model.loading import load_model_and_tokenizer
 
 T = TypeVar("T")
 

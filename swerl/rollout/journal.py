@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.trajectory import Trajectory
 from swerl.storage import Store
+from swerl.trajectory import Trajectory
 
 LEDGER_FILE = "rollout_ledger.json"
 _ATTEMPT_NAME = re.compile(r"^r(\d+)-a(\d+)\.json$")

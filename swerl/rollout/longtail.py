@@ -8,8 +8,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from swerl.agent.trajectory import EpisodeStatus
 from swerl.rollout.journal import FinishedGroup
+from swerl.trajectory import EpisodeStatus
 
 
 def tail_share(starts: Sequence[float], finishes: Sequence[float], quantile: float = 0.9) -> float:

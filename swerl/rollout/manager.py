@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from swerl.agent.trajectory import Trajectory
 from swerl.engine.base import Engine
+from swerl.rollout.groups import EpisodeFn
 from swerl.rollout.journal import FinishedAttempt, FinishedGroup, JournalState, Ledger, RolloutJournal
-from swerl.train.grpo_trainer import EpisodeFn
+from swerl.trajectory import Trajectory
 
 TaskT = TypeVar("TaskT")
 logger = logging.getLogger(__name__)

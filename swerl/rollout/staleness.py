@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swerl.agent.trajectory import Trajectory
+from swerl.trajectory import Trajectory
 
 
 class StalenessPolicy(enum.StrEnum):

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.agent.episode import EpisodeLimits
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import AgentConfig, SandboxLimits
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
@@ -23,8 +22,9 @@ from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.e2b import E2BSandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import SandboxPool
-from swerl.stage import Manifest, StageContext
+from swerl.stages.runner import Manifest, StageContext
 from swerl.storage import Store
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 T = TypeVar("T")
 

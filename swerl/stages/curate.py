@@ -15,17 +15,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from swerl.config import CurateConfig, DatasetSource, MicroSource
-from swerl.data.decontam import decontaminate, normalize_repo
+from swerl.data.decontam import decontaminate
 from swerl.data.loaders import LoadReport, load_tasks
 from swerl.data.micro import SPLITS, micro_repo_spec, micro_split
 from swerl.data.repos import RepoSpec, resolve_repos
-from swerl.data.schema import TaskInstance
+from swerl.data.schema import TaskInstance, normalize_repo
 from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
-from swerl.stage import StageContext, StageResult
 from swerl.stages.common import run_async, sandbox_provider
+from swerl.stages.runner import StageContext, StageResult
 
 
 def micro_specs(micro: MicroSource) -> list[RepoSpec]:

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from swerl.agent.episode import run_episode
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
 from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, StrictModel
 from swerl.data.loaders import load_tasks as load_dataset_tasks
 from swerl.data.schema import TaskInstance
@@ -37,7 +36,7 @@ from swerl.eval.grading import grade_attempt
 from swerl.eval.metrics import pass_at_1, pass_at_k, stratum_table
 from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_report, plot_strata
 from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
-from swerl.stage import Manifest, StageContext, StageResult
+from swerl.model.loading import load_model_and_tokenizer
 from swerl.stages.common import (
     episode_limits,
     episode_with_retries,
@@ -47,8 +46,9 @@ from swerl.stages.common import (
     run_async,
     sandbox_pool,
 )
+from swerl.stages.runner import Manifest, StageContext, StageResult
 from swerl.storage import Store
-from swerl.train.model import load_model_and_tokenizer
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 SOURCES = {"base": ("sft", "base"), "sft": ("sft", "model"), "grpo": ("grpo", "model")}
 """Model name -> (stage whose manifest holds it, artifact directory)."""
@@ -343,7 +343,7 @@ def publish(
                     "swerl.checkpoint.manifest": ctx.inputs[SOURCES[name][0]].uri,
                     "swerl.checkpoint.run_id": ctx.inputs[SOURCES[name][0]].mlflow_run_id or "",
                     "swerl.checkpoint.artifact": SOURCES[name][1]} for name in results}  # fmt: skip
-    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
+    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stages.runner": "evaluate-model",
               "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
     run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown)
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})

@@ -7,18 +7,18 @@ fails it is left out of its group's baseline and of the loss, never scored 0. Ch
 RNG, step, task-stream position, the infrastructure-failure counts) are mirrored to the store under the stage
 key; a crashed stage resumes there, its `failures/*` counts continuing from the checkpoint's.
 
-Asynchronous mode (grpo.mode: async): the same engine, trainer and episode function are handed to
-swerl.rollout.stage.AsyncGRPO, which keeps rollouts running while the trainer steps on finished groups. With
+Synchronous mode is swerl.rollout.sync_loop. Asynchronous mode (grpo.mode: async): the same engine, trainer and
+episode function are handed to swerl.stages.grpo_async.AsyncGRPO (around swerl.rollout.async_loop), which keeps rollouts running while the trainer steps on finished groups. With
 grpo.eval_every, checkpoints are evaluated on the held-out split beside training (swerl.stages.grpo_eval).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,15 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
-from swerl.agent.grading import setup_patch
-from swerl.agent.trajectory import Trajectory
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
+from swerl.data.environments import setup_patch
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
-from swerl.rollout.stage import AsyncGRPO
-from swerl.sandbox.envs import EnvironmentPlanner, ProviderEnvironments
-from swerl.stage import StageContext, StageResult
+from swerl.model.loading import context_length, load_model_and_tokenizer, load_tokenizer
+from swerl.rollout.environments import EnvironmentPlanner, ProviderEnvironments
+from swerl.rollout.sync_loop import SyncSettings, train_sync
+from swerl.sandbox.pool import SandboxPool
 from swerl.stages.common import (
     DurableCheckpoints,
     episode_limits,
@@ -47,10 +47,12 @@ from swerl.stages.common import (
     sandbox_pool,
     seeded_sample,
 )
-from swerl.stages.grpo_eval import checkpoint_evaluator
-from swerl.train.grpo_trainer import GRPOTrainer, Trainer, rollout_groups
-from swerl.train.model import context_length, load_model_and_tokenizer, load_tokenizer
+from swerl.stages.grpo_async import AsyncGRPO
+from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
+from swerl.stages.runner import StageContext, StageResult
+from swerl.train.grpo_trainer import GRPOTrainer, Trainer
 from swerl.train.trainer_process import TrainerProcess
+from swerl.trajectory import Trajectory
 
 FAILURES_FILE = "failure_counts.json"
 """Infrastructure failures by cause so far, saved inside every trainer checkpoint (a resumed stage continues them)."""
@@ -75,13 +77,6 @@ def check_config(cfg: GRPOStage, context: int) -> None:
             f"agent.max_trajectory_tokens ({cfg.agent.max_trajectory_tokens}) exceeds engine.max_context_tokens "
             f"({cfg.engine.max_context_tokens}): episodes would be cut by the engine, not by the agent's cap"
         )
-
-
-def step_tasks(order: list[TaskInstance], step: int, per_step: int) -> list[TaskInstance]:
-    """The tasks of a step: the next `per_step` of a seeded order, wrapping around (the data position is
-    step * per_step, so a resumed run continues exactly where the checkpoint was taken)."""
-    start = step * per_step
-    return [order[(start + i) % len(order)] for i in range(per_step)]
 
 
 def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
@@ -132,6 +127,37 @@ def build_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int)
     )  # fmt: skip
 
 
+@dataclass
+class _GRPORun:
+    """One attempt of the stage: what the loop, its per-step callback, the checkpoints and the report share."""
+
+    cfg: GRPOStage
+    ctx: StageContext
+    trainer: Trainer
+    durable: DurableCheckpoints
+    order: list[TaskInstance]
+    provider: SandboxPool
+    counts: dict[str, int]  # infrastructure failures by cause, continued from the checkpoint's
+    asynchronous: AsyncGRPO | None
+    evaluator: CheckpointEvaluator | None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def save(self) -> Path:
+        return save(
+            self.trainer, self.durable, self.cfg.grpo, len(self.order), self.counts, self.asynchronous
+        )
+
+    def on_sync_step(self, stats: dict[str, float], groups: list[list[Trajectory]]) -> None:
+        g, step = self.cfg.grpo, self.trainer.step
+        stats |= {f"failures/{k}": float(v) for k, v in self.counts.items()}
+        stats |= episode_stats(groups) | self.provider.step_metrics()
+        self.history.append(stats)
+        self.ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=step)
+        with_signal = stats["groups"] - stats["groups_without_signal"] - stats["groups_dropped"]
+        self.ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", step, g.steps,
+                          stats["reward_mean"], with_signal, stats["groups"], stats["time_total_s"])  # fmt: skip
+
+
 def _run_grpo(
     cfg: GRPOStage,
     ctx: StageContext,
@@ -144,92 +170,83 @@ def _run_grpo(
     order: list[TaskInstance],
     started: float,
 ) -> StageResult:
+    """Resume, sample and train (sync or async), publish the model and the report."""
     g = cfg.grpo
     serve_dir = start_dir
     if resume is not None:
         trainer.load(resume)
         serve_dir = resume
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
-    limits = episode_limits(cfg.agent)
-    provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
-    pool_cfg = cfg.agent.sandbox.pool
-    counts = load_failure_counts(resume)
-    history: list[dict[str, float]] = []
     asynchronous = AsyncGRPO(ctx, g, order, resume) if g.mode == "async" else None
-    evaluator = checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None
-
-    async def loop() -> None:
-        planner = EnvironmentPlanner(ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute,
-                                     burst=pool_cfg.pull_burst)  # fmt: skip
-        async with provider, planner, open_engine(
-            cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
-            concurrency=g.max_in_flight if asynchronous else g.rollout_concurrency,
-            log_dir=ctx.workdir / "engines",
-        ) as engine:  # fmt: skip
-
-            async def episode(
-                engine: Engine, task: TaskInstance, *, attempt: int, group_id: str
-            ) -> Trajectory:
-                async def once(retry: int) -> Trajectory:
-                    return await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
-                                             group_id=group_id, rid=f"{group_id}/{attempt}/{retry}")  # fmt: skip
-
-                return await episode_with_retries(once, cfg.agent.infra_retries, counts)
-
-            async def prewarm(task: TaskInstance) -> Callable[[], None]:
-                """A group's environment (docker: its image) prepared once at the configured pull rate; returns
-                the start of its n sandboxes, made if the group has not opened yet (grpo.prewarm_groups)."""
-                env_dir = await planner.environment(task)
-                return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.attempts_per_task)
-
-            if asynchronous is not None:
-                trained = False
-                try:
-                    await asynchronous.run(trainer, engine, episode, counts, history,
-                                           lambda: save(trainer, durable, g, len(order), counts, asynchronous),
-                                           lambda groups: episode_stats(groups) | provider.step_metrics(),
-                                           on_export=evaluator.after_export if evaluator else None,
-                                           prewarm=prewarm)  # fmt: skip
-                    trained = True
-                finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval_at_end
-                    if evaluator is not None:
-                        await evaluator.close(cancel=not trained or g.eval_at_end == "cancel")
-                return
-            while trainer.step < g.steps:
-                if g.time_budget_s is not None and time.monotonic() - started > g.time_budget_s:
-                    ctx.log.info(
-                        "grpo: time budget of %.0f s spent after %d steps", g.time_budget_s, trainer.step
-                    )
-                    break
-                step_started = time.monotonic()
-                batch = step_tasks(order, trainer.step, g.tasks_per_step)
-                groups = await rollout_groups(engine, batch, g.attempts_per_task, episode, g.rollout_concurrency,
-                                              group_prefix=f"s{trainer.step}-")  # fmt: skip
-                rollout_s = time.monotonic() - step_started
-                stats = await asyncio.to_thread(trainer.train_step, groups)
-                sync_started = time.monotonic()
-                export = trainer.export_weights(ctx.workdir / "exports")
-                await engine.update_weights_from_disk(str(export), trainer.step)
-                stats |= {"time_rollout_s": rollout_s, "time_weight_sync_s": time.monotonic() - sync_started,
-                          "time_total_s": time.monotonic() - step_started}  # fmt: skip
-                stats |= {f"failures/{k}": float(v) for k, v in counts.items()}
-                stats |= episode_stats(groups) | provider.step_metrics()
-                history.append(stats)
-                ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
-                ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", trainer.step, g.steps,
-                             stats["reward_mean"], stats["groups"] - stats["groups_without_signal"]
-                             - stats["groups_dropped"], stats["groups"], stats["time_total_s"])  # fmt: skip
-                due = g.checkpoint_every > 0 and trainer.step % g.checkpoint_every == 0
-                if due and trainer.step < g.steps:
-                    save(trainer, durable, g, len(order), counts)
-
-    run_async(loop())
-    if history:  # the final state, whatever the checkpoint interval
-        save(trainer, durable, g, len(order), counts, asynchronous)
+    run = _GRPORun(
+        cfg, ctx, trainer, durable, order, sandbox_pool(cfg.agent.sandbox, git_baseline=True),
+        load_failure_counts(resume), asynchronous,
+        checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None,
+    )  # fmt: skip
+    run_async(_sample_and_train(run, tokenizer, sampling, serve_dir, started))
+    if run.history:  # the final state, whatever the checkpoint interval
+        run.save()
     if asynchronous is not None:
         asynchronous.log_histograms()
-    out = trainer.save_model(ctx.workdir / "model")
-    put_dir(ctx, "model", out)
+    put_dir(ctx, "model", trainer.save_model(ctx.workdir / "model"))
+    return _result(run, resume, started)
+
+
+async def _sample_and_train(
+    run: _GRPORun,
+    tokenizer: PreTrainedTokenizerBase,
+    sampling: SamplingParams,
+    serve_dir: Path,
+    started: float,
+) -> None:
+    """The engine and the sandboxes around the loop of the configured mode."""
+    cfg, ctx, g, trainer, provider = run.cfg, run.ctx, run.cfg.grpo, run.trainer, run.provider
+    limits = episode_limits(cfg.agent)
+    pool_cfg = cfg.agent.sandbox.pool
+    planner = EnvironmentPlanner(ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute,
+                                 burst=pool_cfg.pull_burst)  # fmt: skip
+    async with provider, planner, open_engine(
+        cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
+        concurrency=g.max_in_flight if run.asynchronous else g.rollout_concurrency,
+        log_dir=ctx.workdir / "engines",
+    ) as engine:  # fmt: skip
+
+        async def episode(engine: Engine, task: TaskInstance, *, attempt: int, group_id: str) -> Trajectory:
+            async def once(retry: int) -> Trajectory:
+                return await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
+                                         group_id=group_id, rid=f"{group_id}/{attempt}/{retry}")  # fmt: skip
+
+            return await episode_with_retries(once, cfg.agent.infra_retries, run.counts)
+
+        async def prewarm(task: TaskInstance) -> Callable[[], None]:
+            """A group's environment (docker: its image) prepared once at the configured pull rate; returns
+            the start of its n sandboxes, made if the group has not opened yet (grpo.prewarm_groups)."""
+            env_dir = await planner.environment(task)
+            return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.attempts_per_task)
+
+        if run.asynchronous is None:
+            deadline = None if g.time_budget_s is None else started + g.time_budget_s
+            settings = SyncSettings(steps=g.steps, tasks_per_step=g.tasks_per_step,
+                                    attempts_per_task=g.attempts_per_task, concurrency=g.rollout_concurrency,
+                                    checkpoint_every=g.checkpoint_every, deadline=deadline)  # fmt: skip
+            await train_sync(trainer, engine, run.order, episode, settings, export_dir=ctx.workdir / "exports",
+                             on_step=run.on_sync_step, save=run.save)  # fmt: skip
+            return
+        trained = False
+        try:
+            await run.asynchronous.run(trainer, engine, episode, run.counts, run.history, run.save,
+                                       lambda groups: episode_stats(groups) | provider.step_metrics(),
+                                       on_export=run.evaluator.after_export if run.evaluator else None,
+                                       prewarm=prewarm)  # fmt: skip
+            trained = True
+        finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval_at_end
+            if run.evaluator is not None:
+                await run.evaluator.close(cancel=not trained or g.eval_at_end == "cancel")
+
+
+def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
+    """The stage's report (grpo_report.json), metrics and markdown."""
+    g, trainer, history, counts = run.cfg.grpo, run.trainer, run.history, run.counts
     rewards = [h["reward_mean"] for h in history]
     report: dict[str, Any] = {
         "steps": trainer.step,
@@ -241,12 +258,12 @@ def _run_grpo(
         "wall_s": time.monotonic() - started,
         "mode": g.mode,
     }
-    if asynchronous is not None:
-        report |= {"data_position": asynchronous.next_seq, "ledger": asynchronous.ledger.entries,
-                   "resume": asynchronous.resumed}  # fmt: skip
-    if evaluator is not None:
-        report["evaluations"] = evaluator.report()
-    ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    if run.asynchronous is not None:
+        report |= {"data_position": run.asynchronous.next_seq, "ledger": run.asynchronous.ledger.entries,
+                   "resume": run.asynchronous.resumed}  # fmt: skip
+    if run.evaluator is not None:
+        report["evaluations"] = run.evaluator.report()
+    run.ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"]}
     if rewards:
         third = max(1, len(rewards) // 3)
@@ -255,8 +272,8 @@ def _run_grpo(
     lines = ["# GRPO", "", f"- {trainer.step} steps of {g.tasks_per_step} tasks x {g.attempts_per_task} attempts",
              f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
              f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
-    if evaluator is not None:
-        lines.append(f"- evaluations beside training: {evaluator.summary_line()}")
+    if run.evaluator is not None:
+        lines.append(f"- evaluations beside training: {run.evaluator.summary_line()}")
     return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
                        summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
                        f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip

@@ -31,9 +31,9 @@ from typing import Any
 from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, GRPOConfig
 from swerl.data.schema import TaskInstance
 from swerl.eval.stratify import Subset
-from swerl.stage import StageContext
 from swerl.stages.common import input_manifest, load_tasks
 from swerl.stages.evaluate import EvaluateStage, evaluate_model, load_or_draw_subset, summarize
+from swerl.stages.runner import StageContext
 
 CANCEL_TIMEOUT_S = 120.0
 """How long a cancelled evaluation may take to close its engine and sandboxes before it is abandoned."""

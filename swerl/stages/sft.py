@@ -21,16 +21,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.agent.traces import load_trace_rows, normalize_messages, traces_to_examples
 from swerl.config import AgentConfig, EngineConfig, SFTConfig, StrictModel
-from swerl.data.repos import iter_files, resolve_environment
-from swerl.stage import StageContext, StageResult
+from swerl.data.environments import resolve_environment
+from swerl.data.repos import iter_files
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.stages.common import DurableCheckpoints, input_manifest, load_tasks, put_dir, read_input
+from swerl.stages.runner import StageContext, StageResult
 from swerl.train.checkpoint import latest_checkpoint
-from swerl.train.model import (
-    build_tiny_model,
-    load_model_and_tokenizer,
-    save_model_and_tokenizer,
-    train_tokenizer,
-)
 from swerl.train.sft import StepMetrics, replan_after, train_sft
 
 STDLIB_FILES = (

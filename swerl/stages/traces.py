@@ -16,7 +16,6 @@ from typing import Any
 from swerl.agent.oracle import generate_oracle_traces
 from swerl.agent.traces import load_trace_rows, normalize_messages, oracle_rows, write_traces
 from swerl.config import AgentConfig, StrictModel, TracesConfig
-from swerl.stage import StageContext, StageResult
 from swerl.stages.common import (
     closing,
     episode_limits,
@@ -26,6 +25,7 @@ from swerl.stages.common import (
     sandbox_pool,
     seeded_sample,
 )
+from swerl.stages.runner import StageContext, StageResult
 
 
 class TracesStage(StrictModel):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from swerl.train.model import save_tokenizer
+from swerl.model.tokenizer import save_tokenizer
 
 STATE_FILE = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"

@@ -3,8 +3,7 @@
 One `train_step` reads top to bottom: score the groups (advantages over valid attempts) -> lay the valid
 trajectories out as right-padded (B, T) micro-batches -> fix the old log-probs -> clipped, TIS-weighted policy
 loss with gradient accumulation -> clip -> AdamW. `export_weights` hands the new policy to an engine
-(`update_weights_from_disk`), `save`/`load` make a resumed run continue exactly, and `rollout_groups` samples
-the groups with any episode coroutine. Plain constructor arguments only; a builder maps a config onto them.
+(`update_weights_from_disk`), `save`/`load` make a resumed run continue exactly. Plain constructor arguments only; a builder maps a config onto them.
 
 Contracts worth knowing before changing anything:
 - Invalid attempts. An infra_error trajectory (reward None) is excluded from its group's baseline and from the
@@ -26,25 +25,25 @@ Contracts worth knowing before changing anything:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import math
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from swerl.agent.trajectory import EpisodeStatus, Trajectory
-from swerl.engine.base import Engine
+from swerl.model.loading import save_model_and_tokenizer
+from swerl.model.tokenizer import save_tokenizer
+from swerl.rollout.step import PolicyTrainer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from swerl.train.grpo import (
     ISLevel,
@@ -54,54 +53,12 @@ from swerl.train.grpo import (
     policy_loss,
     token_entropy,
 )
-from swerl.train.model import save_model_and_tokenizer, save_tokenizer
 from swerl.train.sft import build_optimizer, seed_everything
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 logger = logging.getLogger(__name__)
 
-TaskT = TypeVar("TaskT", contravariant=True)
 EXPORT_PREFIX = "weights_v"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Rollout: B tasks x n attempts, concurrently
-
-
-class EpisodeFn(Protocol[TaskT]):
-    """One episode of `task` with the policy behind `engine`; returns its trajectory (infra errors included)."""
-
-    def __call__(
-        self, engine: Engine, task: TaskT, *, attempt: int, group_id: str
-    ) -> Awaitable[Trajectory]: ...
-
-
-async def rollout_groups(
-    engine: Engine,
-    tasks: Sequence[TaskT],
-    n_attempts: int,
-    run_episode_fn: EpisodeFn[TaskT],
-    concurrency: int,
-    group_prefix: str = "",
-) -> list[list[Trajectory]]:
-    """Run n_attempts episodes of every task, at most `concurrency` at once; returns groups in task order.
-
-    Group i is `f"{group_prefix}{i}"`, its attempts are in attempt order. An episode that raises (a bug: episode
-    functions turn infrastructure failures into infra_error trajectories) cancels the rest and propagates.
-    """
-    if n_attempts < 1 or concurrency < 1:
-        raise ValueError(f"n_attempts ({n_attempts}) and concurrency ({concurrency}) must be >= 1")
-    limit = asyncio.Semaphore(concurrency)
-
-    async def one(task: TaskT, attempt: int, group_id: str) -> Trajectory:
-        async with limit:
-            return await run_episode_fn(engine, task, attempt=attempt, group_id=group_id)
-
-    async with asyncio.TaskGroup() as group:
-        running = [
-            [group.create_task(one(task, attempt, f"{group_prefix}{index}")) for attempt in range(n_attempts)]
-            for index, task in enumerate(tasks)
-        ]
-    return [[attempt.result() for attempt in attempts] for attempts in running]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -238,14 +195,9 @@ def rollout_stats(groups: Sequence[Sequence[Trajectory]], scored: ScoredGroups) 
 LossAggregation = Literal["token_mean", "sequence_mean"]
 
 
-class Trainer(Protocol):
-    """What the GRPO loops need of a trainer: GRPOTrainer in this process, or a TrainerProcess serving one."""
-
-    step: int
-
-    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]: ...
-
-    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path: ...
+class Trainer(PolicyTrainer, Protocol):
+    """What the GRPO stage needs of a trainer (the loops' PolicyTrainer plus state in and out): GRPOTrainer in this
+    process, or a TrainerProcess serving one."""
 
     def save(
         self,

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.trajectory import Trajectory
 from swerl.train.checkpoint import TrainerState
+from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from swerl.data.environments import environment_dir
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 
@@ -40,12 +41,7 @@ class LocalEnvironments:
         return task.image
 
     async def prepare(self, task: TaskInstance) -> Path:
-        from swerl.data.repos import resolve_environment
-
-        try:
-            return await asyncio.to_thread(resolve_environment, task.image, task.base_commit)
-        except ValueError as exc:
-            raise InfraError("image_missing", str(exc)) from exc
+        return await asyncio.to_thread(environment_dir, task)
 
 
 class ProviderEnvironments(LocalEnvironments):

@@ -195,7 +195,7 @@ def run_stage(
     log.info("stage %s: running (key %s%s) -> %s", stage, key, ", forced" if force else "", store.uri(prefix))
     workdir = Path(tempfile.mkdtemp(prefix=f"swerl-{stage}-"))
     try:
-        with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
+        with tracker.run(stage, tags={"swerl.stages.runner": stage, "swerl.key": key}, parent=parent) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
             ctx = StageContext(
                 stage=stage,

@@ -3,8 +3,10 @@
     manager.start()                                   # max_in_flight attempts, refilled as they finish
     while steps remain:
         batch = await collect_batch(...)              # B usable groups: staleness policy, dynamic sampling
-        stats = await to_thread(trainer.train_step)   # rollouts continue meanwhile (on the event loop)
-        ledger += batch; export; engine.update_weights_from_disk(version)   # in-flight attempts continue
+        ledger += batch
+        stats = await train_and_sync(...)             # update in a thread: rollouts continue on the event loop;
+                                                      # export, engine.update_weights_from_disk(version): in-flight
+                                                      # attempts continue
         on_export(export, step)                       # e.g. start an evaluation of it beside training
         metrics; checkpoint (model, optimizer, RNG, ledger) when due
 
@@ -13,7 +15,6 @@ Time per step is split into waiting for rollouts, the actor update, log-prob rec
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import time
@@ -22,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.trajectory import Trajectory
 from swerl.engine.base import Engine
 from swerl.rollout.journal import FinishedGroup, Ledger
 from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
-from swerl.train.grpo_trainer import Trainer
+from swerl.rollout.step import PolicyTrainer, train_and_sync
+from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ async def collect_batch(
 
 
 async def train_async(
-    trainer: Trainer,
+    trainer: PolicyTrainer,
     engine: Engine,
     manager: RolloutManager[Any],
     settings: AsyncSettings,
@@ -185,15 +186,10 @@ async def train_async(
                 break
             waited = time.monotonic() - step_started
             trained = [trajectory for group in batch.groups for trajectory in group]
-            update_started = time.monotonic()
-            stats = await asyncio.to_thread(trainer.train_step, batch.groups)
-            last_update_s = time.monotonic() - update_started
-            sync_started = time.monotonic()
-            export = await asyncio.to_thread(trainer.export_weights, export_dir)
-            await engine.update_weights_from_disk(str(export), trainer.step)
-            sync_s = time.monotonic() - sync_started
+            outcome = await train_and_sync(trainer, engine, batch.groups, export_dir)
+            stats, last_update_s, sync_s = outcome.stats, outcome.update_s, outcome.sync_s
             if on_export is not None:
-                on_export(export, trainer.step)
+                on_export(outcome.export, trainer.step)
             total = time.monotonic() - step_started
             totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
             totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,

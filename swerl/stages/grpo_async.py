@@ -9,17 +9,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.trajectory import Trajectory
 from swerl.config import GRPOConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
+from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
+from swerl.rollout.groups import EpisodeFn
 from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.longtail import write_histograms
-from swerl.rollout.loop import AsyncSettings, Batch, train_async
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
-from swerl.stage import StageContext
-from swerl.train.grpo_trainer import EpisodeFn, Trainer
+from swerl.stages.runner import StageContext
+from swerl.train.grpo_trainer import Trainer
+from swerl.trajectory import Trajectory
 
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:

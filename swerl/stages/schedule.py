@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swerl.stage import Manifest
+from swerl.stages.runner import Manifest
 from swerl.storage import Store
 
 CHECKPOINT_STAGES = ("sft", "grpo")

@@ -1,4 +1,5 @@
-"""Parse one Hermes/Qwen-style tool call from an assistant turn: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+"""The tool-call format: `format_tool_call` writes one as the chat template lays `tool_calls` out, and `parse_tool_call`
+reads one Hermes/Qwen-style tool call from an assistant turn: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
 Policy (exactly one call per assistant turn):
 - Text before `<tool_call>` is allowed and kept as reasoning.
@@ -20,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+from swerl.model.chat import IM_END, PAD_TOKEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+_STOP_TOKENS = (IM_END, PAD_TOKEN)
 _JSON_TYPE_NAMES: dict[type, str] = {
     str: "string",
     int: "integer",
@@ -190,6 +191,12 @@ def _check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> ToolCallEr
                 f"got {_type_name(type(value))}.",
             )
     return None
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """An assistant turn's tool-call text, in the same layout the chat template gives `tool_calls`."""
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}"
 
 
 def parse_tool_call(text: str, tools: Sequence[ToolSpec] | None = None) -> ToolCall | ToolCallError:
