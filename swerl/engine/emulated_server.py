@@ -20,7 +20,9 @@ from typing import Any
 from aiohttp import web
 
 
-class EmulatedEngine:
+class EmulatedServer:
+    """The server's state: latency and output size, the weight version, pause, queued faults, request counts."""
+
     def __init__(self, latency_s: float, output_tokens: int, weight_version: int = 0) -> None:
         self.latency_s = latency_s
         self.output_tokens = output_tokens
@@ -104,7 +106,7 @@ class EmulatedEngine:
         return web.json_response({})
 
 
-def create_app(engine: EmulatedEngine) -> web.Application:
+def create_app(engine: EmulatedServer) -> web.Application:
     app = web.Application()
     app.router.add_post("/generate", engine.generate)
     app.router.add_post("/update_weights_from_disk", engine.update_weights)
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        engine = EmulatedEngine(args.latency_s, args.output_tokens)
+        engine = EmulatedServer(args.latency_s, args.output_tokens)
         runner = web.AppRunner(create_app(engine), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port, backlog=args.backlog)

@@ -117,6 +117,54 @@ def token_entropy(logits: Tensor) -> Tensor:
     return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
+@dataclass
+class ImportanceSums:
+    """Sums over scored tokens of the raw importance weight w = exp(old - behaviour), the trainer-engine mismatch.
+
+    Sums, not means, so that micro-batches add up: a step's ESS is (sum w)^2 / (n sum w^2) over all of its tokens,
+    not a mean of per-micro-batch ratios. policy_loss reports one call's, the trainer a whole step's.
+    """
+
+    tokens: float = 0.0
+    abs_log_weight: float = 0.0  # sum |old - behaviour|
+    weight: float = 0.0  # sum w
+    weight_square: float = 0.0  # sum w^2
+    over_cap: float = 0.0  # tokens whose w exceeds the TIS cap
+
+    def __iadd__(self, other: ImportanceSums) -> ImportanceSums:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+        return self
+
+    @property
+    def logprob_diff_mean(self) -> float:
+        return self.abs_log_weight / max(1.0, self.tokens)
+
+    @property
+    def ess_ratio(self) -> float:
+        """1 when trainer and engine agree on every token; 1/n when one token carries all the weight."""
+        return self.weight**2 / (self.tokens * self.weight_square) if self.weight_square > 0 else 1.0
+
+    @property
+    def over_cap_fraction(self) -> float:
+        return self.over_cap / max(1.0, self.tokens)
+
+
+@torch.no_grad()
+def importance_sums(old: Tensor, behaviour: Tensor, mask: Tensor, tis_cap: float) -> ImportanceSums:
+    """ImportanceSums of the tokens where mask is 1 (old, behaviour, mask: (B, T); off-mask fillers ignored)."""
+    keep = mask.bool()
+    log_weight = torch.where(keep, old - behaviour, 0.0)  # (B, T)
+    weight = torch.where(keep, torch.exp(log_weight), 0.0)  # (B, T)
+    return ImportanceSums(
+        tokens=float(keep.sum()),
+        abs_log_weight=float(log_weight.abs().sum()),
+        weight=float(weight.sum()),
+        weight_square=float((weight * weight).sum()),
+        over_cap=float(((weight > tis_cap) & keep).sum()),
+    )
+
+
 def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> float:
     return float((values * mask).sum() / count)
 
@@ -189,7 +237,6 @@ def policy_loss(
     surrogate = torch.where(clipped, clipped_ratio, ratio) * advantages  # (B, T)
 
     token_log_weight = torch.where(keep, old_logprobs - behaviour_logprobs, 0.0)  # (B, T)
-    raw_weight = torch.exp(token_log_weight)  # (B, T)
     sequence_log_weight = token_log_weight.sum(dim=-1, keepdim=True).expand_as(token_log_weight)  # (B, T)
     tis_log_weight = token_log_weight if tis_level == "token" else sequence_log_weight
     # Capped in log space: a long sequence's product of weights may overflow exp().
@@ -213,10 +260,7 @@ def policy_loss(
 
     with torch.no_grad():
         count = num_tokens.clamp(min=1.0)
-        masked_weight = raw_weight * mask
-        weight_sum = masked_weight.sum()
-        weight_square_sum = (masked_weight * masked_weight).sum()
-        ess = weight_sum**2 / (count * weight_square_sum) if weight_square_sum > 0 else torch.ones(())
+        mismatch = importance_sums(old_logprobs, behaviour_logprobs, mask, tis_cap)
         stats = PolicyLossStats(
             num_tokens=int(num_tokens),
             pg_loss=float(pg_loss.detach()),
@@ -225,8 +269,8 @@ def policy_loss(
             ratio_mean=_masked_mean(ratio, mask, count),
             tis_mean=_masked_mean(tis_weight, mask, count),
             tis_clip_fraction=_masked_mean((tis_log_weight > math.log(tis_cap)).to(mask.dtype), mask, count),
-            logprob_diff_mean=_masked_mean((old_logprobs - behaviour_logprobs).abs(), mask, count),
-            ess_ratio=float(ess),
+            logprob_diff_mean=mismatch.logprob_diff_mean,
+            ess_ratio=mismatch.ess_ratio,
             mis_mask_fraction=_masked_mean((~mis_keep).to(mask.dtype), mask, count),
         )
     return loss, stats

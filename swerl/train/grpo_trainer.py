@@ -46,10 +46,12 @@ from swerl.model.tokenizer import save_tokenizer
 from swerl.rollout.step import PolicyTrainer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from swerl.train.grpo import (
+    ImportanceSums,
     ISLevel,
     PolicyLossStats,
     gather_logprobs,
     group_advantages,
+    importance_sums,
     policy_loss,
     token_entropy,
 )
@@ -501,26 +503,21 @@ class GRPOTrainer:
 
 
 class _Observed:
-    """Sums over a step, per scored token: entropy and trainer-engine mismatch (recorded once per micro-batch,
-    when its old log-probs are fixed) and the loss diagnostics (recorded at every micro-step)."""
+    """Sums over a step, per scored token: entropy and the trainer-engine mismatch (ImportanceSums, recorded once
+    per micro-batch, when its old log-probs are fixed) and the loss diagnostics (recorded at every micro-step)."""
 
     def __init__(self, tis_cap: float) -> None:
         self.tis_cap = tis_cap
-        self.tokens = self.entropy = self.diff = self.weight = self.weight_square = self.tis_clipped = 0.0
+        self.mismatch = ImportanceSums()
+        self.entropy = 0.0
         self.step_tokens = self.clipped = self.pg_loss = self.kl = self.mis_masked = 0.0
 
     @torch.no_grad()
     def add(self, micro: MicroBatch, old: Tensor, logits: Tensor, temperature: float) -> None:
         mask = micro.loss_mask[:, 1:]  # (B, T-1): the scored tokens, shifted like old
         entropy = token_entropy(logits.detach()[:, :-1].float() / temperature)  # (B, T-1)
-        log_weight = torch.where(mask.bool(), old - micro.behaviour_logprobs[:, 1:], 0.0)  # (B, T-1)
-        weight = torch.exp(log_weight) * mask  # raw importance weight old / behaviour
-        self.tokens += float(mask.sum())
         self.entropy += float((entropy * mask).sum())
-        self.diff += float((log_weight.abs() * mask).sum())
-        self.weight += float(weight.sum())
-        self.weight_square += float((weight * weight).sum())
-        self.tis_clipped += float(((weight > self.tis_cap) * mask).sum())
+        self.mismatch += importance_sums(old, micro.behaviour_logprobs[:, 1:], mask, self.tis_cap)
 
     def add_loss(self, stats: PolicyLossStats) -> None:
         self.step_tokens += stats.num_tokens
@@ -530,13 +527,12 @@ class _Observed:
         self.kl += stats.kl
 
     def summary(self, num_updates: int) -> dict[str, float]:
-        tokens, updates = max(1.0, self.tokens), max(1, num_updates)
-        ess = self.weight**2 / (tokens * self.weight_square) if self.weight_square > 0 else 1.0
+        updates = max(1, num_updates)
         return {
-            "entropy_mean": self.entropy / tokens,
-            "logprob_diff_mean": self.diff / tokens,
-            "ess_ratio": ess,
-            "tis_clip_fraction": self.tis_clipped / tokens,
+            "entropy_mean": self.entropy / max(1.0, self.mismatch.tokens),
+            "logprob_diff_mean": self.mismatch.logprob_diff_mean,
+            "ess_ratio": self.mismatch.ess_ratio,
+            "tis_clip_fraction": self.mismatch.over_cap_fraction,
             "clip_fraction": self.clipped / max(1.0, self.step_tokens),
             "mis_mask_fraction": self.mis_masked / max(1.0, self.step_tokens),
             "pg_loss": self.pg_loss / updates,
