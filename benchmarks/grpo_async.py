@@ -30,6 +30,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.tools import system_prompt
+from swerl.config import GRPOAlgorithmConfig
 from swerl.data.environments import resolve_environment
 from swerl.data.micro import TEST_CMD
 from swerl.data.repos import tree_hash
@@ -43,9 +44,11 @@ from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
 from swerl.rollout.groups import EpisodeFn, rollout_groups
 from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.manager import RolloutManager
+from swerl.rollout.staleness import StalenessPolicy
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.stages.common import episode_with_retries
+from swerl.stages.grpo import update_settings
 from swerl.train.grpo_trainer import GRPOTrainer, Trainer
 from swerl.train.trainer_process import TrainerProcess
 from swerl.trajectory import EpisodeStatus, Trajectory
@@ -117,8 +120,9 @@ def tiny_trainer(
 ) -> GRPOTrainer:
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                              intermediate_size=64, max_position_embeddings=positions, seed=0)  # fmt: skip
-    return GRPOTrainer(model, lr=1e-4, micro_batch_tokens=16384, seed=0, tokenizer=tokenizer,
-                       ppo_epochs=ppo_epochs, num_minibatches=num_minibatches)  # fmt: skip
+    algorithm = GRPOAlgorithmConfig(lr=1e-4, micro_batch_tokens=16384, ppo_epochs=ppo_epochs,
+                                    num_minibatches=num_minibatches)  # fmt: skip
+    return GRPOTrainer(model, update_settings(algorithm), seed=0, tokenizer=tokenizer)
 
 
 def tiny_trainer_in_child(
@@ -157,9 +161,9 @@ async def async_steps(trainer: Trainer, engine: EmulatedEngine, episode: Episode
     manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=n,
                              max_in_flight=in_flight, max_buffered_groups=2 * b,
                              journal=RolloutJournal(None, "bench"))  # fmt: skip
-    settings = AsyncSettings(
-        steps=trainer.step + steps, tasks_per_step=b, max_staleness=4, dynamic_sampling=False
-    )
+    settings = AsyncSettings(steps=trainer.step + steps, tasks_per_step=b, max_staleness=4,
+                             staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=False,
+                             max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None)  # fmt: skip
 
     def on_step(stats: dict[str, float], batch: Batch) -> None:
         history.append(stats)

@@ -81,9 +81,11 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 from swerl.agent.tools import number_lines, system_prompt
+from swerl.config import GRPOAlgorithmConfig
 from swerl.model.chat import CHAT_TEMPLATE, render_messages, render_text
 from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call
+from swerl.stages.grpo import update_settings
 from swerl.train.grpo_trainer import GRPOTrainer as SwerlGRPOTrainer
 from swerl.train.sft import (
     IGNORE_INDEX,
@@ -484,11 +486,8 @@ def swerl_grpo_stepper(
 ) -> Callable:
     """swerl's GRPOTrainer.train_step on the pre-made groups, one call per step; returns the tokens trained."""
     longest = max(len(t.token_ids) for group in data.groups for t in group)
-    trainer = SwerlGRPOTrainer(
-        new_model(tokenizer),
+    algorithm = GRPOAlgorithmConfig(
         lr=GRPO_LR,
-        betas=GRPO_BETAS,
-        adam_eps=GRPO_EPS,
         weight_decay=0.0,
         grad_clip=1.0,
         clip_eps_low=0.2,
@@ -496,6 +495,9 @@ def swerl_grpo_stepper(
         kl_coef=0.0,
         scale_adv_by_std=False,
         micro_batch_tokens=longest * args.prompts * args.generations,  # one micro-batch, like TRL's
+    )
+    trainer = SwerlGRPOTrainer(
+        new_model(tokenizer), update_settings(algorithm), betas=GRPO_BETAS, adam_eps=GRPO_EPS
     )
     tokens = sum(len(t.token_ids) for group in data.groups for t in group)
 

@@ -3,8 +3,9 @@ evaluation on the cron schedule `serve.eval_cron`), each with the resolved confi
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import serve
-from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from flows.evaluate import evaluate
@@ -12,8 +13,10 @@ from flows.pipeline import pipeline
 from swerl.config import PipelineConfig
 
 
-def build_deployments(cfg: PipelineConfig) -> list[RunnerDeployment]:
-    """The deployments `swerl serve` registers: the pipeline (run on demand) and the scheduled evaluation."""
+def build_deployments(cfg: PipelineConfig) -> list[Any]:
+    """The deployments `swerl serve` registers: the pipeline (run on demand) and the scheduled evaluation.
+
+    (RunnerDeployment objects; typed Any because Prefect types to_deployment as possibly a coroutine.)"""
     params = {"config": cfg.model_dump(mode="json", by_alias=True)}
     return [
         pipeline.to_deployment(name=f"{cfg.run.name}-pipeline", parameters=params, tags=["swerl"]),

@@ -421,52 +421,34 @@ class SFTConfig(StrictModel):
     """torch intra-op threads for training."""
 
 
-class GRPOConfig(StrictModel):
-    """GRPO on the SFT checkpoint: B groups of n attempts per step, token-level clipped loss, TIS/MIS; sync or
-    fully asynchronous (swerl.rollout)."""
+class GRPOScheduleConfig(StrictModel):
+    """How much GRPO trains: steps of B groups, checkpoints, the time budget that only guards."""
 
     steps: int = Field(10, ge=0, le=10_000_000)
     """Optimizer steps (0 skips RL: the SFT checkpoint is passed on)."""
+    tasks_per_step: int = Field(8, ge=1, le=1_000_000)
+    """B: tasks (groups) per step."""
     time_budget_s: float | None = Field(None, gt=0)
     """Wall-clock budget for training. async: no step starts after it, a batch still being collected when it runs
     out is given back untrained (its groups stay journaled), and an update the previous one's duration says would
     end past it is not started; sync: stops after the step during which it ran out."""
-    tasks_per_step: int = Field(8, ge=1, le=1_000_000)
-    """B: tasks (groups) per step."""
-    attempts_per_task: int = Field(4, ge=2, le=10_000)
-    """n: attempts per task (the group)."""
-    rollout_concurrency: int = Field(8, ge=1, le=1_000_000)
-    """Episodes running at once."""
-    temperature: float = Field(1.0, gt=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
-    lr: float = Field(1e-4, gt=0, le=10)
-    weight_decay: float = Field(0.0, ge=0, le=10)
-    grad_clip: float | None = Field(1.0, gt=0)
-    clip_eps_low: float = Field(0.2, ge=0, le=10)
-    clip_eps_high: float = Field(0.28, ge=0, le=10)
-    tis_cap: float = Field(2.0, ge=1, le=1e6)
-    """Truncation of the importance weight against the engine's behaviour log-probs."""
-    kl_coef: float = Field(0.0, ge=0, le=100)
-    """k3 KL penalty to the SFT checkpoint (0: no reference model is kept)."""
-    scale_adv_by_std: bool = False
-    """Divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)."""
-    loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
-    """token_mean: every scored token of a minibatch weighs the same (DAPO; long trajectories weigh more);
-    sequence_mean: every trajectory weighs the same (the original GRPO)."""
-    micro_batch_tokens: int = Field(8192, ge=2, le=100_000_000)
-    ppo_epochs: int = Field(1, ge=1, le=100)
-    num_minibatches: int = Field(1, ge=1, le=10_000)
     checkpoint_every: int = Field(5, ge=0, le=10_000_000)
     """Steps between checkpoints; 0: only at the end."""
-    threads: int = Field(2, ge=1, le=1024)
-    """torch intra-op threads for the update."""
-    trainer_process: bool = False
-    """Run the trainer in a spawned process of its own (swerl.train.trainer_process): its update does not hold the
-    rollouts' interpreter (GIL) while the async loop keeps sampling. False: a thread of the stage's process."""
     task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
     """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
-    mode: Literal["sync", "async"] = "sync"
-    """sync: sample B x n, then train (the baseline); async: rollouts never stop, the trainer takes finished groups."""
+
+
+class GRPORolloutConfig(StrictModel):
+    """How GRPO samples: groups of n attempts, sampling parameters, and (async) what is in flight and how stale."""
+
+    attempts_per_task: int = Field(4, ge=2, le=10_000)
+    """n: attempts per task (the group)."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Sampling temperature of the rollouts (the trainer's log-probs are taken at the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of the rollouts."""
+    concurrency: int = Field(8, ge=1, le=1_000_000)
+    """sync: episodes running at once."""
     max_in_flight: int = Field(32, ge=1, le=1_000_000)
     """async: trajectories kept running at all times (a finished one is replaced at once)."""
     max_staleness: int = Field(2, ge=0, le=1_000_000)
@@ -486,6 +468,25 @@ class GRPOConfig(StrictModel):
     attempt's start is a hand-out, not a sandbox start; warming uses only sandbox slots no attempt waits for, so
     agent.sandbox.pool.max_concurrent should hold max_in_flight + prewarm_groups x attempts_per_task (doctor
     counts them); 0: every attempt starts its sandbox itself."""
+
+
+class GRPOAlgorithmConfig(StrictModel):
+    """How one GRPO step updates the policy: optimizer, clipped token-level loss, TIS/MIS, KL, batching.
+
+    Its fields are exactly those of swerl.train.grpo_trainer.UpdateSettings (a test keeps them equal)."""
+
+    lr: float = Field(1e-4, gt=0, le=10)
+    """AdamW learning rate (constant)."""
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    """AdamW weight decay (matrices only)."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Max total gradient norm (None: measured, not clipped)."""
+    clip_eps_low: float = Field(0.2, ge=0, le=10)
+    """PPO ratio clip below: 1 - clip_eps_low."""
+    clip_eps_high: float = Field(0.28, ge=0, le=10)
+    """PPO ratio clip above: 1 + clip_eps_high (DAPO's clip-higher when above clip_eps_low)."""
+    tis_cap: float = Field(2.0, ge=1, le=1e6)
+    """Truncation of the importance weight against the engine's behaviour log-probs."""
     tis_level: Literal["token", "sequence"] = "token"
     """Truncated importance sampling per token, or per trajectory (product of its token weights)."""
     mis_low: float = Field(0.0, ge=0, le=1)
@@ -494,50 +495,117 @@ class GRPOConfig(StrictModel):
     """Masked importance sampling upper bound (None: MIS off)."""
     mis_level: Literal["token", "sequence"] = "token"
     """Masked importance sampling per token or per trajectory."""
-    eval_every: int = Field(0, ge=0, le=10_000_000)
-    """async: every this many trainer steps, the weights just exported are evaluated on the held-out split beside
-    training (its own engine and sandbox pool; neither trainer nor rollouts wait for it); 0: off."""
-    eval_tasks: int = Field(16, ge=1, le=10_000_000)
-    """async, eval_every: held-out tasks per evaluation (the evaluate stage's stratified subset of this size)."""
-    eval_attempts: int = Field(1, ge=1, le=10_000)
-    """async, eval_every: attempts per held-out task."""
-    eval_concurrency: int = Field(4, ge=1, le=1_000_000)
-    """async, eval_every: an evaluation's episodes at once: its engine's concurrency and the most sandboxes of its
-    own pool (apart from max_in_flight and agent.sandbox.pool, which stay the rollouts')."""
-    eval_temperature: float = Field(0.7, ge=0, le=10)
-    """async, eval_every: sampling temperature of the evaluation (0: greedy)."""
-    eval_grader: Literal["swebench", "episode"] = "episode"
-    """async, eval_every: the episode's in-workspace grade (the training reward), or swebench log grading of each
-    patch in a fresh sandbox (as the evaluate stage; extra `swebench`)."""
-    eval_at_end: Literal["wait", "cancel"] = "wait"
-    """async, eval_every: an evaluation still running when training ends is awaited (and logged), or cancelled."""
+    kl_coef: float = Field(0.0, ge=0, le=100)
+    """k3 KL penalty to the SFT checkpoint (0: no reference model is kept)."""
+    scale_adv_by_std: bool = False
+    """Divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)."""
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    """token_mean: every scored token of a minibatch weighs the same (DAPO; long trajectories weigh more);
+    sequence_mean: every trajectory weighs the same (the original GRPO)."""
+    micro_batch_tokens: int = Field(8192, ge=2, le=100_000_000)
+    """Most padded tokens (rows x longest row) in one forward/backward."""
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    """Passes over each step's batch (optimizer updates per step = ppo_epochs x num_minibatches)."""
+    num_minibatches: int = Field(1, ge=1, le=10_000)
+    """Parts each pass splits the batch into, one optimizer update each."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
+    def _consistent(self) -> GRPOAlgorithmConfig:
         if self.mis_high is not None and self.mis_low >= self.mis_high:
             raise ValueError(f"mis_low ({self.mis_low}) must be below mis_high ({self.mis_high})")
         if self.mis_high is not None and self.tis_cap <= self.mis_low:
             raise ValueError(
                 f"tis_cap ({self.tis_cap}) <= mis_low ({self.mis_low}): every kept weight is truncated"
             )
-        if self.eval_every > 0 and self.mode != "async":
+        return self
+
+
+class GRPOEvalConfig(StrictModel):
+    """async: evaluation of exported checkpoints beside training (swerl.stages.grpo_eval)."""
+
+    every: int = Field(0, ge=0, le=10_000_000)
+    """Every this many trainer steps, the weights just exported are evaluated on the held-out split beside training
+    (its own engine and sandbox pool; neither trainer nor rollouts wait for it); 0: off."""
+    tasks: int = Field(16, ge=1, le=10_000_000)
+    """Held-out tasks per evaluation (the evaluate stage's stratified subset of this size)."""
+    attempts: int = Field(1, ge=1, le=10_000)
+    """Attempts per held-out task."""
+    concurrency: int = Field(4, ge=1, le=1_000_000)
+    """An evaluation's episodes at once: its engine's concurrency and the most sandboxes of its own pool (apart
+    from grpo.rollout.max_in_flight and agent.sandbox.pool, which stay the rollouts')."""
+    temperature: float = Field(0.7, ge=0, le=10)
+    """Sampling temperature of the evaluation (0: greedy)."""
+    grader: Literal["swebench", "episode"] = "episode"
+    """The episode's in-workspace grade (the training reward), or swebench log grading of each patch in a fresh
+    sandbox (as the evaluate stage; extra `swebench`)."""
+    at_end: Literal["wait", "cancel"] = "wait"
+    """An evaluation still running when training ends is awaited (and logged), or cancelled."""
+
+
+_GRPO_SECTIONS: dict[str, type[StrictModel]] = {
+    "schedule": GRPOScheduleConfig,
+    "rollout": GRPORolloutConfig,
+    "algorithm": GRPOAlgorithmConfig,
+}
+GRPO_MOVED_KEYS: dict[str, str] = {
+    **{key: f"{section}.{key}" for section, model in _GRPO_SECTIONS.items() for key in model.model_fields},
+    "rollout_concurrency": "rollout.concurrency",
+    **{f"eval_{key}": f"eval.{key}" for key in GRPOEvalConfig.model_fields},
+}
+"""Flat grpo keys of earlier swerl versions and where each lives now (an old key is an error naming the new one)."""
+
+
+class GRPOConfig(StrictModel):
+    """GRPO on the SFT checkpoint: B groups of n attempts per step, token-level clipped loss, TIS/MIS; sync or
+    fully asynchronous (swerl.rollout)."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """sync: sample B x n, then train (the baseline); async: rollouts never stop, the trainer takes finished groups."""
+    threads: int = Field(2, ge=1, le=1024)
+    """torch intra-op threads for the update."""
+    trainer_process: bool = False
+    """Run the trainer in a spawned process of its own (swerl.train.trainer_process): its update does not hold the
+    rollouts' interpreter (GIL) while the async loop keeps sampling. False: a thread of the stage's process."""
+    schedule: GRPOScheduleConfig = Field(default_factory=GRPOScheduleConfig)
+    """Steps, batch size, checkpoints, time budget."""
+    rollout: GRPORolloutConfig = Field(default_factory=GRPORolloutConfig)
+    """Group size, sampling, in-flight and staleness bounds."""
+    algorithm: GRPOAlgorithmConfig = Field(default_factory=GRPOAlgorithmConfig)
+    """Optimizer and loss of each update."""
+    eval: GRPOEvalConfig = Field(default_factory=GRPOEvalConfig)
+    """Evaluation beside training (async)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            moved = {key: GRPO_MOVED_KEYS[key] for key in data if key in GRPO_MOVED_KEYS}
+            if moved:
+                where = ", ".join(f"grpo.{old} is now grpo.{new}" for old, new in moved.items())
+                raise ValueError(f"renamed keys: {where}")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        if self.eval.every > 0 and self.mode != "async":
             raise ValueError(
-                f"eval_every ({self.eval_every}) needs mode async: sync mode evaluates after training only "
+                f"eval.every ({self.eval.every}) needs mode async: sync mode evaluates after training only "
                 "(the evaluate stage)"
             )
-        if self.mode == "async" and self.buffered_groups < self.tasks_per_step:
+        if self.mode == "async" and self.buffered_groups < self.schedule.tasks_per_step:
             raise ValueError(
-                f"tasks_per_step (B = {self.tasks_per_step}) exceeds max_buffered_groups ({self.buffered_groups}): "
-                "the trainer would wait for more finished groups than rollouts may ever hold"
+                f"schedule.tasks_per_step (B = {self.schedule.tasks_per_step}) exceeds rollout.max_buffered_groups "
+                f"({self.buffered_groups}): the trainer would wait for more finished groups than rollouts may "
+                "ever hold"
             )
         return self
 
     @property
     def buffered_groups(self) -> int:
         """Finished, untrained groups held at most (async)."""
-        if self.max_buffered_groups is not None:
-            return self.max_buffered_groups
-        return self.tasks_per_step * (self.max_staleness + 1)
+        if self.rollout.max_buffered_groups is not None:
+            return self.rollout.max_buffered_groups
+        return self.schedule.tasks_per_step * (self.rollout.max_staleness + 1)
 
 
 CheckpointName = Literal["base", "sft", "grpo"]

@@ -199,9 +199,9 @@ def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits
         "curate.validation_workers": (cfg.curate.validation_workers, cfg.curate.sandbox),
         "traces.workers": (cfg.traces.workers, cfg.agent.sandbox),
         "grpo." + _grpo_concurrency_name(g): (
-            g.max_in_flight + g.prewarm_groups * g.attempts_per_task
+            g.rollout.max_in_flight + g.rollout.prewarm_groups * g.rollout.attempts_per_task
             if g.mode == "async"
-            else g.rollout_concurrency,
+            else g.rollout.concurrency,
             cfg.agent.sandbox,
         ),
         "evaluate.concurrency": (cfg.evaluate.concurrency, cfg.agent.sandbox),
@@ -210,8 +210,8 @@ def stage_concurrency(cfg: PipelineConfig) -> dict[str, tuple[int, SandboxLimits
 
 def _grpo_concurrency_name(g: GRPOConfig) -> str:
     if g.mode == "sync":
-        return "rollout_concurrency"
-    return "max_in_flight" + ("+prewarm_groups*attempts_per_task" if g.prewarm_groups else "")
+        return "rollout.concurrency"
+    return "rollout.max_in_flight" + ("+prewarm_groups*attempts_per_task" if g.rollout.prewarm_groups else "")
 
 
 def _sandboxes(concurrency: int, limits: SandboxLimits, pooled: bool) -> int:

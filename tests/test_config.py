@@ -245,3 +245,41 @@ def test_cli_as_a_process_exits_2_on_bad_config(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "curate.sandbox.cpu_time_s" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [("lr", "algorithm.lr"), ("steps", "schedule.steps"), ("rollout_concurrency", "rollout.concurrency"),
+     ("max_in_flight", "rollout.max_in_flight"), ("eval_every", "eval.every"), ("eval_at_end", "eval.at_end")],
+)  # fmt: skip
+def test_a_renamed_grpo_key_is_an_error_naming_its_new_key(tmp_path: Path, old: str, new: str) -> None:
+    """GRPO's settings moved into sections (schedule, rollout, algorithm, eval): an old flat key, given by --set or
+    in a file, is refused with the key it is now, never silently ignored or defaulted."""
+    with pytest.raises(ConfigError, match=f"grpo.{old} is now grpo.{new}"):
+        load_config(None, [f"grpo.{old}=1"])
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"grpo": {old: 1}}))
+    with pytest.raises(ConfigError, match=f"grpo.{old} is now grpo.{new}"):
+        load_config(path)
+
+
+def test_every_moved_grpo_key_points_at_an_existing_field() -> None:
+    from swerl.config import GRPO_MOVED_KEYS, GRPOConfig
+
+    for old, new in GRPO_MOVED_KEYS.items():
+        section, key = new.split(".")
+        assert key in type(getattr(GRPOConfig(), section)).model_fields, (old, new)
+
+
+def test_the_trainers_update_settings_are_exactly_grpo_algorithm() -> None:
+    """One mapping, no field by hand: grpo.algorithm's fields are UpdateSettings' fields (a field added to one and
+    not the other fails here), and the builder carries every value over."""
+    import dataclasses
+
+    from swerl.config import GRPOAlgorithmConfig
+    from swerl.stages.grpo import update_settings
+    from swerl.train.grpo_trainer import UpdateSettings
+
+    assert {f.name for f in dataclasses.fields(UpdateSettings)} == set(GRPOAlgorithmConfig.model_fields)
+    algorithm = GRPOAlgorithmConfig(lr=3e-5, ppo_epochs=3, mis_high=4.0, tis_level="sequence")
+    assert dataclasses.asdict(update_settings(algorithm)) == algorithm.model_dump()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import MODEL, greedy, process_gone, prompt_of
+from trainer_helpers import grpo_trainer
 
 from swerl.config import EngineConfig, load_config
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
@@ -22,7 +23,6 @@ from swerl.engine.router import Router
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.rollout.groups import rollout_groups
-from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -104,7 +104,7 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
         for i in range(num_tasks)
     ]
     sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
-    trainer = GRPOTrainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
+    trainer = grpo_trainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
     cfg = EngineConfig(kind="http_local", num_engines=2, max_batch_size=64, max_context_tokens=128,
                        health_interval_s=1.0, startup_timeout_s=240)  # fmt: skip
 

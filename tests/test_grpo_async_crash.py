@@ -33,8 +33,11 @@ from swerl.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, B, N = 3, 2, 2
-GRPO = GRPOConfig(mode="async", steps=STEPS, tasks_per_step=B, attempts_per_task=N, max_in_flight=4, checkpoint_every=1,
-                  threads=1, max_staleness=1, max_extra_groups_per_step=1, lr=1e-3)  # fmt: skip
+GRPO = GRPOConfig.model_validate({
+    "mode": "async", "threads": 1, "schedule": {"steps": STEPS, "tasks_per_step": B, "checkpoint_every": 1},
+    "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
+    "algorithm": {"lr": 1e-3},
+})  # fmt: skip
 AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
                     command_timeout_s=20, test_timeout_s=30, infra_retries=1)  # fmt: skip
 ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=512, threads=1)

@@ -40,8 +40,21 @@ from swerl.trajectory import EpisodeStatus, Trajectory
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 B, N = 2, 2
-GRPO = GRPOConfig(mode="async", steps=2, tasks_per_step=B, attempts_per_task=N, max_in_flight=4, checkpoint_every=1,
-                  threads=1, max_staleness=1, max_extra_groups_per_step=1, lr=1e-3)  # fmt: skip
+GRPO = GRPOConfig.model_validate({
+    "mode": "async", "threads": 1, "schedule": {"steps": 2, "tasks_per_step": B, "checkpoint_every": 1},
+    "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
+    "algorithm": {"lr": 1e-3},
+})  # fmt: skip
+
+
+def grpo_with(**sections: dict[str, Any]) -> GRPOConfig:
+    """GRPO with some fields of its sections changed."""
+    data = GRPO.model_dump()
+    for section, values in sections.items():
+        data[section] |= values
+    return GRPOConfig.model_validate(data)
+
+
 AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
                     command_timeout_s=20, test_timeout_s=30, infra_retries=1)  # fmt: skip
 ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=512, threads=1)
@@ -98,9 +111,9 @@ def leftover_threads() -> list[str]:
 
 
 def test_eval_beside_training_needs_async_mode() -> None:
-    with pytest.raises(ValueError, match="eval_every .* needs mode async"):
-        GRPOConfig(mode="sync", eval_every=1)
-    assert GRPOConfig(mode="async", eval_every=1).eval_concurrency >= 1
+    with pytest.raises(ValueError, match="eval.every .* needs mode async"):
+        GRPOConfig.model_validate({"mode": "sync", "eval": {"every": 1}})
+    assert GRPOConfig.model_validate({"mode": "async", "eval": {"every": 1}}).eval.concurrency >= 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,14 +167,13 @@ def test_failure_counts_continue_from_the_checkpoint_after_a_crash(
 def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """eval_every 1 over 3 steps. The first evaluation is held open until the trainer has started step 3 (so step 2
+    """eval.every 1 over 3 steps. The first evaluation is held open until the trainer has started step 3 (so step 2
     comes due while it runs: skipped and counted); had the trainer or the rollouts waited for it, the stage would
     never end. Every evaluation logs eval/* at the step it evaluated; nothing is left running afterwards (warm
     sandboxes of groups warmed ahead included)."""
     steps = 3
-    g = GRPO.model_copy(update={"steps": steps, "checkpoint_every": 0, "eval_every": 1, "eval_tasks": 2,
-                                "eval_attempts": 1, "eval_concurrency": 2, "eval_temperature": 0.7,
-                                "prewarm_groups": 1})  # fmt: skip
+    g = grpo_with(schedule={"steps": steps, "checkpoint_every": 0}, rollout={"prewarm_groups": 1},
+                  eval={"every": 1, "tasks": 2, "attempts": 1, "concurrency": 2, "temperature": 0.7})  # fmt: skip
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     real_step, real_evaluate = GRPOTrainer.train_step, grpo_eval.evaluate_model
     step_started: list[float] = []
@@ -232,8 +244,8 @@ def test_a_running_evaluation_is_cancelled_at_the_end_when_configured(
 ) -> None:
     """eval_at_end cancel: the evaluation of the last step, held inside its episodes (engine and sandbox pool
     open), is cancelled when training ends; it is reported as cancelled, and its engine thread is gone."""
-    g = GRPO.model_copy(update={"steps": 1, "checkpoint_every": 0, "eval_every": 1, "eval_tasks": 1,
-                                "eval_concurrency": 1, "eval_at_end": "cancel"})  # fmt: skip
+    g = grpo_with(schedule={"steps": 1, "checkpoint_every": 0},
+                  eval={"every": 1, "tasks": 1, "concurrency": 1, "at_end": "cancel"})  # fmt: skip
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     real_episode = evaluate_module.run_episode
 

@@ -5,6 +5,7 @@ with the real local engine in the loop, exact resume, and gradient accumulation 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_helpers import grpo_trainer, settings
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams, logprob_temperature
@@ -192,7 +194,7 @@ def test_infra_error_attempt_never_reaches_the_loss(tokenizer: PreTrainedTokeniz
     results = []
     for batch in (groups, with_infra):
         model = tiny_model(tokenizer)
-        trainer = GRPOTrainer(model, lr=1e-3, micro_batch_tokens=64, seed=0)
+        trainer = grpo_trainer(model, lr=1e-3, micro_batch_tokens=64, seed=0)
         stats = trainer.train_step(batch)
         gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
         results.append((stats, gradients, [parameter.detach().clone() for parameter in model.parameters()]))
@@ -222,7 +224,7 @@ def test_micro_batching_does_not_change_the_gradient(tokenizer: PreTrainedTokeni
     gradients = []
     for micro_batch_tokens in (4096, 2):  # one micro-batch vs one trajectory per micro-batch
         model = tiny_model(tokenizer)
-        stats = GRPOTrainer(model, lr=1e-3, micro_batch_tokens=micro_batch_tokens).train_step(groups)
+        stats = grpo_trainer(model, lr=1e-3, micro_batch_tokens=micro_batch_tokens).train_step(groups)
         gradients.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert stats["clip_fraction"] == 0.0  # one update: old == current, ratio exactly 1
     assert stats["micro_batches"] == stats["trajectories_trained"] == 16
@@ -233,7 +235,7 @@ def test_kl_penalty_against_a_reference_is_zero_at_the_start_then_grows(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     groups = synthetic_groups(seed=4, vocab=len(tokenizer))
-    trainer = GRPOTrainer(tiny_model(tokenizer), lr=1e-2, kl_coef=0.1, ref_model=tiny_model(tokenizer))
+    trainer = grpo_trainer(tiny_model(tokenizer), lr=1e-2, kl_coef=0.1, ref_model=tiny_model(tokenizer))
     first, second = trainer.train_step(groups), trainer.train_step(groups)
     assert first["kl"] == 0.0 and second["kl"] > 0.0
     assert not any(parameter.requires_grad for parameter in trainer.ref_model.parameters())  # type: ignore[union-attr]
@@ -246,7 +248,7 @@ def test_a_step_with_every_group_dropped_makes_no_update(tokenizer: PreTrainedTo
     ]
     model = tiny_model(tokenizer)
     before = [parameter.detach().clone() for parameter in model.parameters()]
-    trainer = GRPOTrainer(model, lr=1e-2)
+    trainer = grpo_trainer(model, lr=1e-2)
     stats = trainer.train_step(groups)
     assert (stats["groups_dropped"], stats["optimizer_updates"], stats["reward_mean"], trainer.step) == (
         1,
@@ -267,15 +269,15 @@ def test_resume_continues_exactly(tokenizer: PreTrainedTokenizerBase, tmp_path: 
     batches = [synthetic_groups(seed=10 + step, vocab=len(tokenizer)) for step in range(total)]
     options: dict[str, Any] = dict(lr=3e-3, ppo_epochs=2, num_minibatches=2, micro_batch_tokens=32, seed=5)
 
-    straight = GRPOTrainer(tiny_model(tokenizer), **options)
+    straight = grpo_trainer(tiny_model(tokenizer), **options)
     straight_stats = [straight.train_step(batch) for batch in batches]
 
-    first = GRPOTrainer(tiny_model(tokenizer), **options)
+    first = grpo_trainer(tiny_model(tokenizer), **options)
     for batch in batches[:resume_at]:
         first.train_step(batch)
     checkpoint = first.save(tmp_path / "checkpoints", epoch=1, example_index=7, num_examples=12)
     torch.manual_seed(1234)  # the resumed process starts from another global RNG state
-    resumed = GRPOTrainer(tiny_model(tokenizer, seed=1), **options)  # other initial weights too
+    resumed = grpo_trainer(tiny_model(tokenizer, seed=1), **options)  # other initial weights too
     state = resumed.load(checkpoint)
     assert (state.step, state.epoch, state.example_index, resumed.step) == (resume_at, 1, 7, resume_at)
     resumed_stats = [resumed.train_step(batch) for batch in batches[resume_at:]]
@@ -372,9 +374,9 @@ def test_trainer_logprobs_match_the_engines(
 
     groups = asyncio.run(rollout())
     temperature = logprob_temperature(sampling)
-    stats = GRPOTrainer(model, logprob_temperature=temperature, bf16=bf16, micro_batch_tokens=128).train_step(
-        groups
-    )
+    stats = grpo_trainer(
+        model, logprob_temperature=temperature, bf16=bf16, micro_batch_tokens=128
+    ).train_step(groups)
     assert stats["loss_tokens"] == 4 * 4 * 24 and stats["micro_batches"] > 1
     print(
         f"bf16={bf16}: logprob_diff_mean={stats['logprob_diff_mean']:.2e} ess_ratio={stats['ess_ratio']:.6f}"
@@ -384,7 +386,7 @@ def test_trainer_logprobs_match_the_engines(
     if not bf16:
         assert stats["tis_clip_fraction"] == 0.0
         # The check has teeth: the same log-probs read at the wrong temperature are far off.
-        wrong = GRPOTrainer(tiny_model(tokenizer), logprob_temperature=1.0).train_step(groups)
+        wrong = grpo_trainer(tiny_model(tokenizer), logprob_temperature=1.0).train_step(groups)
         assert wrong["logprob_diff_mean"] > 100 * tolerance
 
 
@@ -403,7 +405,7 @@ def test_grpo_with_the_local_engine_raises_reward(tokenizer: PreTrainedTokenizer
     ]
     sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
     episode = make_episode(sampling, letters)
-    trainer = GRPOTrainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
+    trainer = grpo_trainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
     exports = tmp_path / "exports"
 
     async def train() -> list[dict[str, float]]:
@@ -455,7 +457,7 @@ def test_sequence_mean_aggregation_reweights_trajectories_of_unequal_length(
         ]
 
     def params_after(aggregation: str, batch: list[list[Trajectory]]) -> list[torch.Tensor]:
-        trainer = GRPOTrainer(tiny_model(tokenizer), lr=1e-2, seed=0, loss_aggregation=aggregation)  # type: ignore[arg-type]
+        trainer = grpo_trainer(tiny_model(tokenizer), lr=1e-2, seed=0, loss_aggregation=aggregation)  # type: ignore[arg-type]
         trainer.train_step(batch)
         return [p.detach().clone() for p in trainer.model.parameters()]
 
@@ -471,4 +473,4 @@ def test_sequence_mean_aggregation_reweights_trajectories_of_unequal_length(
     ]
     assert any(moved)
     with pytest.raises(ValueError, match="loss_aggregation"):
-        GRPOTrainer(tiny_model(tokenizer), loss_aggregation="per_row")  # type: ignore[arg-type]
+        GRPOTrainer(tiny_model(tokenizer), dataclasses.replace(settings(), loss_aggregation="per_row"))  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_helpers import grpo_trainer
 from transformers import PreTrainedTokenizerBase
 
 from benchmarks.grpo_async import agent_episode, clean_micro_tasks, emulation_tokenizer
@@ -39,7 +40,7 @@ from swerl.sandbox.base import ExecResult, Sandbox
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import SandboxPool
 from swerl.storage import Store
-from swerl.train.grpo_trainer import GRPOTrainer, score_groups
+from swerl.train.grpo_trainer import score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
@@ -47,6 +48,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 PROFILE = EpisodeProfile(max_turns=4, turn_latency_s=0.01, turn_cap_share=0.5)
 LIMITS = EpisodeLimits(max_turns=4, max_trajectory_tokens=2048, max_new_tokens_per_turn=64, command_timeout_s=20,
                        test_timeout_s=30)  # fmt: skip
+
+
+def async_settings(**knobs: Any) -> AsyncSettings:
+    """The async loop's settings with the values these tests were written for, changed by knobs."""
+    base: dict[str, Any] = dict(staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=True,
+                                max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None)  # fmt: skip
+    return AsyncSettings(**(base | knobs))
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +176,13 @@ def test_longtail_stats_of_constructed_groups() -> None:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["grpo.max_staleness=-1"], "grpo.max_staleness"),
-        (["grpo.mode=async", "grpo.tasks_per_step=8", "grpo.max_buffered_groups=4"], "exceeds max_buffered_groups"),
-        (["grpo.mode=async", "grpo.tasks_per_step=8", "grpo.max_staleness=0", "grpo.max_buffered_groups=7"],
+        (["grpo.rollout.max_staleness=-1"], "grpo.rollout.max_staleness"),
+        (["grpo.mode=async", "grpo.schedule.tasks_per_step=8", "grpo.rollout.max_buffered_groups=4"], "exceeds rollout.max_buffered_groups"),
+        (["grpo.mode=async", "grpo.schedule.tasks_per_step=8", "grpo.rollout.max_staleness=0", "grpo.rollout.max_buffered_groups=7"],
          "rollouts may ever hold"),
-        (["grpo.mis_high=2.0", "grpo.mis_low=1.0", "grpo.tis_cap=1.0"], "every kept weight is truncated"),
-        (["grpo.staleness_policy=ignore"], "grpo.staleness_policy"),
-        (["grpo.mis_high=0.5"], "grpo.mis_high"),
+        (["grpo.algorithm.mis_high=2.0", "grpo.algorithm.mis_low=1.0", "grpo.algorithm.tis_cap=1.0"], "every kept weight is truncated"),
+        (["grpo.rollout.staleness_policy=ignore"], "grpo.rollout.staleness_policy"),
+        (["grpo.algorithm.mis_high=0.5"], "grpo.algorithm.mis_high"),
     ],
 )  # fmt: skip
 def test_config_refuses_bad_async_settings(overrides: list[str], message: str) -> None:
@@ -184,7 +192,7 @@ def test_config_refuses_bad_async_settings(overrides: list[str], message: str) -
 
 def test_local_config_and_async_mode_load() -> None:
     cfg = load_config(Path("configs/local.yaml"), ["grpo.mode=async"])
-    assert cfg.grpo.mode == "async" and cfg.grpo.buffered_groups >= cfg.grpo.tasks_per_step
+    assert cfg.grpo.mode == "async" and cfg.grpo.buffered_groups >= cfg.grpo.schedule.tasks_per_step
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ def test_dynamic_sampling_refills_instead_of_training_groups_without_gradient(dy
                                  max_buffered_groups=100, journal=RolloutJournal(None, "x"))  # fmt: skip
         manager.restore(state, Ledger())
         ledger = Ledger()
-        settings = AsyncSettings(steps=1, tasks_per_step=2, max_staleness=0, dynamic_sampling=dynamic_sampling,
+        settings = async_settings(steps=1, tasks_per_step=2, max_staleness=0, dynamic_sampling=dynamic_sampling,
                                  max_extra_groups_per_step=4)  # fmt: skip
         batch = await collect_batch(manager, 0, settings, ledger)
         await manager.close()
@@ -280,7 +288,7 @@ def test_a_batch_still_being_collected_when_the_budget_runs_out_is_given_back() 
         manager.restore(state, Ledger())
         manager.start()
         ledger = Ledger()
-        settings = AsyncSettings(steps=1, tasks_per_step=2, max_staleness=0, max_extra_groups_per_step=4)
+        settings = async_settings(steps=1, tasks_per_step=2, max_staleness=0, max_extra_groups_per_step=4)
         started = asyncio.get_running_loop().time()
         with pytest.raises(BudgetSpent, match="1 trainable groups of 2"):
             await collect_batch(manager, 0, settings, ledger, deadline=time.monotonic() + 0.3)
@@ -310,7 +318,7 @@ def test_the_async_loop_keeps_to_its_time_budget(
     )
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                              intermediate_size=64, max_position_embeddings=2048, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model, lr=1e-3, seed=0)
+    trainer = grpo_trainer(model, lr=1e-3, seed=0)
     step = trainer.train_step
 
     def slow_step(groups: Any) -> dict[str, float]:
@@ -325,7 +333,7 @@ def test_the_async_loop_keeps_to_its_time_budget(
                                  n_attempts=2, max_in_flight=2, max_buffered_groups=100,
                                  journal=RolloutJournal(None, "x"))  # fmt: skip
         manager.restore(state, Ledger())
-        settings = AsyncSettings(steps=10, tasks_per_step=1, max_staleness=10, time_budget_s=1.2)
+        settings = async_settings(steps=10, tasks_per_step=1, max_staleness=10, time_budget_s=1.2)
         started = time.monotonic()
         await train_async(trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports",
                           on_step=lambda stats, batch: None, save=lambda ledger: None)  # fmt: skip
@@ -526,7 +534,7 @@ def test_a_group_opened_before_its_warm_up_is_not_warmed() -> None:
 def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     tokenizer: PreTrainedTokenizerBase, tasks: list[TaskInstance], tmp_path: Path
 ) -> None:
-    """grpo.prewarm_groups: when a group opens, the next one's sandboxes start (SandboxPool.warm_ahead), so its
+    """grpo.rollout.prewarm_groups: when a group opens, the next one's sandboxes start (SandboxPool.warm_ahead), so its
     attempts get ready sandboxes; each group is warmed once, in data order, and nothing is left after close."""
     sandboxes = tmp_path / "sandboxes"
     pool = SandboxPool(
@@ -575,7 +583,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
     engine = FailingEngine(EmulatedEngine(tokenizer, PROFILE, seed=5))
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                              intermediate_size=64, max_position_embeddings=2048, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model, lr=1e-3, seed=0)
+    trainer = grpo_trainer(model, lr=1e-3, seed=0)
     trained: list[list[list[Trajectory]]] = []
     step = trainer.train_step
 
@@ -590,7 +598,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
         manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=3,
                                  max_in_flight=3, max_buffered_groups=4, journal=RolloutJournal(None, "x"))  # fmt: skip
         # Groups are taken in finishing order; with one group in flight at a time they finish in seq order.
-        settings = AsyncSettings(steps=2, tasks_per_step=2, max_staleness=100, dynamic_sampling=False)
+        settings = async_settings(steps=2, tasks_per_step=2, max_staleness=100, dynamic_sampling=False)
         await train_async(trainer, engine, manager, settings, Ledger(), export_dir=tmp_path / "exports",
                           on_step=lambda stats, batch: history.append(stats), save=lambda ledger: None,
                           infra_counts=counts)  # fmt: skip

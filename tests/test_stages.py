@@ -78,8 +78,8 @@ TINY = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4
                        max_positions=CONTEXT)  # fmt: skip
 SFT = SFTConfig(tiny=TINY, seq_len=CONTEXT, rows_per_micro_batch=2, max_steps=6, lr=5e-3, warmup_steps=1,
                 checkpoint_every=2, keep_checkpoints=2, threads=1)  # fmt: skip
-GRPO = GRPOConfig(steps=2, tasks_per_step=2, attempts_per_task=2, rollout_concurrency=4, checkpoint_every=1,
-                  threads=1)  # fmt: skip
+GRPO = GRPOConfig.model_validate({"threads": 1, "schedule": {"steps": 2, "tasks_per_step": 2, "checkpoint_every": 1},
+                                  "rollout": {"attempts_per_task": 2, "concurrency": 4}})  # fmt: skip
 EVALUATE = EvaluateConfig(max_tasks=2, attempts=1, concurrency=4, bootstrap_samples=200, temperature=0.7)
 
 
@@ -401,8 +401,8 @@ def test_grpo_takes_its_steps_and_publishes_the_model(env: Env, grpo: Manifest, 
     assert (report["steps"], report["steps_this_attempt"], report["resumed"]) == (2, 2, None)
     assert len(report["history"]) == len(report["reward_by_step"]) == 2
     for stats in report["history"]:
-        assert stats["trajectories"] == GRPO.tasks_per_step * GRPO.attempts_per_task
-        assert stats["groups"] == GRPO.tasks_per_step and 0.0 <= stats["reward_mean"] <= 1.0
+        assert stats["trajectories"] == GRPO.schedule.tasks_per_step * GRPO.rollout.attempts_per_task
+        assert stats["groups"] == GRPO.schedule.tasks_per_step and 0.0 <= stats["reward_mean"] <= 1.0
     for name in ("train/reward_mean", "train/loss", "train/groups", "train/time_rollout_s"):
         assert [step for step, _ in env.metric_history(grpo, name)] == [1, 2], name
     assert grpo.metrics["steps"] == 2

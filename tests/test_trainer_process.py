@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_helpers import grpo_trainer
 from transformers import PreTrainedTokenizerBase
 
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
@@ -30,7 +31,7 @@ def make_trainer(tokenizer_dir: str, threads: int) -> GRPOTrainer:
     """The factory both sides use (module level: the spawned child imports it)."""
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(tokenizer_dir)
-    return GRPOTrainer(build_tiny_model(tokenizer, **MODEL, seed=0), tokenizer=tokenizer, **OPTIONS)
+    return grpo_trainer(build_tiny_model(tokenizer, **MODEL, seed=0), tokenizer=tokenizer, **OPTIONS)
 
 
 @pytest.fixture

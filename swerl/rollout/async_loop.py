@@ -41,12 +41,12 @@ class AsyncSettings:
     steps: int
     tasks_per_step: int
     max_staleness: int
-    staleness_policy: StalenessPolicy = StalenessPolicy.DROP
-    max_requeues: int = 1
-    dynamic_sampling: bool = True
-    max_extra_groups_per_step: int = 32
-    checkpoint_every: int = 0
-    time_budget_s: float | None = None
+    staleness_policy: StalenessPolicy
+    max_requeues: int
+    dynamic_sampling: bool
+    max_extra_groups_per_step: int
+    checkpoint_every: int
+    time_budget_s: float | None
 
 
 @dataclass

@@ -9,7 +9,7 @@ key; a crashed stage resumes there, its `failures/*` counts continuing from the 
 
 Synchronous mode is swerl.rollout.sync_loop. Asynchronous mode (grpo.mode: async): the same engine, trainer and
 episode function are handed to swerl.stages.grpo_async.AsyncGRPO (around swerl.rollout.async_loop), which keeps rollouts running while the trainer steps on finished groups. With
-grpo.eval_every, checkpoints are evaluated on the held-out split beside training (swerl.stages.grpo_eval).
+grpo.eval.every, checkpoints are evaluated on the held-out split beside training (swerl.stages.grpo_eval).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
-from swerl.config import AgentConfig, EngineConfig, GRPOConfig, StrictModel
+from swerl.config import AgentConfig, EngineConfig, GRPOAlgorithmConfig, GRPOConfig, StrictModel
 from swerl.data.environments import setup_patch
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
@@ -50,7 +50,7 @@ from swerl.stages.common import (
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
 from swerl.stages.runner import StageContext, StageResult
-from swerl.train.grpo_trainer import GRPOTrainer, Trainer
+from swerl.train.grpo_trainer import GRPOTrainer, Trainer, UpdateSettings
 from swerl.train.trainer_process import TrainerProcess
 from swerl.trajectory import Trajectory
 
@@ -87,14 +87,14 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     tasks = load_tasks(ctx.store, input_manifest(ctx, "curate"), "train.parquet")
     if not tasks:
         raise ValueError("the curate stage produced no training tasks for GRPO")
-    order = seeded_sample(tasks, len(tasks), f"grpo:{ctx.seed}:{g.task_seed_offset}")
+    order = seeded_sample(tasks, len(tasks), f"grpo:{ctx.seed}:{g.schedule.task_seed_offset}")
     start_dir = get_dir(ctx.store, sft, "model", ctx.workdir / "sft_model")
     durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
     resume = durable.restore_latest()
     tokenizer = load_tokenizer(start_dir)
     check_config(cfg, context_length(start_dir))
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.temperature,
-                              top_p=g.top_p)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature,
+                              top_p=g.rollout.top_p)  # fmt: skip
     trainer: Trainer
     if g.trainer_process:
         # The child imports and loads while this process opens the engine and the sandboxes.
@@ -116,15 +116,14 @@ def build_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int)
     a module-level function, so the child can import it)."""
     torch.set_num_threads(g.threads)
     model, tokenizer = load_model_and_tokenizer(start_dir)
-    reference = load_model_and_tokenizer(start_dir)[0] if g.kl_coef > 0 else None
-    return GRPOTrainer(
-        model, lr=g.lr, weight_decay=g.weight_decay, grad_clip=g.grad_clip, clip_eps_low=g.clip_eps_low,
-        clip_eps_high=g.clip_eps_high, tis_cap=g.tis_cap, tis_level=g.tis_level, mis_low=g.mis_low,
-        mis_high=g.mis_high, mis_level=g.mis_level, kl_coef=g.kl_coef, ref_model=reference,
-        scale_adv_by_std=g.scale_adv_by_std, loss_aggregation=g.loss_aggregation,
-        micro_batch_tokens=g.micro_batch_tokens, ppo_epochs=g.ppo_epochs, num_minibatches=g.num_minibatches,
-        logprob_temperature=temperature, seed=seed, tokenizer=tokenizer,
-    )  # fmt: skip
+    reference = load_model_and_tokenizer(start_dir)[0] if g.algorithm.kl_coef > 0 else None
+    return GRPOTrainer(model, update_settings(g.algorithm), ref_model=reference, logprob_temperature=temperature,
+                       seed=seed, tokenizer=tokenizer)  # fmt: skip
+
+
+def update_settings(algorithm: GRPOAlgorithmConfig) -> UpdateSettings:
+    """grpo.algorithm as the trainer's UpdateSettings (the same fields, so none is mapped by hand)."""
+    return UpdateSettings(**algorithm.model_dump())
 
 
 @dataclass
@@ -154,7 +153,7 @@ class _GRPORun:
         self.history.append(stats)
         self.ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=step)
         with_signal = stats["groups"] - stats["groups_without_signal"] - stats["groups_dropped"]
-        self.ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", step, g.steps,
+        self.ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", step, g.schedule.steps,
                           stats["reward_mean"], with_signal, stats["groups"], stats["time_total_s"])  # fmt: skip
 
 
@@ -207,7 +206,7 @@ async def _sample_and_train(
                                  burst=pool_cfg.pull_burst)  # fmt: skip
     async with provider, planner, open_engine(
         cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
-        concurrency=g.max_in_flight if run.asynchronous else g.rollout_concurrency,
+        concurrency=g.rollout.max_in_flight if run.asynchronous else g.rollout.concurrency,
         log_dir=ctx.workdir / "engines",
     ) as engine:  # fmt: skip
 
@@ -220,15 +219,15 @@ async def _sample_and_train(
 
         async def prewarm(task: TaskInstance) -> Callable[[], None]:
             """A group's environment (docker: its image) prepared once at the configured pull rate; returns
-            the start of its n sandboxes, made if the group has not opened yet (grpo.prewarm_groups)."""
+            the start of its n sandboxes, made if the group has not opened yet (grpo.rollout.prewarm_groups)."""
             env_dir = await planner.environment(task)
-            return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.attempts_per_task)
+            return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.rollout.attempts_per_task)
 
         if run.asynchronous is None:
-            deadline = None if g.time_budget_s is None else started + g.time_budget_s
-            settings = SyncSettings(steps=g.steps, tasks_per_step=g.tasks_per_step,
-                                    attempts_per_task=g.attempts_per_task, concurrency=g.rollout_concurrency,
-                                    checkpoint_every=g.checkpoint_every, deadline=deadline)  # fmt: skip
+            deadline = None if g.schedule.time_budget_s is None else started + g.schedule.time_budget_s
+            settings = SyncSettings(steps=g.schedule.steps, tasks_per_step=g.schedule.tasks_per_step,
+                                    attempts_per_task=g.rollout.attempts_per_task, concurrency=g.rollout.concurrency,
+                                    checkpoint_every=g.schedule.checkpoint_every, deadline=deadline)  # fmt: skip
             await train_sync(trainer, engine, run.order, episode, settings, export_dir=ctx.workdir / "exports",
                              on_step=run.on_sync_step, save=run.save)  # fmt: skip
             return
@@ -239,9 +238,9 @@ async def _sample_and_train(
                                        on_export=run.evaluator.after_export if run.evaluator else None,
                                        prewarm=prewarm)  # fmt: skip
             trained = True
-        finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval_at_end
+        finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval.at_end
             if run.evaluator is not None:
-                await run.evaluator.close(cancel=not trained or g.eval_at_end == "cancel")
+                await run.evaluator.close(cancel=not trained or g.eval.at_end == "cancel")
 
 
 def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
@@ -269,7 +268,7 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         third = max(1, len(rewards) // 3)
         metrics |= {"reward_first_third": sum(rewards[:third]) / third,
                     "reward_last_third": sum(rewards[-third:]) / third}  # fmt: skip
-    lines = ["# GRPO", "", f"- {trainer.step} steps of {g.tasks_per_step} tasks x {g.attempts_per_task} attempts",
+    lines = ["# GRPO", "", f"- {trainer.step} steps of {g.schedule.tasks_per_step} tasks x {g.rollout.attempts_per_task} attempts",
              f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
              f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
     if run.evaluator is not None:
@@ -288,7 +287,7 @@ def save(
     asynchronous: AsyncGRPO | None = None,
 ) -> Path:
     # Async: the data position is the manager's (groups opened); the ledger of consumed groups joins the checkpoint.
-    position = asynchronous.next_seq if asynchronous else trainer.step * g.tasks_per_step
+    position = asynchronous.next_seq if asynchronous else trainer.step * g.schedule.tasks_per_step
     path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
                         num_examples=num_tasks, keep_last=2)  # fmt: skip
     save_failure_counts(path, counts)

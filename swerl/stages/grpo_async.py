@@ -25,10 +25,10 @@ from swerl.trajectory import Trajectory
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:
     return AsyncSettings(
-        steps=g.steps, tasks_per_step=g.tasks_per_step, max_staleness=g.max_staleness,
-        staleness_policy=StalenessPolicy(g.staleness_policy), max_requeues=g.max_requeues,
-        dynamic_sampling=g.dynamic_sampling, max_extra_groups_per_step=g.max_extra_groups_per_step,
-        checkpoint_every=g.checkpoint_every, time_budget_s=g.time_budget_s,
+        steps=g.schedule.steps, tasks_per_step=g.schedule.tasks_per_step, max_staleness=g.rollout.max_staleness,
+        staleness_policy=StalenessPolicy(g.rollout.staleness_policy), max_requeues=g.rollout.max_requeues,
+        dynamic_sampling=g.rollout.dynamic_sampling, max_extra_groups_per_step=g.rollout.max_extra_groups_per_step,
+        checkpoint_every=g.schedule.checkpoint_every, time_budget_s=g.schedule.time_budget_s,
     )  # fmt: skip
 
 
@@ -70,12 +70,12 @@ class AsyncGRPO:
     ) -> None:
         """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
         step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the
-        sandboxes of a group grpo.prewarm_groups ahead of its opening."""
+        sandboxes of a group grpo.rollout.prewarm_groups ahead of its opening."""
         g, ctx = self.g, self.ctx
-        manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.attempts_per_task,
-                                 max_in_flight=g.max_in_flight, max_buffered_groups=g.buffered_groups,
+        manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.rollout.attempts_per_task,
+                                 max_in_flight=g.rollout.max_in_flight, max_buffered_groups=g.buffered_groups,
                                  journal=self.journal, prewarm=prewarm,
-                                 prewarm_groups=g.prewarm_groups)  # fmt: skip
+                                 prewarm_groups=g.rollout.prewarm_groups)  # fmt: skip
         self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger)
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
         started = time.monotonic()
@@ -92,7 +92,7 @@ class AsyncGRPO:
             ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
             ctx.log.info(
                 "grpo async step %d/%d: reward %.3f, %d groups trained, %d discarded, wait %.0f%%, %.0f s "
-                "(%.0f s since start)", trainer.step, g.steps, stats["reward_mean"], len(batch.groups),
+                "(%.0f s since start)", trainer.step, g.schedule.steps, stats["reward_mean"], len(batch.groups),
                 sum(batch.discarded.values()), 100 * stats["share_wait_rollouts"], stats["time_total_s"],
                 time.monotonic() - started,
             )  # fmt: skip

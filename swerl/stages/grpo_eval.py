@@ -1,17 +1,17 @@
-"""Evaluation of checkpoints beside asynchronous GRPO training (grpo.mode async, grpo.eval_every > 0).
+"""Evaluation of checkpoints beside asynchronous GRPO training (grpo.mode async, grpo.eval.every > 0).
 
 Every eval_every trainer steps, the weights the trainer just exported for the engine are hard-linked into the
 stage's work folder (the trainer prunes its own exports) and evaluated on the held-out split: the evaluate
-stage's stratified subset of grpo.eval_tasks tasks (the same saved subset an evaluate stage of that size uses),
-grpo.eval_attempts attempts per task, through swerl.stages.evaluate.evaluate_model. The evaluation has its own
-engine (open_engine on the linked checkpoint, concurrency grpo.eval_concurrency) and its own sandbox pool (at most
-grpo.eval_concurrency sandboxes, no warm ones), and runs on a thread of its own with its own event loop: neither
+stage's stratified subset of grpo.eval.tasks tasks (the same saved subset an evaluate stage of that size uses),
+grpo.eval.attempts attempts per task, through swerl.stages.evaluate.evaluate_model. The evaluation has its own
+engine (open_engine on the linked checkpoint, concurrency grpo.eval.concurrency) and its own sandbox pool (at most
+grpo.eval.concurrency sandboxes, no warm ones), and runs on a thread of its own with its own event loop: neither
 the trainer nor the rollout manager waits for it, and its blocking parts (model load, bootstrap) never stall the
 rollouts' event loop.
 
 At most one evaluation runs; one that comes due while another runs is skipped and counted (`eval/skipped`). A
 finished one logs `eval/*` (pass@1 with its CI, tasks, missing, pass@k, wall time) at the trainer step it
-evaluated and joins the report. When training ends, a running evaluation is awaited (grpo.eval_at_end wait, the
+evaluated and joins the report. When training ends, a running evaluation is awaited (grpo.eval.at_end wait, the
 default) or cancelled (cancel); a crashed training always cancels it. Either way its engine and sandbox pool are
 closed before the stage goes on.
 """
@@ -55,32 +55,32 @@ def link_checkpoint(source: Path, target: Path) -> Path:
 def checkpoint_evaluator(
     ctx: StageContext, g: GRPOConfig, agent: AgentConfig, engine: EngineConfig
 ) -> CheckpointEvaluator | None:
-    """The evaluator of an async GRPO stage (None when grpo.eval_every is 0); checks its inputs before training."""
-    if g.eval_every == 0:
+    """The evaluator of an async GRPO stage (None when grpo.eval.every is 0); checks its inputs before training."""
+    if g.eval.every == 0:
         return None
     if engine.urls:
         raise ValueError(
-            "grpo.eval_every needs an engine of its own, but engine.urls points at running engines (the rollouts'); "
-            "leave engine.urls empty or set grpo.eval_every to 0"
+            "grpo.eval.every needs an engine of its own, but engine.urls points at running engines (the rollouts'); "
+            "leave engine.urls empty or set grpo.eval.every to 0"
         )
     curate = input_manifest(ctx, "curate")
     held_out = load_tasks(ctx.store, curate, "eval.parquet")
     if not held_out:
-        raise ValueError(f"grpo.eval_every: the curate stage ({curate.uri}) produced no held-out tasks")
-    if g.eval_tasks > len(held_out):
+        raise ValueError(f"grpo.eval.every: the curate stage ({curate.uri}) produced no held-out tasks")
+    if g.eval.tasks > len(held_out):
         raise ValueError(
-            f"grpo.eval_tasks ({g.eval_tasks}) is larger than the {len(held_out)} held-out tasks of {curate.uri}: "
+            f"grpo.eval.tasks ({g.eval.tasks}) is larger than the {len(held_out)} held-out tasks of {curate.uri}: "
             f"lower it to at most {len(held_out)}"
         )
-    pool = agent.sandbox.pool.model_copy(update={"max_concurrent": g.eval_concurrency, "warm_size": 0})
+    pool = agent.sandbox.pool.model_copy(update={"max_concurrent": g.eval.concurrency, "warm_size": 0})
     cfg = EvaluateStage(
-        evaluate=EvaluateConfig(max_tasks=g.eval_tasks, attempts=g.eval_attempts, temperature=g.eval_temperature,
-                                concurrency=g.eval_concurrency, grader=g.eval_grader),
+        evaluate=EvaluateConfig(max_tasks=g.eval.tasks, attempts=g.eval.attempts, temperature=g.eval.temperature,
+                                concurrency=g.eval.concurrency, grader=g.eval.grader),
         agent=agent.model_copy(update={"sandbox": agent.sandbox.model_copy(update={"pool": pool})}),
         engine=engine.model_copy(update={"base_port": 0}),  # its own servers never take the rollouts' ports
     )  # fmt: skip
     subset, subset_uri = load_or_draw_subset(ctx.store, held_out, cfg.evaluate, ctx.seed)
-    return CheckpointEvaluator(ctx, g.eval_every, cfg, subset.select(held_out), subset, subset_uri)
+    return CheckpointEvaluator(ctx, g.eval.every, cfg, subset.select(held_out), subset, subset_uri)
 
 
 class CheckpointEvaluator:

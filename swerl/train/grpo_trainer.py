@@ -217,25 +217,62 @@ class Trainer(PolicyTrainer, Protocol):
     def save_model(self, out_dir: str | Path) -> Path: ...
 
 
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How one GRPO step updates the policy; every field required (grpo.algorithm maps onto it, field by field).
+
+    lr, weight_decay: AdamW (weight decay on matrices only, as in SFT).
+    grad_clip: max total gradient norm; None measures without clipping.
+    clip_eps_low, clip_eps_high: PPO ratio clip range [1 - low, 1 + high] (DAPO's clip-higher when high > low).
+    tis_cap: truncation of the importance weight exp(old - behaviour) against the engine's log-probs.
+    tis_level: "token" (each token's weight) or "sequence" (the product over the trajectory).
+    mis_low, mis_high: masked importance sampling bounds (None: off); mis_level as tis_level.
+    kl_coef: weight of the k3 KL penalty against the trainer's ref_model (ignored without one).
+    scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
+    loss_aggregation: "token_mean" (every scored token of a minibatch weighs the same, DAPO) or "sequence_mean"
+        (every trajectory weighs the same; sequence_mean_scales). The KL term stays a token mean.
+    micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward.
+    ppo_epochs, num_minibatches: optimizer updates per step = ppo_epochs x num_minibatches; old log-probs are
+        fixed before the first.
+    """
+
+    lr: float
+    weight_decay: float
+    grad_clip: float | None
+    clip_eps_low: float
+    clip_eps_high: float
+    tis_cap: float
+    tis_level: ISLevel
+    mis_low: float
+    mis_high: float | None
+    mis_level: ISLevel
+    kl_coef: float
+    scale_adv_by_std: bool
+    loss_aggregation: LossAggregation
+    micro_batch_tokens: int
+    ppo_epochs: int
+    num_minibatches: int
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_tokens < 2 or self.ppo_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(
+                f"need micro_batch_tokens >= 2 ({self.micro_batch_tokens}), ppo_epochs >= 1 ({self.ppo_epochs}) "
+                f"and num_minibatches >= 1 ({self.num_minibatches})"
+            )
+        if self.loss_aggregation not in ("token_mean", "sequence_mean"):
+            raise ValueError(
+                f"loss_aggregation must be token_mean or sequence_mean, not {self.loss_aggregation!r}"
+            )
+
+
 class GRPOTrainer:
     """Synchronous GRPO on a Hugging Face causal LM (torch; CPU or one GPU).
 
     Args:
         model: the policy, trained in place (parameters stay float32; bf16 autocasts the forward).
-        lr, betas, weight_decay, adam_eps: AdamW (weight decay on matrices only, as in SFT).
-        grad_clip: max total gradient norm; None measures without clipping.
-        clip_eps_low, clip_eps_high: PPO ratio clip range [1 - low, 1 + high] (DAPO's clip-higher when high > low).
-        tis_cap: truncation of the importance weight exp(old - behaviour) against the engine's log-probs.
-        tis_level: "token" (each token's weight) or "sequence" (the product over the trajectory).
-        mis_low, mis_high: masked importance sampling bounds (None: off); mis_level as tis_level.
-        kl_coef: weight of the k3 KL penalty against ref_model (ignored without one).
+        settings: how each step updates it (UpdateSettings, from grpo.algorithm).
+        betas, adam_eps: AdamW's moment decay and epsilon (not run settings: the usual values).
         ref_model: a frozen reference policy for the KL penalty; None for no penalty (the recipe's default).
-        scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
-        loss_aggregation: "token_mean" (every scored token of a minibatch weighs the same, DAPO) or
-            "sequence_mean" (every trajectory weighs the same; sequence_mean_scales). The KL term stays a token mean.
-        micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward.
-        ppo_epochs, num_minibatches: optimizer updates per step = ppo_epochs x num_minibatches; old log-probs
-            are fixed before the first.
         logprob_temperature: the temperature the engine's log-probs describe (engine.base.logprob_temperature).
         bf16: autocast forward passes to bfloat16.
         seed: seeds the global RNGs at construction and the minibatch split of every step.
@@ -248,26 +285,11 @@ class GRPOTrainer:
     def __init__(
         self,
         model: PreTrainedModel,
+        settings: UpdateSettings,
         *,
-        lr: float = 1e-6,
         betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
         adam_eps: float = 1e-8,
-        grad_clip: float | None = 1.0,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.28,
-        tis_cap: float = 2.0,
-        tis_level: ISLevel = "token",
-        mis_low: float = 0.0,
-        mis_high: float | None = None,
-        mis_level: ISLevel = "token",
-        kl_coef: float = 0.0,
         ref_model: PreTrainedModel | None = None,
-        scale_adv_by_std: bool = False,
-        loss_aggregation: LossAggregation = "token_mean",
-        micro_batch_tokens: int = 8192,
-        ppo_epochs: int = 1,
-        num_minibatches: int = 1,
         logprob_temperature: float = 1.0,
         bf16: bool = False,
         seed: int = 0,
@@ -275,29 +297,24 @@ class GRPOTrainer:
         pad_token_id: int | None = None,
         keep_exports: int = 2,
     ) -> None:
-        if micro_batch_tokens < 2 or ppo_epochs < 1 or num_minibatches < 1 or keep_exports < 1:
-            raise ValueError(
-                f"need micro_batch_tokens >= 2 ({micro_batch_tokens}), ppo_epochs >= 1 ({ppo_epochs}), "
-                f"num_minibatches >= 1 ({num_minibatches}) and keep_exports >= 1 ({keep_exports})"
-            )
+        if keep_exports < 1:
+            raise ValueError(f"keep_exports must be >= 1, got {keep_exports}")
         if logprob_temperature <= 0:
             raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
         seed_everything(seed)
+        self.settings = settings
         self.model = model.train()
-        self.optimizer = build_optimizer(model, lr, weight_decay, betas, adam_eps)
-        self.grad_clip = grad_clip
-        self.clip_eps_low, self.clip_eps_high, self.tis_cap = clip_eps_low, clip_eps_high, tis_cap
-        self.tis_level, self.mis_low, self.mis_high, self.mis_level = tis_level, mis_low, mis_high, mis_level
+        self.optimizer = build_optimizer(model, settings.lr, settings.weight_decay, betas, adam_eps)
+        self.grad_clip = settings.grad_clip
+        self.clip_eps_low, self.clip_eps_high = settings.clip_eps_low, settings.clip_eps_high
+        self.tis_cap, self.tis_level = settings.tis_cap, settings.tis_level
+        self.mis_low, self.mis_high, self.mis_level = settings.mis_low, settings.mis_high, settings.mis_level
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
-        self.kl_coef = kl_coef if ref_model is not None else 0.0
-        self.scale_adv_by_std = scale_adv_by_std
-        if loss_aggregation not in ("token_mean", "sequence_mean"):
-            raise ValueError(
-                f"loss_aggregation must be token_mean or sequence_mean, not {loss_aggregation!r}"
-            )
-        self.loss_aggregation = loss_aggregation
-        self.micro_batch_tokens = micro_batch_tokens
-        self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
+        self.kl_coef = settings.kl_coef if ref_model is not None else 0.0
+        self.scale_adv_by_std = settings.scale_adv_by_std
+        self.loss_aggregation = settings.loss_aggregation
+        self.micro_batch_tokens = settings.micro_batch_tokens
+        self.ppo_epochs, self.num_minibatches = settings.ppo_epochs, settings.num_minibatches
         self.logprob_temperature = logprob_temperature
         self.bf16 = bf16
         self.seed = seed
