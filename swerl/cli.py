@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config, load_config
+from swerl import services
+from swerl.config import STAGES, ConfigError, PipelineConfig, ServicesConfig, dump_config, load_config
 
 log = logging.getLogger("swerl")
 
@@ -101,9 +102,26 @@ def _s3_credentials(path: Path) -> tuple[str, str]:
     return access, secret
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from swerl import services
+def _local_services(sc: ServicesConfig, root: Path, access: str, secret: str) -> list[services.Service]:
+    """SeaweedFS (every port explicit), the MLflow server and the Prefect server, in the order `swerl up` starts them."""
+    weed_ports = services.SeaweedPorts(
+        s3=sc.s3_port,
+        master=sc.seaweed_master_port,
+        volume=sc.seaweed_volume_port,
+        filer=sc.seaweed_filer_port,
+        webdav=services.free_port(sc.host),
+        admin=services.free_port(sc.host),
+    )
+    return [
+        services.seaweedfs(root / "seaweedfs", weed_ports, host=sc.host, access_key=access, secret_key=secret,
+                           startup_timeout_s=sc.startup_timeout_s),
+        services.mlflow_server(root / "mlflow", sc.mlflow_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s),
+        services.prefect_server(root / "prefect", sc.prefect_port, host=sc.host,
+                                startup_timeout_s=sc.startup_timeout_s),
+    ]  # fmt: skip
 
+
+def cmd_up(args: argparse.Namespace) -> int:
     cfg = _load(args)
     sc = cfg.services
     root = Path(args.data_dir).resolve()
@@ -120,30 +138,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        weed_ports = services.SeaweedPorts(
-            s3=sc.s3_port,
-            master=sc.seaweed_master_port,
-            volume=sc.seaweed_volume_port,
-            filer=sc.seaweed_filer_port,
-            webdav=services.free_port(sc.host),
-            admin=services.free_port(sc.host),
-        )
-        for svc in (
-            services.seaweedfs(
-                root / "seaweedfs",
-                weed_ports,
-                host=sc.host,
-                access_key=access,
-                secret_key=secret,
-                startup_timeout_s=sc.startup_timeout_s,
-            ),
-            services.mlflow_server(
-                root / "mlflow", sc.mlflow_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s
-            ),
-            services.prefect_server(
-                root / "prefect", sc.prefect_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s
-            ),
-        ):
+        for svc in _local_services(sc, root, access, secret):
             svc.start()
             started.append(svc)
         print(

@@ -253,6 +253,15 @@ def demand(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
+    """Every check of a config against the machine: sandbox pools, machine resources, then each backend's needs."""
+    backends = _backends(cfg)
+    out = _pool_checks(cfg) + _resource_checks(cfg, machine, need)
+    if "local" in backends:
+        out += _local_checks(cfg, machine, need)
+    return out + _remote_backend_checks(backends, machine)
+
+
+def _pool_checks(cfg: PipelineConfig) -> list[Check]:
     out: list[Check] = []
     for name, (concurrency, limits) in stage_concurrency(cfg).items():
         if name.startswith("curate"):
@@ -261,6 +270,11 @@ def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -
         out.append(Check(f"pool.{name}", concurrency <= pool,
                          f"{name} {concurrency} vs agent.sandbox.pool.max_concurrent {pool}"
                          + ("" if concurrency <= pool else f": {concurrency - pool} episodes would wait for a sandbox")))  # fmt: skip
+    return out
+
+
+def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
+    out: list[Check] = []
     e = cfg.engine
     if e.kind != "local" and e.max_connections is not None:
         out.append(Check("engine.max_connections", e.max_connections >= need["episodes"],
@@ -290,43 +304,52 @@ def checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -
             want = need["disk_mb"] + 1024
             out.append(Check(f"disk.{key.removeprefix('disk_free_mb.')}", free >= want,
                              f"{free} MB free vs {want} MB (sandboxes x file_size_mb + 1 GB)"))  # fmt: skip
-    backends = _backends(cfg)
-    if "local" in backends:
-        local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
-        modes = {limits.workspace_quota for limits in local_limits}
-        mountable = bool(machine.get("tmpfs_mount_ok", True))
-        builds = bool(machine.get("supervisor_ok", True))
-        needs_bwrap = False
-        for runtime, quota in sorted({(limits.runtime, limits.workspace_quota) for limits in local_limits}):
-            supervised = runtime != "bubblewrap" and quota != "none" and mountable and builds
-            needs_bwrap |= not supervised
-            why = "workspace_quota none" if quota == "none" else str(machine.get("tmpfs_mount"))
-            if mountable and quota != "none" and not builds:
-                why = str(machine.get("supervisor"))
-            if supervised:
-                detail = f"runtime {runtime}: the supervisor ({machine.get('supervisor')})"
-            elif runtime == "supervisor" and not builds and mountable:
-                detail = f"runtime supervisor cannot be built: {why}"
-            elif runtime == "supervisor":
-                detail = f"runtime supervisor needs root (CAP_SYS_ADMIN) and a workspace quota: {why}"
-            else:
-                detail = f"runtime {runtime}: bubblewrap per command" + (
-                    "" if runtime == "bubblewrap" else f" ({why})"
-                )
-            out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
-        bwrap_ok = bool(machine.get("bwrap_ok"))
-        out.append(Check("bubblewrap", bwrap_ok or not needs_bwrap,
-                         str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)")))  # fmt: skip
-        for mode in sorted(modes):
-            capped = mode != "none" and mountable
-            detail = (f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})" if capped
-                      else f"local workspaces NOT size-capped (workspace_quota: {mode}"
-                      + ("" if mode == "none" else f"; {machine.get('tmpfs_mount')}") + ")")  # fmt: skip
-            out.append(Check(f"workspace_quota.{mode}", capped or mode != "tmpfs", detail))
-        userns = machine.get("max_user_namespaces")
-        if not machine["is_root"] and userns is not None:
-            out.append(Check("user_namespaces", userns >= need["sandboxes"],
-                             f"max_user_namespaces {userns} vs {need['sandboxes']} sandboxes"))  # fmt: skip
+    return out
+
+
+def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
+    """The local backend: which runtime runs sandboxes, bubblewrap where it is needed, workspace quotas."""
+    out: list[Check] = []
+    local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
+    modes = {limits.workspace_quota for limits in local_limits}
+    mountable = bool(machine.get("tmpfs_mount_ok", True))
+    builds = bool(machine.get("supervisor_ok", True))
+    needs_bwrap = False
+    for runtime, quota in sorted({(limits.runtime, limits.workspace_quota) for limits in local_limits}):
+        supervised = runtime != "bubblewrap" and quota != "none" and mountable and builds
+        needs_bwrap |= not supervised
+        why = "workspace_quota none" if quota == "none" else str(machine.get("tmpfs_mount"))
+        if mountable and quota != "none" and not builds:
+            why = str(machine.get("supervisor"))
+        if supervised:
+            detail = f"runtime {runtime}: the supervisor ({machine.get('supervisor')})"
+        elif runtime == "supervisor" and not builds and mountable:
+            detail = f"runtime supervisor cannot be built: {why}"
+        elif runtime == "supervisor":
+            detail = f"runtime supervisor needs root (CAP_SYS_ADMIN) and a workspace quota: {why}"
+        else:
+            detail = f"runtime {runtime}: bubblewrap per command" + (
+                "" if runtime == "bubblewrap" else f" ({why})"
+            )
+        out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
+    bwrap_ok = bool(machine.get("bwrap_ok"))
+    out.append(Check("bubblewrap", bwrap_ok or not needs_bwrap,
+                     str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)")))  # fmt: skip
+    for mode in sorted(modes):
+        capped = mode != "none" and mountable
+        detail = (f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})" if capped
+                  else f"local workspaces NOT size-capped (workspace_quota: {mode}"
+                  + ("" if mode == "none" else f"; {machine.get('tmpfs_mount')}") + ")")  # fmt: skip
+        out.append(Check(f"workspace_quota.{mode}", capped or mode != "tmpfs", detail))
+    userns = machine.get("max_user_namespaces")
+    if not machine["is_root"] and userns is not None:
+        out.append(Check("user_namespaces", userns >= need["sandboxes"],
+                         f"max_user_namespaces {userns} vs {need['sandboxes']} sandboxes"))  # fmt: skip
+    return out
+
+
+def _remote_backend_checks(backends: set[str], machine: dict[str, Any]) -> list[Check]:
+    out: list[Check] = []
     if "docker" in backends:
         out.append(Check("dockerd", bool(machine["dockerd_reachable"]), str(machine["docker"])))
         networks = machine.get("docker_networks")

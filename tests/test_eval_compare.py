@@ -27,7 +27,7 @@ def tracker(tmp_path_factory: pytest.TempPathFactory) -> Tracker:
 
 
 def log_runs(tracker: Tracker, per_task: dict[str, dict[str, list[float | None]]]) -> dict[str, str]:
-    with tracker.run("evaluate", tags={"swerl.stages.runner": "evaluate"}) as stage:
+    with tracker.run("evaluate", tags={"swerl.stage": "evaluate"}) as stage:
         results = {name: summary_of(tasks) for name, tasks in per_task.items()}
         links = {name: {"swerl.checkpoint.run_id": f"run-of-{name}"} for name in per_task}
         return log_eval_runs(tracker.client, stage.run_id, results, per_task, links,

@@ -206,7 +206,7 @@ def test_bad_input_is_refused_with_nothing_written(env: Env, curate: Manifest, s
     failed = [
         r
         for r in env.tracker.client.search_runs(
-            [env.tracker.experiment_id], "tags.`swerl.stages.runner` = 'evaluate-bad'"
+            [env.tracker.experiment_id], "tags.`swerl.stage` = 'evaluate-bad'"
         )
     ]
     assert failed and all(r.info.status == "FAILED" for r in failed)

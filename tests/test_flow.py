@@ -150,7 +150,7 @@ def test_pipeline_runs_then_skips_curate(
     assert parent.info.run_id == summary["mlflow_run_id"]
     assert parent.data.tags["swerl.stage.curate"] == "ran"
     assert parent.info.status == "FINISHED"
-    children = {c.data.tags["swerl.stages.runner"]: c for c in _children(cfg, parent.info.run_id)}
+    children = {c.data.tags["swerl.stage"]: c for c in _children(cfg, parent.info.run_id)}
     assert sorted(children) == sorted(STAGES)
     child = children["curate"]
     assert all(c.info.status == "FINISHED" for c in children.values())

@@ -108,7 +108,7 @@ def test_first_run_writes_a_complete_manifest(store: Store, tracker: Tracker) ->
     # the MLflow run of the stage
     run = MlflowClient(tracking_uri=tracker.uri).get_run(m.mlflow_run_id or "")
     assert run.info.status == "FINISHED"
-    assert run.data.tags["swerl.stages.runner"] == "toy" and run.data.tags["swerl.key"] == m.key
+    assert run.data.tags["swerl.stage"] == "toy" and run.data.tags["swerl.key"] == m.key
     assert run.data.params == {"n": "4", "label": "a"}
     assert run.data.metrics["n_tasks"] == 4.0 and run.data.metrics["stage_duration_s"] > 0
     history = MlflowClient(tracking_uri=tracker.uri).get_metric_history(run.info.run_id, "progress")

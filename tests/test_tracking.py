@@ -70,7 +70,7 @@ def _check_parent_and_nested(uri: str, experiment: str) -> tuple[str, str]:
     tracker = Tracker(uri, experiment)
     with tracker.run("p-pipeline", tags={"prefect.flow_run_id": "flow-123"}) as parent:
         parent.log_params({"run": {"name": "p", "seed": 3}, "forced": ["sft", "grpo"]})
-        with tracker.run("curate", tags={"swerl.stages.runner": "curate"}, parent=parent) as child:
+        with tracker.run("curate", tags={"swerl.stage": "curate"}, parent=parent) as child:
             child.log_params(
                 {
                     "sandbox": {"memory_mb": 1024, "api_key": "sk-should-not-appear"},
@@ -92,7 +92,7 @@ def _check_parent_and_nested(uri: str, experiment: str) -> tuple[str, str]:
     assert p.data.tags["mlflow.runName"] == "p-pipeline"
     assert "mlflow.parentRunId" not in p.data.tags
     assert c.data.tags["mlflow.parentRunId"] == parent.run_id
-    assert c.data.tags["swerl.stages.runner"] == "curate"
+    assert c.data.tags["swerl.stage"] == "curate"
     assert c.info.run_name == "curate"
     assert p.data.params == {"run.name": "p", "run.seed": "3", "forced": '["sft", "grpo"]'}
     assert c.data.params["sandbox.memory_mb"] == "1024"

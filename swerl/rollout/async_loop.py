@@ -174,48 +174,60 @@ async def train_async(
                 logger.info("grpo async: time budget spent after %d steps, waiting for the next batch (%s; given "
                             "back untrained)", trainer.step, spent)  # fmt: skip
                 break
-            if (
-                deadline is not None
-                and last_update_s is not None
-                and time.monotonic() + last_update_s > deadline
-            ):
+            if _update_would_overrun(deadline, last_update_s):
                 returned = give_back(batch, manager, ledger, version + 1)
-                logger.info("grpo async: time budget spent after %d steps: an update (~%.0f s) would end %.0f s past "
-                            "it; %d groups given back untrained", trainer.step, last_update_s,
-                            time.monotonic() + last_update_s - deadline, returned)  # fmt: skip
+                logger.info("grpo async: time budget spent after %d steps: an update (~%.0f s) would end past it; "
+                            "%d groups given back untrained", trainer.step, last_update_s, returned)  # fmt: skip
                 break
             waited = time.monotonic() - step_started
-            trained = [trajectory for group in batch.groups for trajectory in group]
             outcome = await train_and_sync(trainer, engine, batch.groups, export_dir)
-            stats, last_update_s, sync_s = outcome.stats, outcome.update_s, outcome.sync_s
+            last_update_s = outcome.update_s
             if on_export is not None:
                 on_export(outcome.export, trainer.step)
-            total = time.monotonic() - step_started
-            totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
-            totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,
-                          stale_requeued=batch.requeued, groups_dropped_few_valid=int(stats["groups_dropped"]))  # fmt: skip
-            stats |= {
-                "time_wait_rollouts_s": waited,
-                "time_weight_sync_s": sync_s,
-                "time_total_s": total,
-                "share_wait_rollouts": waited / total,
-                "share_update": stats["time_update_s"] / total,
-                "share_logprob_recompute": stats["time_logprob_recompute_s"] / total,
-                "share_weight_sync": sync_s / total,
-                "in_flight": float(manager.in_flight),
-                "buffered_groups": float(len(manager.buffer)),
-                "data_position": float(manager.next_seq),
-                "stale_attempts": float(batch.stale_attempts),
-                "stale_requeued": float(batch.requeued),
-            }
-            stats |= {f"discarded/{k}": float(v) for k, v in batch.discarded.items()}
-            stats |= {f"totals/{k}": float(v) for k, v in totals.items()}
+            timings = {"time_wait_rollouts_s": waited, "time_weight_sync_s": outcome.sync_s,
+                       "time_total_s": time.monotonic() - step_started}  # fmt: skip
+            stats = outcome.stats | step_stats(outcome.stats, timings, batch, manager, totals, version)
             stats |= {f"failures/{k}": float(v) for k, v in (infra_counts or {}).items()}
-            stats |= staleness_stats(trained, version)
-            stats |= longtail_stats(batch.taken)
             on_step(stats, batch)
             due = settings.checkpoint_every > 0 and trainer.step % settings.checkpoint_every == 0
             if due and trainer.step < settings.steps:
                 save(ledger)
     finally:
         await manager.close()
+
+
+def _update_would_overrun(deadline: float | None, last_update_s: float | None) -> bool:
+    """Whether an update as long as the previous one would end past the time budget (none before the first)."""
+    return deadline is not None and last_update_s is not None and time.monotonic() + last_update_s > deadline
+
+
+def step_stats(
+    trainer_stats: dict[str, float],
+    timings: dict[str, float],
+    batch: Batch,
+    manager: RolloutManager[Any],
+    totals: collections.Counter[str],
+    version: int,
+) -> dict[str, float]:
+    """What the async loop adds to the trainer's statistics of a step: where its time went (waiting for rollouts,
+    update, log-prob recompute, weight sync, and their shares), the rollouts' state, what the batch discarded and
+    left stale (this step and, in `totals`, which this updates, since the start), staleness and long-tail shape."""
+    totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
+    totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,
+                  stale_requeued=batch.requeued, groups_dropped_few_valid=int(trainer_stats["groups_dropped"]))  # fmt: skip
+    total = timings["time_total_s"]
+    stats = timings | {
+        "share_wait_rollouts": timings["time_wait_rollouts_s"] / total,
+        "share_update": trainer_stats["time_update_s"] / total,
+        "share_logprob_recompute": trainer_stats["time_logprob_recompute_s"] / total,
+        "share_weight_sync": timings["time_weight_sync_s"] / total,
+        "in_flight": float(manager.in_flight),
+        "buffered_groups": float(len(manager.buffer)),
+        "data_position": float(manager.next_seq),
+        "stale_attempts": float(batch.stale_attempts),
+        "stale_requeued": float(batch.requeued),
+    }
+    stats |= {f"discarded/{k}": float(v) for k, v in batch.discarded.items()}
+    stats |= {f"totals/{k}": float(v) for k, v in totals.items()}
+    trained = [trajectory for group in batch.groups for trajectory in group]
+    return stats | staleness_stats(trained, version) | longtail_stats(batch.taken)

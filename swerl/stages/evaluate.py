@@ -343,7 +343,7 @@ def publish(
                     "swerl.checkpoint.manifest": ctx.inputs[SOURCES[name][0]].uri,
                     "swerl.checkpoint.run_id": ctx.inputs[SOURCES[name][0]].mlflow_run_id or "",
                     "swerl.checkpoint.artifact": SOURCES[name][1]} for name in results}  # fmt: skip
-    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stages.runner": "evaluate-model",
+    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
               "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
     run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown)
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})

@@ -166,6 +166,41 @@ def _now() -> str:
 StageFn = Callable[[Any, StageContext], StageResult]
 
 
+def _publish(
+    ctx: StageContext,
+    cfg: BaseModel,
+    key: str,
+    attempt: str,
+    inputs: list[Manifest],
+    result: StageResult,
+    started: str,
+    duration: float,
+) -> Manifest:
+    """Record a finished attempt: its metrics and report to MLflow, then its manifest to the store, last."""
+    stage, store, run = ctx.stage, ctx.store, ctx.run
+    manifest = Manifest(
+        stage=stage,
+        key=key,
+        attempt=attempt,
+        config_hash=config_hash(cfg),
+        inputs=[m.as_input() for m in inputs],
+        artifacts={n: ArtifactRecord(**a.to_dict()) for n, a in ctx.artifacts.items()},
+        metrics=result.metrics,
+        mlflow_run_id=run.run_id,
+        started_at=started,
+        finished_at=_now(),
+        duration_s=round(duration, 3),
+        uri=store.uri(manifest_path(stage, key)),
+    )
+    run.log_metrics({**result.metrics, "stage_duration_s": duration})
+    run.log_dict(manifest.model_dump(mode="json"), "manifest.json")
+    for title, text in result.markdown.items():
+        run.log_text(text, f"{title}.md")
+    # Written last: the stage counts as done only once this object exists.
+    store.write_bytes(manifest_path(stage, key), manifest.model_dump_json(indent=2).encode())
+    return manifest
+
+
 def run_stage(
     stage: str,
     fn: StageFn,
@@ -195,7 +230,7 @@ def run_stage(
     log.info("stage %s: running (key %s%s) -> %s", stage, key, ", forced" if force else "", store.uri(prefix))
     workdir = Path(tempfile.mkdtemp(prefix=f"swerl-{stage}-"))
     try:
-        with tracker.run(stage, tags={"swerl.stages.runner": stage, "swerl.key": key}, parent=parent) as run:
+        with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
             ctx = StageContext(
                 stage=stage,
@@ -208,27 +243,7 @@ def run_stage(
                 seed=seed,
             )
             result = fn(cfg, ctx)
-            duration = time.monotonic() - t0
-            manifest = Manifest(
-                stage=stage,
-                key=key,
-                attempt=attempt,
-                config_hash=config_hash(cfg),
-                inputs=[m.as_input() for m in inputs],
-                artifacts={n: ArtifactRecord(**a.to_dict()) for n, a in ctx.artifacts.items()},
-                metrics=result.metrics,
-                mlflow_run_id=run.run_id,
-                started_at=started,
-                finished_at=_now(),
-                duration_s=round(duration, 3),
-                uri=store.uri(manifest_path(stage, key)),
-            )
-            run.log_metrics({**result.metrics, "stage_duration_s": duration})
-            run.log_dict(manifest.model_dump(mode="json"), "manifest.json")
-            for title, text in result.markdown.items():
-                run.log_text(text, f"{title}.md")
-            # Written last: the stage counts as done only once this object exists.
-            store.write_bytes(manifest_path(stage, key), manifest.model_dump_json(indent=2).encode())
+            manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     log.info("stage %s: done in %.1fs (%s)", stage, manifest.duration_s, result.summary or "no summary")

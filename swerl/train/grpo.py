@@ -169,6 +169,40 @@ def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> float:
     return float((values * mask).sum() / count)
 
 
+def _check_loss_bounds(
+    clip_eps_low: float, clip_eps_high: float, tis_cap: float, mis_low: float, mis_high: float | None
+) -> None:
+    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
+        raise ValueError(
+            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
+        )
+    if tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if mis_high is not None and not 0 <= mis_low <= 1 <= mis_high:
+        raise ValueError(f"need 0 <= mis_low <= 1 <= mis_high, got {mis_low}, {mis_high}")
+
+
+def _importance_weights(
+    token_log_weight: Tensor,
+    tis_cap: float,
+    tis_level: ISLevel,
+    mis_low: float,
+    mis_high: float | None,
+    mis_level: ISLevel,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """From log(old / behaviour) per token (B, T): the TIS log-weight, the truncated weight, and the MIS keep-mask
+    (all True without MIS), each (B, T), at token or sequence level (a row is one trajectory)."""
+    sequence_log_weight = token_log_weight.sum(dim=-1, keepdim=True).expand_as(token_log_weight)  # (B, T)
+    tis_log_weight = token_log_weight if tis_level == "token" else sequence_log_weight
+    # Capped in log space: a long sequence's product of weights may overflow exp().
+    tis_weight = torch.exp(tis_log_weight.clamp(max=math.log(tis_cap)))  # (B, T)
+    if mis_high is None:
+        return tis_log_weight, tis_weight, torch.ones_like(token_log_weight, dtype=torch.bool)
+    mis_log_weight = token_log_weight if mis_level == "token" else sequence_log_weight
+    low = math.log(mis_low) if mis_low > 0 else -math.inf
+    return tis_log_weight, tis_weight, (mis_log_weight >= low) & (mis_log_weight <= math.log(mis_high))
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -207,14 +241,9 @@ def policy_loss(
     Shapes: logprobs, old_logprobs, behaviour_logprobs, loss_mask, ref_logprobs (B, T); advantages (B,) or
     (B, T). old, behaviour and ref log-probs are treated as constants.
     """
-    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
-        raise ValueError(
-            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
-        )
-    if tis_cap <= 0:
-        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
-    if mis_high is not None and not 0 <= mis_low <= 1 <= mis_high:
-        raise ValueError(f"need 0 <= mis_low <= 1 <= mis_high, got {mis_low}, {mis_high}")
+    # Over 60 lines for its docstring, the loss's contract; the body is one pass: ratio and clip -> importance
+    # weights -> policy-gradient term -> KL -> diagnostics.
+    _check_loss_bounds(clip_eps_low, clip_eps_high, tis_cap, mis_low, mis_high)
     keep = loss_mask.bool()  # (B, T)
     mask = keep.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -237,17 +266,10 @@ def policy_loss(
     surrogate = torch.where(clipped, clipped_ratio, ratio) * advantages  # (B, T)
 
     token_log_weight = torch.where(keep, old_logprobs - behaviour_logprobs, 0.0)  # (B, T)
-    sequence_log_weight = token_log_weight.sum(dim=-1, keepdim=True).expand_as(token_log_weight)  # (B, T)
-    tis_log_weight = token_log_weight if tis_level == "token" else sequence_log_weight
-    # Capped in log space: a long sequence's product of weights may overflow exp().
-    tis_weight = torch.exp(tis_log_weight.clamp(max=math.log(tis_cap)))  # (B, T)
-    pg_per_token = -tis_weight * surrogate  # (B, T)
-    mis_keep = torch.ones_like(keep)
-    if mis_high is not None:
-        mis_log_weight = token_log_weight if mis_level == "token" else sequence_log_weight
-        low = math.log(mis_low) if mis_low > 0 else -math.inf
-        mis_keep = (mis_log_weight >= low) & (mis_log_weight <= math.log(mis_high))
-        pg_per_token = torch.where(mis_keep, pg_per_token, 0.0)
+    tis_log_weight, tis_weight, mis_keep = _importance_weights(
+        token_log_weight, tis_cap, tis_level, mis_low, mis_high, mis_level
+    )
+    pg_per_token = torch.where(mis_keep, -tis_weight * surrogate, 0.0)  # (B, T)
     pg_loss = (pg_per_token * mask).sum() / denominator
 
     kl_value = torch.zeros((), dtype=logprobs.dtype)

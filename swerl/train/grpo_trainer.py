@@ -341,56 +341,17 @@ class GRPOTrainer:
         micro_batches = [micro for minibatch in minibatches for micro in minibatch]
         observed = _Observed(self.tis_cap)
 
-        # Old (and reference) log-probs, fixed before the first update. With a single update the old log-probs
-        # come from the update's own forward pass instead (same weights), saving a pass.
         recompute_started = time.perf_counter()
-        single_update = self.ppo_epochs * self.num_minibatches == 1
-        old: dict[int, Tensor] = {}
-        reference: dict[int, Tensor] = {}
-        for index, micro in enumerate(micro_batches):
-            if self.ref_model is not None:
-                reference[index] = self._logprobs(self.ref_model, micro, grad=False)[0]
-            if not single_update:
-                old[index], logits = self._logprobs(self.model, micro, grad=False)
-                observed.add(micro, old[index], logits, self.logprob_temperature)
+        old, reference = self._fixed_logprobs(micro_batches, observed)
         recompute_seconds = time.perf_counter() - recompute_started
 
         update_started = time.perf_counter()
         updates: list[tuple[float, float]] = []  # (loss, pre-clip grad norm) per optimizer update
         for _ in range(self.ppo_epochs):
-            position = 0
+            position = 0  # micro-batches are numbered across the minibatches, as _fixed_logprobs numbers them
             for minibatch in minibatches:
-                normalizer = float(max(1, sum(micro.num_loss_tokens for micro in minibatch)))
-                self.optimizer.zero_grad(set_to_none=True)
-                update_loss = 0.0
-                for micro in minibatch:
-                    index, position = position, position + 1
-                    logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (B, T, V)
-                    if single_update:
-                        old[index] = logprobs.detach()
-                        observed.add(micro, old[index], logits, self.logprob_temperature)
-                    # Shift the per-token arrays by one: logprobs[:, t] is the log-prob of token t + 1.
-                    loss, loss_stats = policy_loss(
-                        logprobs,
-                        old[index],
-                        micro.behaviour_logprobs[:, 1:],
-                        micro.advantages[:, 1:],
-                        micro.loss_mask[:, 1:],
-                        self.clip_eps_low,
-                        self.clip_eps_high,
-                        self.tis_cap,
-                        ref_logprobs=reference.get(index),
-                        kl_coef=self.kl_coef,
-                        normalizer=normalizer,
-                        tis_level=self.tis_level,
-                        mis_low=self.mis_low,
-                        mis_high=self.mis_high,
-                        mis_level=self.mis_level,
-                    )
-                    loss.backward()
-                    update_loss += float(loss.detach())
-                    observed.add_loss(loss_stats)
-                updates.append((update_loss, self._optimizer_step()))
+                updates.append(self._update(minibatch, position, old, reference, observed))
+                position += len(minibatch)
         update_seconds = time.perf_counter() - update_started
 
         self.step += 1
@@ -407,6 +368,66 @@ class GRPOTrainer:
             time_step_s=time.perf_counter() - started,
         )
         return stats
+
+    @property
+    def _single_update(self) -> bool:
+        return self.ppo_epochs * self.num_minibatches == 1
+
+    def _fixed_logprobs(
+        self, micro_batches: Sequence[MicroBatch], observed: _Observed
+    ) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+        """Old (and reference) log-probs per micro-batch, fixed before the first update. With a single update the
+        old log-probs come from the update's own forward pass instead (same weights, one pass saved): `_update`
+        fills them in."""
+        old: dict[int, Tensor] = {}
+        reference: dict[int, Tensor] = {}
+        for index, micro in enumerate(micro_batches):
+            if self.ref_model is not None:
+                reference[index] = self._logprobs(self.ref_model, micro, grad=False)[0]
+            if not self._single_update:
+                old[index], logits = self._logprobs(self.model, micro, grad=False)
+                observed.add(micro, old[index], logits, self.logprob_temperature)
+        return old, reference
+
+    def _update(
+        self,
+        minibatch: Sequence[MicroBatch],
+        first_index: int,
+        old: dict[int, Tensor],
+        reference: dict[int, Tensor],
+        observed: _Observed,
+    ) -> tuple[float, float]:
+        """One optimizer update on a minibatch, accumulated over its micro-batches; returns (loss, grad norm)."""
+        normalizer = float(max(1, sum(micro.num_loss_tokens for micro in minibatch)))
+        self.optimizer.zero_grad(set_to_none=True)
+        update_loss = 0.0
+        for index, micro in enumerate(minibatch, start=first_index):
+            logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (B, T, V)
+            if self._single_update:
+                old[index] = logprobs.detach()
+                observed.add(micro, old[index], logits, self.logprob_temperature)
+            # Shift the per-token arrays by one: logprobs[:, t] is the log-prob of token t + 1.
+            loss, loss_stats = policy_loss(
+                logprobs,
+                old[index],
+                micro.behaviour_logprobs[:, 1:],
+                micro.advantages[:, 1:],
+                micro.loss_mask[:, 1:],
+                self.clip_eps_low,
+                self.clip_eps_high,
+                self.tis_cap,
+                ref_logprobs=reference.get(index),
+                kl_coef=self.kl_coef,
+                normalizer=normalizer,
+                tis_level=self.tis_level,
+                mis_low=self.mis_low,
+                mis_high=self.mis_high,
+                mis_level=self.mis_level,
+            )
+            loss.backward()
+            update_loss += float(loss.detach())
+            observed.add_loss(loss_stats)
+        return update_loss, self._optimizer_step()
 
     def _minibatches(self, scored: ScoredGroups) -> list[list[MicroBatch]]:
         """Split the step's trajectories into num_minibatches random parts, each into micro-batches."""
