@@ -68,6 +68,7 @@ async def main(args: argparse.Namespace) -> None:
             max_batch_size=args.batch,
             max_context_tokens=args.prompt + args.new + 1,
             intra_op_threads=args.threads,
+            prefix_cache_size=0,
         )
         batch = prompts(args.batch, args.prompt, engine.vocab_size)
         await engine_tokens_per_second(engine, batch[:1], 8)  # warm-up

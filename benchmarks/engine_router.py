@@ -84,10 +84,22 @@ async def drive(
     return extra, time.process_time() - cpu, concurrency * rounds
 
 
+CLIENT_ARGS: dict[str, Any] = dict(
+    connect_timeout_s=10.0, request_timeout_s=600.0, control_timeout_s=600.0, health_timeout_s=30.0, retries=0,
+    retry_backoff_s=0.5,
+)  # fmt: skip
+"""The clients' timeouts and retries the numbers in docs/benchmarks.md were measured with."""
+ROUTER_ARGS: dict[str, Any] = dict(
+    sticky_capacity=100_000, sticky_max_excess=64, weight_update_mode="pause", pause_mode="retract"
+)
+"""The router's stickiness and weight-update settings those numbers were measured with."""
+
+
 def router_bookkeeping_us(engines: int, calls: int = 200_000) -> float:
     """The router's own work per call (pick with stickiness + outstanding accounting), timed in isolation: the
     part of its added latency that does not depend on the machine's load."""
-    router = Router([EngineClient(f"http://127.0.0.1:{1 + i}", pool_size=1) for i in range(engines)])
+    clients = [EngineClient(f"http://127.0.0.1:{1 + i}", pool_size=1, **CLIENT_ARGS) for i in range(engines)]
+    router = Router(clients, retries=2, health_interval_s=5.0, **ROUTER_ARGS)
     started = time.perf_counter()
     for index in range(calls):
         slot = router.pick(f"w{index % 1024}")
@@ -117,10 +129,10 @@ async def main(args: argparse.Namespace) -> None:
                 for repeat in range(args.repeats)
             ]
             for mode in ("warm-up", *(mode for pair in pairs for mode in pair)):  # ABBA: no order advantage
-                clients = [EngineClient(url, pool_size=pool_size) for url in urls]
+                clients = [EngineClient(url, pool_size=pool_size, **CLIENT_ARGS) for url in urls]
                 for url in urls:
                     engine_stats(url, reset=True)
-                router = Router(clients, health_interval_s=0, retries=config.retries)
+                router = Router(clients, health_interval_s=0, retries=config.retries, **ROUTER_ARGS)
                 engines: list[Engine] = [router] if mode == "router" else list(clients)
                 rounds = 1 if mode == "warm-up" else args.rounds
                 extra, cpu_s, calls = await drive(engines, args.concurrency, rounds, args.latency)

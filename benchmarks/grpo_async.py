@@ -19,7 +19,6 @@ import asyncio
 import json
 import re
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.tools import system_prompt
-from swerl.config import GRPOAlgorithmConfig
+from swerl.config import GRPOAlgorithmConfig, SandboxLimits
 from swerl.data.environments import resolve_environment
 from swerl.data.micro import TEST_CMD
 from swerl.data.repos import tree_hash
@@ -46,8 +45,7 @@ from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
 from swerl.sandbox.base import SandboxProvider
-from swerl.sandbox.local import LocalSandboxProvider
-from swerl.stages.common import episode_with_retries
+from swerl.stages.common import episode_with_retries, sandbox_provider
 from swerl.stages.grpo import update_settings
 from swerl.train.grpo_trainer import GRPOTrainer, Trainer
 from swerl.train.trainer_process import TrainerProcess
@@ -185,12 +183,13 @@ def benchmark_steps(
     tokenizer = emulation_tokenizer(work / "tokenizer")
     profile = EpisodeProfile(max_turns=12, turn_latency_s=1.0, weight_sync_s=0.05)
     limits = EpisodeLimits(max_turns=profile.max_turns, max_trajectory_tokens=2048, max_new_tokens_per_turn=64,
-                           command_timeout_s=20, test_timeout_s=30)  # fmt: skip
+                           command_timeout_s=20, test_timeout_s=30, max_observation_chars=4000,
+                           episode_timeout_s=1800.0, max_malformed_calls=1_000_000)  # fmt: skip
     b, n = 4, 4
     in_flight = in_flight or 4 * b * n
     sync_count, async_count = (2, 4) if quick else (3, 8)
     tasks = clean_micro_tasks(16)
-    provider = LocalSandboxProvider(sys.executable, git_baseline=True)
+    provider = sandbox_provider(SandboxLimits(), git_baseline=True)
     counts: dict[str, int] = {}
     episode = agent_episode(provider, tokenizer, limits, 1, counts)
     schedule = (ppo_epochs, num_minibatches)
@@ -279,7 +278,7 @@ def benchmark_throughput(
     tokenizer = emulation_tokenizer(work / "tokenizer")
     tasks = clean_micro_tasks(16)
     counts: dict[str, int] = {}
-    episode = lean_episode(LocalSandboxProvider(sys.executable, git_baseline=False))
+    episode = lean_episode(sandbox_provider(SandboxLimits(), git_baseline=False))
 
     async def run() -> dict[str, Any]:
         engine = EmulatedEngine(tokenizer, profile, seed=concurrency)

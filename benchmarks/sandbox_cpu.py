@@ -24,8 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from sandbox_start import raw_bwrap_argv, run_process  # noqa: E402
 
+from swerl.config import SandboxLimits  # noqa: E402
 from swerl.sandbox.local import LocalSandboxProvider  # noqa: E402
 from swerl.sandbox.supervisor import SupervisedSandbox  # noqa: E402
+from swerl.stages.common import sandbox_provider  # noqa: E402
 
 
 def machine_ms() -> float:
@@ -51,9 +53,11 @@ async def main(args: argparse.Namespace) -> None:
         (env_dir / "pkg").mkdir(parents=True)
         for i in range(8):  # a micro repository's size, as in sandbox_start.py
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
-        provider = LocalSandboxProvider(
-            sys.executable, root_dir=Path(tmp) / "sandboxes", max_processes=256, runtime=args.runtime
+        limits = SandboxLimits(
+            workspace_dir=str(Path(tmp) / "sandboxes"), max_processes=256, runtime=args.runtime
         )
+        provider = sandbox_provider(limits)
+        assert isinstance(provider, LocalSandboxProvider)
         await (
             await provider.start(env_dir)
         ).close()  # the runtime decision and probe, as a running stage has

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from swerl.sandbox.local import LocalSandboxProvider
+from swerl.config import SandboxLimits, SandboxPoolConfig
 from swerl.sandbox.pool import SandboxPool
+from swerl.stages.common import sandbox_pool
 
 PATCH = (
     "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
@@ -49,9 +49,13 @@ async def main(args: argparse.Namespace) -> None:
         env_dir = Path(tmp) / "env"
         (env_dir / "pkg").mkdir(parents=True)
         (env_dir / "pkg" / "mod.py").write_text("def answer():\n    return 41\n")
-        provider = LocalSandboxProvider(sys.executable, max_processes=64, root_dir=Path(tmp) / "sandboxes")
         capacity = args.in_flight + args.warm + 4
-        async with SandboxPool(provider, max_concurrent=capacity, warm_size=args.warm) as pool:
+        limits = SandboxLimits(
+            max_processes=64,
+            workspace_dir=str(Path(tmp) / "sandboxes"),
+            pool=SandboxPoolConfig(max_concurrent=capacity, warm_size=args.warm),
+        )
+        async with sandbox_pool(limits) as pool:
             stop, ready = asyncio.Event(), []
             t0 = time.monotonic()
             flights = [

@@ -17,14 +17,15 @@ import asyncio
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from swerl.config import DockerSandboxConfig, SandboxLimits
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.images import BASE_IMAGE
 from swerl.sandbox.local import LocalSandboxProvider
+from swerl.stages.common import sandbox_provider
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -92,8 +93,9 @@ async def main(args: argparse.Namespace) -> None:
         for i in range(8):  # a micro repository's size: a module, tests, a harness
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
         workspaces = Path(args.workspace_dir or tmp) / f"swerl-bench-{os.getpid()}"
-        local = LocalSandboxProvider(sys.executable, root_dir=workspaces, max_processes=256,
-                                     workspace_quota=args.workspace_quota, runtime=args.runtime)  # fmt: skip
+        local = sandbox_provider(SandboxLimits(workspace_dir=str(workspaces), max_processes=256,
+                                               workspace_quota=args.workspace_quota, runtime=args.runtime))  # fmt: skip
+        assert isinstance(local, LocalSandboxProvider)
         await (await local.start(env_dir)).close()  # warm the interpreter probe, as a running stage has
         for count in args.local:
             await measure("local", count, local, env_dir, raw_bwrap_argv(), args.repeat)
@@ -101,7 +103,13 @@ async def main(args: argparse.Namespace) -> None:
         shutil.rmtree(workspaces, ignore_errors=True)
         if args.skip_docker or shutil.which("docker") is None:
             return
-        docker = DockerSandboxProvider(base_image=args.image, api_threads=max(args.docker) * 2)
+        threads = max(4, max(args.docker) * 2)  # the config's floor is 4
+        docker = sandbox_provider(
+            SandboxLimits(
+                backend="docker", docker=DockerSandboxConfig(base_image=args.image, api_threads=threads)
+            )
+        )
+        assert isinstance(docker, DockerSandboxProvider)
         await (await docker.start(env_dir)).close()  # builds the environment image once
         raw_docker = ["docker", "run", "--rm", "--network", "none", args.image, "/bin/true"]
         for count in args.docker:

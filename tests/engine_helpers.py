@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from swerl.engine.base import GenerateRequest, SamplingParams
+from swerl.engine.client import EngineClient
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec
+from swerl.engine.router import Router
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.services import Service, free_port
@@ -32,6 +34,28 @@ MODEL: dict[str, Any] = dict(
 CONTEXT = 128
 VOCAB = 300
 
+# The engine tests were written against the classes' own defaults, before EngineConfig became the one home of
+# every default: these are those values, passed explicitly.
+CLIENT_ARGS: dict[str, Any] = dict(
+    connect_timeout_s=10.0, request_timeout_s=600.0, control_timeout_s=600.0, health_timeout_s=30.0, retries=0,
+    retry_backoff_s=0.5,
+)  # fmt: skip
+ROUTER_ARGS: dict[str, Any] = dict(
+    retries=2, health_interval_s=5.0, sticky_capacity=100_000, sticky_max_excess=64, weight_update_mode="pause",
+    pause_mode="retract",
+)  # fmt: skip
+LAUNCHER_ARGS: dict[str, Any] = dict(host="127.0.0.1", base_port=0, startup_timeout_s=600.0)
+
+
+def make_client(base_url: str, pool_size: int, **args: Any) -> EngineClient:
+    """An EngineClient with CLIENT_ARGS, `args` replacing some."""
+    return EngineClient(base_url, pool_size=pool_size, **(CLIENT_ARGS | args))
+
+
+def make_router(clients: list[EngineClient], **args: Any) -> Router:
+    """A Router with ROUTER_ARGS, `args` replacing some."""
+    return Router(clients, **(ROUTER_ARGS | args))
+
 
 def make_models(root: Path) -> dict[str, Path]:
     """Two same-architecture tiny models (v0, v1) and one of another architecture (wide)."""
@@ -50,7 +74,7 @@ def launch_local(model_dir: Path, num_engines: int, log_dir: Path, **spec: Any) 
         LocalServerSpec(str(model_dir), **options),
         num_engines,
         log_dir,
-        startup_timeout_s=240,
+        **(LAUNCHER_ARGS | {"startup_timeout_s": 240}),
         stop_timeout_s=5,
     )
     asyncio.run(launcher.start())

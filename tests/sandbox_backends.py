@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from swerl.sandbox.base import SandboxProvider
-from swerl.sandbox.docker import LABEL, DockerSandboxProvider
+from swerl.sandbox.docker import LABEL
 from swerl.sandbox.images import BASE_IMAGE
 from swerl.sandbox.local import LocalSandboxProvider
+from tests.sandbox_helpers import docker_provider, e2b_provider, local_provider
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Limits:
 
 def local_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
     root = scratch / "local-sandboxes"
-    provider = LocalSandboxProvider(
+    provider = local_provider(
         sys.executable,
         memory_mb=max(
             limits.memory_mb, 1024
@@ -114,7 +115,7 @@ def docker_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
     reason = docker_unavailable()
     if reason:
         pytest.skip(reason)
-    provider = DockerSandboxProvider(
+    provider = docker_provider(
         base_image=_base_image_ready(),
         cpus=1.0,
         memory_mb=limits.memory_mb,
@@ -145,17 +146,17 @@ def containers(provider_id: str) -> list[str]:
 def e2b_fake_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
     """The e2b backend against a FAKE of the e2b SDK (tests/e2b_fake.py): the cloud is not reachable here."""
     pytest.importorskip("e2b")
-    from swerl.sandbox.e2b import E2BSandboxProvider
     from tests.e2b_fake import FakeAsyncSandbox
 
     root = scratch / "e2b-vms"
     root.mkdir(parents=True, exist_ok=True)
     FakeAsyncSandbox.reset(root)
-    provider = E2BSandboxProvider(
+    provider = e2b_provider(
         sdk=FakeAsyncSandbox,
         api_key="fake-key",
         exec_grace_s=5.0,
         max_output_bytes=limits.max_output_bytes,
+        start_timeout_s=120.0,  # what these tests ran with before (E2BSandboxProvider's old default)
         **kwargs,
     )
     return Backend("e2b-fake", provider, lambda: sorted(p.name for p in root.glob("*")))

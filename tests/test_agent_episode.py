@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,26 @@ from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call
 from swerl.sandbox import LocalSandboxProvider
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.sandbox_helpers import local_provider
 
 REPO = builtin_repo("intervals")
-LIMITS = EpisodeLimits(max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60)
+BASE_LIMITS = EpisodeLimits(
+    max_turns=30, max_trajectory_tokens=8192, max_new_tokens_per_turn=512, command_timeout_s=30.0,
+    max_observation_chars=4000, test_timeout_s=120.0, episode_timeout_s=1800.0, max_malformed_calls=1_000_000,
+)  # fmt: skip
+"""The caps these tests were written against (EpisodeLimits' defaults before AgentConfig became their one home);
+each test replaces the ones it is about."""
+LIMITS = replace(
+    BASE_LIMITS, max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60
+)
+ORACLE = dict(context_lines=3, view_whole_file_lines=0, view_function_lines=0, test_command=None)
+"""The oracle's views these tests were written against (solve_task's defaults before TracesConfig held them)."""
 SAMPLING = SamplingParams(max_new_tokens=256, temperature=1.0)
 
 
 @pytest.fixture(scope="module")
 def provider() -> LocalSandboxProvider:
-    return LocalSandboxProvider(sys.executable, git_baseline=True)
+    return local_provider(git_baseline=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +109,9 @@ def tasks(provider: LocalSandboxProvider) -> dict[str, TaskInstance]:
 
 @pytest.fixture(scope="module")
 def oracle_traces(tasks: dict[str, TaskInstance], provider: LocalSandboxProvider) -> dict[str, OracleTrace]:
-    traces, report = asyncio.run(generate_oracle_traces(list(tasks.values()), provider, LIMITS, workers=2))
+    traces, report = asyncio.run(
+        generate_oracle_traces(list(tasks.values()), provider, LIMITS, recovery_prob=0.0, workers=2, **ORACLE)
+    )
     assert report.traced == 2 and not report.skipped, report.to_dict()
     return {trace.modifier or "": trace for trace in traces}
 
@@ -108,7 +121,14 @@ def test_oracle_uses_the_given_test_command(
 ) -> None:
     command = "python -m pytest -q -x --tb=line -p no:cacheprovider 2>&1 | tail -n 8"
     traces, report = asyncio.run(
-        generate_oracle_traces([tasks["flip_comparison"]], provider, LIMITS, workers=1, test_command=command)
+        generate_oracle_traces(
+            [tasks["flip_comparison"]],
+            provider,
+            LIMITS,
+            recovery_prob=0.0,
+            workers=1,
+            **(ORACLE | {"test_command": command}),
+        )
     )
     assert report.traced == 1, report.to_dict()
     first_turn = next(m["content"] for m in traces[0].messages if m["role"] == "assistant")
@@ -134,7 +154,7 @@ def test_oracle_recovery_trace_shows_a_failing_wrong_edit_undone(
     tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
 ) -> None:
     trace = asyncio.run(
-        solve_task(tasks["flip_comparison"], provider, LIMITS, random.Random(0), recovery=True)
+        solve_task(tasks["flip_comparison"], provider, LIMITS, random.Random(0), recovery=True, **ORACLE)
     )
     assert trace.recovery
     turns = _assistant_texts(trace.messages)
@@ -201,7 +221,7 @@ def test_malformed_calls_are_counted_and_a_command_timeout_is_an_observation(
         format_tool_call("submit", {}),
     ]
     engine = ScriptedEngine.from_texts(tokenizer, texts)
-    limits = EpisodeLimits(max_turns=8, command_timeout_s=0.5, test_timeout_s=60)
+    limits = replace(BASE_LIMITS, max_turns=8, command_timeout_s=0.5, test_timeout_s=60)
     trajectory = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
     )
@@ -217,7 +237,7 @@ def test_turn_cap_is_graded(
     tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("bash", {"command": "true"})], cycle=True)
-    limits = EpisodeLimits(max_turns=2, test_timeout_s=60)
+    limits = replace(BASE_LIMITS, max_turns=2, test_timeout_s=60)
     trajectory = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
     )
@@ -237,7 +257,7 @@ def test_length_caps_per_turn_and_per_trajectory(
     cut = asyncio.run(
         run_episode(
             tasks["flip_comparison"], ScriptedEngine(engine.outputs), provider, tokenizer,
-            EpisodeLimits(max_new_tokens_per_turn=5, max_turns=1, test_timeout_s=60), SAMPLING,
+            replace(BASE_LIMITS, max_new_tokens_per_turn=5, max_turns=1, test_timeout_s=60), SAMPLING,
         )
     )  # fmt: skip
     assert cut.status is EpisodeStatus.TURN_CAP and cut.malformed_tool_calls == 1
@@ -248,7 +268,7 @@ def test_length_caps_per_turn_and_per_trajectory(
     cap = cut.prompt_tokens + 2 * len(engine.outputs[0]) + 20
     capped = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, provider, tokenizer,
-                    EpisodeLimits(max_trajectory_tokens=cap, test_timeout_s=60), SAMPLING)
+                    replace(BASE_LIMITS, max_trajectory_tokens=cap, test_timeout_s=60), SAMPLING)
     )  # fmt: skip
     assert capped.status is EpisodeStatus.LENGTH_CAP and capped.reward == 0.0
     assert len(capped.token_ids) <= cap and capped.num_turns >= 1
@@ -274,7 +294,7 @@ def test_infra_errors_are_not_scored(
     tasks: dict[str, TaskInstance], provider: LocalSandboxProvider, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("submit", {})])
-    slow_start = LocalSandboxProvider(sys.executable, git_baseline=True, start_timeout_s=0.001)
+    slow_start = local_provider(git_baseline=True, start_timeout_s=0.001)
     trajectory = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, slow_start, tokenizer, LIMITS, SAMPLING)
     )
@@ -303,7 +323,7 @@ def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
         malformed,
     ]
     engine = ScriptedEngine.from_texts(tokenizer, [*texts, format_tool_call("submit", {})])
-    limits = EpisodeLimits(max_turns=10, max_malformed_calls=3, test_timeout_s=60)
+    limits = replace(BASE_LIMITS, max_turns=10, max_malformed_calls=3, test_timeout_s=60)
     trajectory = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
     )
@@ -315,7 +335,7 @@ def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
 
     # Exactly N in a row from the start: malformed_tool_calls == N.
     engine = ScriptedEngine.from_texts(tokenizer, [malformed], cycle=True)
-    limits = EpisodeLimits(max_turns=10, max_malformed_calls=2, test_timeout_s=60)
+    limits = replace(BASE_LIMITS, max_turns=10, max_malformed_calls=2, test_timeout_s=60)
     trajectory = asyncio.run(
         run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
     )

@@ -36,7 +36,10 @@ def test_refuses_a_pool_smaller_than_the_rollout_concurrency() -> None:
     cfg = load_config("configs/local.yaml", ["agent.sandbox.pool.max_concurrent=4"])
     report = diagnose(cfg)
     failed = {c.name: c.detail for c in report.checks if not c.ok}
-    assert set(failed) == {"pool.grpo.rollout.max_in_flight", "pool.evaluate.concurrency"}  # local.yaml: async GRPO
+    assert set(failed) == {
+        "pool.grpo.rollout.max_in_flight",
+        "pool.evaluate.concurrency",
+    }  # local.yaml: async GRPO
     assert "12 episodes would wait for a sandbox" in failed["pool.grpo.rollout.max_in_flight"]
     assert report.params()["doctor.check.pool.grpo.rollout.max_in_flight"] == "FAIL"
 

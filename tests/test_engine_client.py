@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import base_url, greedy, launch_emulated, post
+from engine_helpers import base_url, greedy, launch_emulated, make_client, post
 
 from swerl.engine.base import Engine, InvalidRequestError, WeightUpdateError
 from swerl.engine.client import EngineClient
@@ -60,20 +60,20 @@ def call(client: EngineClient, coroutine_fn: Any) -> Any:
 
 
 def test_client_is_an_engine() -> None:
-    assert isinstance(EngineClient("http://127.0.0.1:1", pool_size=1), Engine)
+    assert isinstance(make_client("http://127.0.0.1:1", pool_size=1), Engine)
     with pytest.raises(ValueError, match="pool_size"):
-        EngineClient("http://127.0.0.1:1", pool_size=0)
+        make_client("http://127.0.0.1:1", pool_size=0)
 
 
 def test_generate_parses_sglang_meta_info(server: str) -> None:
-    response = call(EngineClient(server, pool_size=2), lambda c: c.generate(greedy([5, 6, 7], rid="r1")))
+    response = call(make_client(server, pool_size=2), lambda c: c.generate(greedy([5, 6, 7], rid="r1")))
     assert response.output_ids == [8, 9, 10, 11]
     assert response.output_token_logprobs == [-1.0] * 4 and response.finish_reason == "length"
     assert response.prompt_tokens == 3 and response.weight_version == 0
 
 
 def test_unreachable_engine_is_an_infra_error() -> None:
-    client = EngineClient(f"http://127.0.0.1:{free_port()}", pool_size=2, retries=1, retry_backoff_s=0.01)
+    client = make_client(f"http://127.0.0.1:{free_port()}", pool_size=2, retries=1, retry_backoff_s=0.01)
     with pytest.raises(InfraError) as caught:
         call(client, lambda c: c.generate(greedy([1])))
     assert caught.value.cause == "engine_unreachable"
@@ -89,14 +89,14 @@ def test_5xx_and_dropped_connections_are_retried_then_infra_errors(
     server_stats(server, reset=True)
     fault(server, count=1, **spec)
     recovered = call(
-        EngineClient(server, pool_size=2, retries=1, retry_backoff_s=0.01), lambda c: c.generate(greedy([1]))
+        make_client(server, pool_size=2, retries=1, retry_backoff_s=0.01), lambda c: c.generate(greedy([1]))
     )
     assert recovered.output_ids == [2, 3, 4, 5]
     assert server_stats(server)["requests"] == 2  # one failure, one retry
     fault(server, count=3, **spec)
     with pytest.raises(InfraError) as caught:
         call(
-            EngineClient(server, pool_size=2, retries=2, retry_backoff_s=0.01),
+            make_client(server, pool_size=2, retries=2, retry_backoff_s=0.01),
             lambda c: c.generate(greedy([1])),
         )
     assert caught.value.cause == cause
@@ -105,7 +105,7 @@ def test_5xx_and_dropped_connections_are_retried_then_infra_errors(
 
 def test_timeout_is_an_infra_error(server: str) -> None:
     fault(server, count=1, delay_s=3.0)
-    client = EngineClient(server, pool_size=2, request_timeout_s=LATENCY_S + 0.5)
+    client = make_client(server, pool_size=2, request_timeout_s=LATENCY_S + 0.5)
     started = time.monotonic()
     with pytest.raises(InfraError) as caught:
         call(client, lambda c: c.generate(greedy([1])))
@@ -117,7 +117,7 @@ def test_4xx_is_the_callers_error_and_never_retried(server: str) -> None:
     fault(server, count=1, status=400)
     with pytest.raises(InvalidRequestError, match="injected fault"):
         call(
-            EngineClient(server, pool_size=2, retries=3, retry_backoff_s=0.01),
+            make_client(server, pool_size=2, retries=3, retry_backoff_s=0.01),
             lambda c: c.generate(greedy([1])),
         )
     assert server_stats(server)["requests"] == 1
@@ -134,7 +134,7 @@ def test_weight_update_tags_later_responses_and_a_missing_path_is_refused(server
         after = (await client.generate(greedy([1]))).weight_version
         return before, after
 
-    before, after = call(EngineClient(server, pool_size=2), scenario)
+    before, after = call(make_client(server, pool_size=2), scenario)
     assert (before, after) == (0, 7)
     Path(existing).rmdir()
 
@@ -147,6 +147,6 @@ def test_the_pool_size_is_the_only_concurrency_cap(server: str, pool_size: int, 
     async def burst(client: EngineClient) -> list[Any]:
         return list(await asyncio.gather(*(client.generate(greedy([i + 1])) for i in range(40))))
 
-    responses = call(EngineClient(server, pool_size=pool_size), burst)
+    responses = call(make_client(server, pool_size=pool_size), burst)
     assert len(responses) == 40
     assert server_stats(server)["peak_in_flight"] == expected_peak

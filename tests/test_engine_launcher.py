@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_helpers import MODEL, greedy, process_gone, prompt_of
+from engine_helpers import LAUNCHER_ARGS, MODEL, greedy, process_gone, prompt_of
 from trainer_helpers import grpo_trainer
 
 from swerl.config import EngineConfig, load_config
@@ -33,7 +33,9 @@ def test_sglang_commands_come_from_the_config(tmp_path: Path) -> None:
                        mem_fraction_static=0.8, base_port=30000, sglang_args=["--attention-backend", "fa3"])  # fmt: skip
     spec = server_spec(cfg, "/models/qwen3", seed=7, weight_version=3)
     assert isinstance(spec, SGLangSpec)
-    launcher = EngineLauncher(spec, cfg.num_engines, tmp_path, base_port=cfg.base_port)
+    launcher = EngineLauncher(
+        spec, cfg.num_engines, tmp_path, **(LAUNCHER_ARGS | {"base_port": cfg.base_port})
+    )
     (port0, argv0, env0), (port1, argv1, env1) = launcher.commands()
     assert (port0, port1) == (30000, 30001)
     assert argv0[:3] == [sys.executable, "-m", "sglang.launch_server"]
@@ -56,7 +58,7 @@ def test_sglang_is_never_imported_on_cpu(tmp_path: Path) -> None:
         pytest.skip("sglang is installed here")
     spec = server_spec(EngineConfig(kind="sglang"), "/models/x", seed=0, weight_version=0)
     with pytest.raises(RuntimeError, match="gpu"):
-        asyncio.run(EngineLauncher(spec, 1, tmp_path).start())
+        asyncio.run(EngineLauncher(spec, 1, tmp_path, **LAUNCHER_ARGS).start())
 
 
 def test_every_config_file_engine_section_builds_a_spec() -> None:
@@ -70,7 +72,9 @@ def test_every_config_file_engine_section_builds_a_spec() -> None:
 @pytest.mark.slow
 def test_a_failed_start_reports_the_log_and_leaves_nothing_running(tmp_path: Path) -> None:
     spec = LocalServerSpec(str(tmp_path / "no-model"), 1, 64, 1, 0)
-    launcher = EngineLauncher(spec, 2, tmp_path / "logs", startup_timeout_s=240, stop_timeout_s=5)
+    launcher = EngineLauncher(
+        spec, 2, tmp_path / "logs", **(LAUNCHER_ARGS | {"startup_timeout_s": 240}), stop_timeout_s=5
+    )
     with pytest.raises(RuntimeError, match="exited with"):
         asyncio.run(launcher.start())
     assert all(service.proc is not None and service.proc.poll() is not None for service in launcher.services)
@@ -172,7 +176,7 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path) -> None
     from swerl.data.bugs import candidates
     from swerl.data.repos import builtin_repo, tree_hash
     from swerl.data.schema import TaskInstance
-    from swerl.sandbox import LocalSandboxProvider
+    from tests.sandbox_helpers import local_provider
 
     repo = builtin_repo("intervals")
     source = (repo.path / "intervals/core.py").read_text()
@@ -187,10 +191,12 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path) -> None
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "policy")
     cfg = EngineConfig(kind="http_local", num_engines=2, max_context_tokens=2048, startup_timeout_s=240)
     limits = EpisodeLimits(
-        max_turns=2, max_trajectory_tokens=2048, max_new_tokens_per_turn=24, test_timeout_s=60
-    )
+        max_turns=2, max_trajectory_tokens=2048, max_new_tokens_per_turn=24, test_timeout_s=60,
+        # EpisodeLimits' former defaults, which this test was written against
+        command_timeout_s=30.0, max_observation_chars=4000, episode_timeout_s=1800.0, max_malformed_calls=1_000_000,
+    )  # fmt: skip
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0)
-    provider = LocalSandboxProvider(sys.executable, git_baseline=True)
+    provider = local_provider(git_baseline=True)
 
     async def episodes() -> tuple[list[Trajectory], list[int]]:
         async with open_engine(cfg, model_dir, concurrency=4, log_dir=tmp_path / "engines") as engine:

@@ -64,6 +64,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def engine(path: Path, max_batch_size: int = 8, **kwargs: Any) -> LocalEngine:
+    """A LocalEngine without a prefix cache (the tests' default) unless kwargs say otherwise."""
+    kwargs = {"prefix_cache_size": 0} | kwargs
     return LocalEngine(path, max_batch_size=max_batch_size, max_context_tokens=CONTEXT, **kwargs)
 
 
@@ -213,7 +215,9 @@ def test_eos_stops_unless_ignored(model_dirs: dict[str, Path]) -> None:
 
 def test_context_cap_rejects_long_prompts_and_stops_generation(model_dirs: dict[str, Path]) -> None:
     async def go() -> GenerateResponse:
-        async with LocalEngine(model_dirs["v0"], max_batch_size=2, max_context_tokens=64) as local:
+        async with LocalEngine(
+            model_dirs["v0"], max_batch_size=2, max_context_tokens=64, prefix_cache_size=0
+        ) as local:
             for length in (64, 100):
                 with pytest.raises(ContextLengthError, match="context length"):
                     await local.generate(request(prompt_of(length), max_new_tokens=1))
@@ -225,7 +229,7 @@ def test_context_cap_rejects_long_prompts_and_stops_generation(model_dirs: dict[
     assert capped.finish_reason == "length" and len(capped.output_ids) == 4  # 60 + 4 = the cap
     assert not issubclass(ContextLengthError, InfraError) and issubclass(ContextLengthError, ValueError)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        LocalEngine(model_dirs["v0"], max_batch_size=1, max_context_tokens=CONTEXT + 1)
+        LocalEngine(model_dirs["v0"], max_batch_size=1, max_context_tokens=CONTEXT + 1, prefix_cache_size=0)
 
 
 def test_out_of_vocabulary_id_is_rejected_and_others_keep_being_served(model_dirs: dict[str, Path]) -> None:

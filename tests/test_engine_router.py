@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from engine_helpers import greedy, launch_local, make_models, prompt_of
+from engine_helpers import greedy, launch_local, make_client, make_models, make_router, prompt_of
 
 from swerl.engine.base import ContextLengthError, Engine, GenerateResponse, WeightUpdateError
-from swerl.engine.client import EngineClient
 from swerl.engine.launcher import EngineLauncher
 from swerl.engine.router import Router
 from swerl.errors import InfraError
@@ -44,8 +43,8 @@ def engines(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
 
 def with_router(urls: list[str], scenario: Callable[[Router], Awaitable[T]], **options: Any) -> T:
     async def run() -> T:
-        clients = [EngineClient(url, pool_size=32, request_timeout_s=120) for url in urls]
-        async with Router(clients, **{"health_interval_s": 0.0} | options) as router:
+        clients = [make_client(url, pool_size=32, request_timeout_s=120) for url in urls]
+        async with make_router(clients, **{"health_interval_s": 0.0} | options) as router:
             return await scenario(router)
 
     return asyncio.run(run())
@@ -57,7 +56,7 @@ def engine_stats(url: str) -> dict[str, Any]:
 
 
 def test_router_is_an_engine() -> None:
-    assert isinstance(Router([EngineClient("http://127.0.0.1:1", pool_size=1)]), Engine)
+    assert isinstance(make_router([make_client("http://127.0.0.1:1", pool_size=1)]), Engine)
 
 
 def test_least_outstanding_spreads_load_and_a_trajectory_sticks(engines: EngineLauncher) -> None:
@@ -82,7 +81,9 @@ def test_least_outstanding_spreads_load_and_a_trajectory_sticks(engines: EngineL
 
 
 def test_stickiness_yields_to_a_much_busier_engine() -> None:
-    router = Router([EngineClient(f"http://127.0.0.1:{p}", pool_size=1) for p in (1, 2)], sticky_max_excess=2)
+    router = make_router(
+        [make_client(f"http://127.0.0.1:{p}", pool_size=1) for p in (1, 2)], sticky_max_excess=2
+    )
     first = router.pick("t")
     first.outstanding = 2
     assert router.pick("t") is first  # 2 more than the other: still within the allowed excess

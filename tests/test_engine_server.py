@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import CONTEXT, VOCAB, greedy, launch_local, make_models, post, prompt_of
+from engine_helpers import CONTEXT, VOCAB, greedy, launch_local, make_client, make_models, post, prompt_of
 
 from swerl.engine.base import ContextLengthError, GenerateResponse, InvalidRequestError, WeightUpdateError
 from swerl.engine.client import EngineClient
@@ -43,7 +43,7 @@ def url(server: EngineLauncher) -> str:
 
 def with_client(server: EngineLauncher, scenario: Any) -> Any:
     async def run() -> Any:
-        async with EngineClient(url(server), pool_size=16) as client:
+        async with make_client(url(server), pool_size=16) as client:
             return await scenario(client)
 
     return asyncio.run(run())
@@ -59,7 +59,9 @@ def test_over_http_equals_in_process(server: EngineLauncher, models: dict[str, P
     prompts = [prompt_of(5), prompt_of(17, 3)]
 
     async def local() -> list[GenerateResponse]:
-        async with LocalEngine(models["v0"], max_batch_size=8, max_context_tokens=CONTEXT) as engine:
+        async with LocalEngine(
+            models["v0"], max_batch_size=8, max_context_tokens=CONTEXT, prefix_cache_size=0
+        ) as engine:
             return [await engine.generate(greedy(p, 12)) for p in prompts]
 
     expected = asyncio.run(local())

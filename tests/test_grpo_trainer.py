@@ -363,7 +363,9 @@ def test_trainer_logprobs_match_the_engines(
     tasks = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in CORPUS]  # various lengths
 
     async def rollout() -> list[list[Trajectory]]:
-        async with LocalEngine(model_dir, max_batch_size=16, max_context_tokens=CONTEXT, seed=0) as engine:
+        async with LocalEngine(
+            model_dir, max_batch_size=16, max_context_tokens=CONTEXT, prefix_cache_size=0, seed=0
+        ) as engine:
 
             async def episode(engine: Engine, task: list[int], *, attempt: int, group_id: str) -> Trajectory:
                 return await two_turn_episode(
@@ -410,7 +412,9 @@ def test_grpo_with_the_local_engine_raises_reward(tokenizer: PreTrainedTokenizer
 
     async def train() -> list[dict[str, float]]:
         history = []
-        async with LocalEngine(model_dir, max_batch_size=64, max_context_tokens=CONTEXT, seed=0) as engine:
+        async with LocalEngine(
+            model_dir, max_batch_size=64, max_context_tokens=CONTEXT, prefix_cache_size=0, seed=0
+        ) as engine:
             for step in range(steps):
                 groups = await rollout_groups(
                     engine, tasks[:num_tasks], attempts, episode, 64, f"step{step}/"

@@ -37,11 +37,11 @@ from swerl.data.synth import synthesize_repo
 from swerl.data.taskio import tasks_from_parquet
 from swerl.data.testrun import TestStatus, parse_pytest_summary, passing, run_tests, task_test_command
 from swerl.errors import InfraError
-from swerl.sandbox import LocalSandboxProvider
 from swerl.stages.curate import run_curate, split_by_repo
 from swerl.stages.runner import run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
+from tests.sandbox_helpers import local_provider
 
 MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
 GOLDEN_TRAIN_0_0 = "abe06016d0bb72ad7054577586a4b225188da26ab6666e4cd09efb8fb2e1fa07"
@@ -257,7 +257,7 @@ def test_environment_reference_and_base_commit_check(tmp_path: Path):
 
 def test_sandboxed_harness_run():
     async def scenario() -> dict[str, object]:
-        provider = LocalSandboxProvider(sys.executable)
+        provider = local_provider()
         sandbox = await provider.start(materialize_micro_repo("train", 0, 4))
         try:
             result, outcomes = await run_tests(sandbox, 60, TEST_CMD)
@@ -271,7 +271,7 @@ def test_sandboxed_harness_run():
 
 
 def test_synthesize_and_grade_micro_tasks():
-    provider = LocalSandboxProvider(sys.executable, git_baseline=True)
+    provider = local_provider(git_baseline=True)
 
     async def scenario() -> list[TaskInstance]:
         tasks: list[TaskInstance] = []
@@ -279,7 +279,8 @@ def test_synthesize_and_grade_micro_tasks():
             spec = micro_repo_spec("eval", 0, index)
             found, report = await synthesize_repo(
                 spec, provider, modifiers=MODIFIERS, max_candidates=3, max_tasks=10, seed=0, workers=2,
-                test_timeout_s=30, clean_runs=1, shuffle_modifiers=True,
+                test_timeout_s=30, clean_runs=1, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
+                shuffle_modifiers=True,
             )  # fmt: skip
             assert report.skipped is None and report.clean_tests >= 6, report.to_dict()
             tasks += found
@@ -310,7 +311,7 @@ def test_grading_refuses_a_regenerated_environment_that_differs():
                         patch="d", patch_kind="bug", FAIL_TO_PASS=["tests/test_mod.py::test_a_1"],
                         image="micro://train/0/1", test_cmd=TEST_CMD, source="test")  # fmt: skip
     with pytest.raises(InfraError, match="generator version"):
-        asyncio.run(start_task_sandbox(LocalSandboxProvider(sys.executable), task))
+        asyncio.run(start_task_sandbox(local_provider(), task))
 
 
 def test_micro_tasks_keep_their_split_whatever_eval_repos_says():

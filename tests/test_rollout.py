@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,16 +37,17 @@ from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
 from swerl.sandbox.base import ExecResult, Sandbox
 from swerl.sandbox.local import LocalSandboxProvider
-from swerl.sandbox.pool import SandboxPool
 from swerl.storage import Store
 from swerl.train.grpo_trainer import score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.sandbox_helpers import local_provider, pool_around
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 PROFILE = EpisodeProfile(max_turns=4, turn_latency_s=0.01, turn_cap_share=0.5)
 LIMITS = EpisodeLimits(max_turns=4, max_trajectory_tokens=2048, max_new_tokens_per_turn=64, command_timeout_s=20,
-                       test_timeout_s=30)  # fmt: skip
+                       test_timeout_s=30, max_observation_chars=4000, episode_timeout_s=1800.0,
+                       max_malformed_calls=1_000_000)  # fmt: skip
 
 
 def async_settings(**knobs: Any) -> AsyncSettings:
@@ -380,9 +380,7 @@ def test_manager_keeps_trajectories_in_flight_and_real_grading_scores_them(
     store = Store(f"file://{tmp_path}/store")
     journal = RolloutJournal(store, "rollouts")
     counts: dict[str, int] = {}
-    episode = agent_episode(
-        LocalSandboxProvider(sys.executable, git_baseline=True), tokenizer, LIMITS, 1, counts
-    )
+    episode = agent_episode(local_provider(git_baseline=True), tokenizer, LIMITS, 1, counts)
     engine = EmulatedEngine(tokenizer, PROFILE, seed=3)
     samples: list[int] = []
 
@@ -537,8 +535,8 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     """grpo.rollout.prewarm_groups: when a group opens, the next one's sandboxes start (SandboxPool.warm_ahead), so its
     attempts get ready sandboxes; each group is warmed once, in data order, and nothing is left after close."""
     sandboxes = tmp_path / "sandboxes"
-    pool = SandboxPool(
-        LocalSandboxProvider(sys.executable, git_baseline=True, root_dir=sandboxes),
+    pool = pool_around(
+        local_provider(git_baseline=True, root_dir=sandboxes),
         max_concurrent=8,
         owns_provider=True,  # as the stages' pools do: closing the pool releases the provider (its zygote)
     )
@@ -578,7 +576,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
     tokenizer: PreTrainedTokenizerBase, tasks: list[TaskInstance], tmp_path: Path
 ) -> None:
     counts: dict[str, int] = {}
-    provider = KillingProvider(LocalSandboxProvider(sys.executable, git_baseline=True))
+    provider = KillingProvider(local_provider(git_baseline=True))
     episode = agent_episode(provider, tokenizer, LIMITS, 1, counts)
     engine = FailingEngine(EmulatedEngine(tokenizer, PROFILE, seed=5))
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,

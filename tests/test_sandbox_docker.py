@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from swerl.sandbox.docker import DockerSandbox, DockerSandboxProvider
 from swerl.sandbox.images import debian_mirror, env_image_name
 from swerl.stages.common import sandbox_provider
 from tests.sandbox_backends import Backend, Limits, containers, docker_unavailable, make_backend
+from tests.sandbox_helpers import docker_provider
 
 
 @pytest.fixture
@@ -62,7 +64,7 @@ def test_config_builds_the_docker_provider():
     provider = sandbox_provider(limits, git_baseline=True)
     assert isinstance(provider, DockerSandboxProvider) and provider.git_baseline
     assert provider.limits()["memory_mb"] == 777 and provider.limits()["cpus"] == 0.5
-    assert provider.max_processes == 99
+    assert provider.resources.max_processes == 99
     provider.close()
     local = sandbox_provider(SandboxLimits(workspace_dir="/dev/shm/swerl-workspaces"))
     assert (
@@ -97,7 +99,7 @@ def test_container_limits_and_isolation_settings(backend: Backend, env_dir: Path
 def test_missing_base_image_is_image_missing_and_never_pulled(tmp_path: Path, env_dir: Path):
     if reason := docker_unavailable():  # an engine must answer for the image to be found missing
         pytest.skip(reason)
-    provider = DockerSandboxProvider(base_image="swerl-no-such-image:never", api_threads=4)
+    provider = docker_provider(base_image="swerl-no-such-image:never", api_threads=4)
     with pytest.raises(InfraError) as info:
         asyncio.run(provider.start(env_dir))
     assert info.value.cause == "image_missing" and "swerl-no-such-image:never" in str(info.value)
@@ -107,7 +109,7 @@ def test_missing_base_image_is_image_missing_and_never_pulled(tmp_path: Path, en
 
 @pytest.mark.docker
 def test_unreachable_engine_is_start_failed(env_dir: Path, tmp_path: Path):
-    provider = DockerSandboxProvider(docker_host=f"unix://{tmp_path}/no-docker.sock", api_threads=4)
+    provider = docker_provider(docker_host=f"unix://{tmp_path}/no-docker.sock", api_threads=4)
     with pytest.raises(InfraError) as info:
         asyncio.run(provider.start(env_dir))
     assert info.value.cause == "start_failed" and "not reachable" in str(info.value)
@@ -138,7 +140,7 @@ def test_start_timeout_leaves_no_container(env_dir: Path, tmp_path: Path):
     provider = backend.provider
     assert isinstance(provider, DockerSandboxProvider)
     asyncio.run(provider.environment_image(env_dir))  # built outside the timed start
-    provider.start_timeout_s = 0.05
+    provider.resources = dataclasses.replace(provider.resources, start_timeout_s=0.05)
 
     with pytest.raises(InfraError) as info:
         asyncio.run(provider.start(env_dir))
@@ -169,6 +171,7 @@ def test_curation_finds_the_same_tasks_in_docker_as_under_bubblewrap(tmp_path: P
                 workers=2,
                 test_timeout_s=120,
                 min_bugged_timeout_s=60,  # generous: a loaded machine must not turn a slow run into a rejection
+                bugged_timeout_factor=5.0,
                 clean_runs=1,
             )
         )

@@ -19,8 +19,8 @@ pytest.importorskip("e2b")
 from swerl.errors import InfraError  # noqa: E402
 from swerl.sandbox.base import Sandbox, SandboxProvider  # noqa: E402
 from swerl.sandbox.e2b import E2BSandboxProvider  # noqa: E402
-from swerl.sandbox.pool import SandboxPool  # noqa: E402
 from tests.e2b_fake import FakeAsyncSandbox  # noqa: E402
+from tests.sandbox_helpers import e2b_provider, pool_around  # noqa: E402
 
 PATCH = (
     "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
@@ -55,7 +55,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> type[FakeAsyncSandb
 
 
 def provider(fake: type[FakeAsyncSandbox], **kw: object) -> E2BSandboxProvider:
-    return E2BSandboxProvider(sdk=fake, exec_grace_s=2.0, **kw)  # type: ignore[arg-type]
+    # start_timeout_s: what these tests ran with before (E2BSandboxProvider's old default; the config's is 60)
+    return e2b_provider(sdk=fake, exec_grace_s=2.0, start_timeout_s=120.0, **kw)
 
 
 def test_exec_files_patch_and_git_baseline(fake: type[FakeAsyncSandbox], env_dir: Path) -> None:
@@ -138,7 +139,7 @@ def test_vm_death_and_create_failures_map_to_causes(fake: type[FakeAsyncSandbox]
 
         # The pool retries a quota refusal and succeeds; the counters say what happened.
         fake.rate_limited_creates = 1
-        async with SandboxPool(provider(fake), retry_backoff_s=0.01) as pool:
+        async with pool_around(provider(fake), retry_backoff_s=0.01) as pool:
             pooled = await pool.start(env_dir)
             assert (await pooled.exec("cat pkg/mod.py", 5)).exit_code == 0
             await pooled.close()
@@ -180,9 +181,10 @@ def test_missing_api_key_is_start_failed(fake: type[FakeAsyncSandbox], env_dir: 
 @pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="live e2b test: needs E2B_API_KEY")
 def test_live_e2b(env_dir: Path) -> None:
     async def body() -> None:
-        sandbox = await E2BSandboxProvider(template=os.environ.get("SWERL_E2B_TEMPLATE", "swerl-base")).start(
-            env_dir, PATCH
+        live = e2b_provider(
+            template=os.environ.get("SWERL_E2B_TEMPLATE", "swerl-base"), start_timeout_s=120.0
         )
+        sandbox = await live.start(env_dir, PATCH)
         try:
             result = await sandbox.exec("python -c 'from pkg.mod import answer; print(answer())'", 60)
             assert result.output.strip() == "42"

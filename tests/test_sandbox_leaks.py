@@ -25,6 +25,7 @@ import pytest
 from swerl.errors import InfraError
 from swerl.sandbox.pool import PooledSandbox, SandboxPool
 from tests.sandbox_backends import Limits, host_processes_matching, make_backend
+from tests.sandbox_helpers import pool_around
 
 LIFECYCLES = 200
 CONCURRENCY = {"local": 12, "local-bwrap": 12, "docker": 8}
@@ -120,7 +121,7 @@ def test_no_leaks_after_200_lifecycles_with_random_kills(backend_name: str, tmp_
     started = time.monotonic()
 
     async def body() -> SandboxPool:
-        async with SandboxPool(backend.provider, max_concurrent=concurrency) as pool:
+        async with pool_around(backend.provider, max_concurrent=concurrency) as pool:
             gate = asyncio.Semaphore(concurrency)
 
             async def one() -> None:

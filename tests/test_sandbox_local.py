@@ -17,6 +17,7 @@ from swerl.errors import InfraError
 from swerl.sandbox import ExecResult, LocalSandbox, LocalSandboxProvider, Sandbox, SandboxProvider
 from swerl.sandbox.supervisor import SupervisedSandbox
 from tests.sandbox_backends import local_leftovers
+from tests.sandbox_helpers import local_provider
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def env_dir(tmp_path: Path) -> Path:
 @pytest.fixture(params=["auto", "bubblewrap"])
 def provider(tmp_path: Path, request: pytest.FixtureRequest) -> LocalSandboxProvider:
     """Both runtimes: auto is the supervisor where this process may mount (root), else bubblewrap."""
-    return LocalSandboxProvider(
+    return local_provider(
         sys.executable,
         max_processes=64,
         memory_mb=1024,
@@ -148,7 +149,7 @@ def test_no_network_no_secrets_no_host_files(
 
 
 def test_process_and_file_size_limits(tmp_path: Path, env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, max_processes=16, file_size_mb=8, tmp_size_mb=4)
+    provider = local_provider(max_processes=16, file_size_mb=8, tmp_size_mb=4)
 
     async def body() -> None:
         sandbox = await provider.start(env_dir)
@@ -166,7 +167,7 @@ def test_process_and_file_size_limits(tmp_path: Path, env_dir: Path):
 
 
 def test_missing_bwrap_is_a_clear_start_error(env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, bwrap="bwrap-not-installed", runtime="bubblewrap")
+    provider = local_provider(bwrap="bwrap-not-installed", runtime="bubblewrap")
     with pytest.raises(InfraError) as info:
         run(provider.start(env_dir))
     assert info.value.cause == "start_failed" and "install bubblewrap" in str(info.value)
@@ -180,7 +181,7 @@ def test_the_supervisor_is_built_once_and_needs_a_c_compiler_for_it(
     cache = tmp_path / "cache"
     monkeypatch.setenv("SWERL_CACHE_DIR", str(cache))
     monkeypatch.setenv("CC", "cc-not-installed")
-    strict = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "strict", runtime="supervisor")
+    strict = local_provider(root_dir=tmp_path / "strict", runtime="supervisor")
     with pytest.raises(InfraError) as info:
         run(strict.start(env_dir))
     assert info.value.cause == "start_failed" and "needs a C compiler" in str(info.value)
@@ -194,28 +195,26 @@ def test_the_supervisor_is_built_once_and_needs_a_c_compiler_for_it(
             await sandbox.close()
         return sandbox
 
-    assert isinstance(
-        run(echo(LocalSandboxProvider(sys.executable, root_dir=tmp_path / "auto"))), LocalSandbox
-    )
+    assert isinstance(run(echo(local_provider(root_dir=tmp_path / "auto"))), LocalSandbox)
     monkeypatch.setenv("CC", f"{shutil.which('cc')} -pipe")  # a compiler command with a flag of its own
-    built = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "built", runtime="supervisor")
+    built = local_provider(root_dir=tmp_path / "built", runtime="supervisor")
     assert isinstance(run(echo(built)), SupervisedSandbox)
     built.close()
     [binary] = cache.iterdir()  # one build, named after the source's digest; the next provider reuses it
-    again = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "again", runtime="supervisor")
+    again = local_provider(root_dir=tmp_path / "again", runtime="supervisor")
     monkeypatch.setenv("CC", "cc-not-installed")
     assert isinstance(run(echo(again)), SupervisedSandbox)
     again.close()
     assert list(cache.iterdir()) == [binary]
     binary.chmod(0o777)  # anyone could have replaced it: it is not run (as root)
-    tampered = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "tampered", runtime="supervisor")
+    tampered = local_provider(root_dir=tmp_path / "tampered", runtime="supervisor")
     with pytest.raises(InfraError, match="refusing to run the sandbox supervisor .* writable by others"):
         run(tampered.start(env_dir))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor runtime needs root")
 def test_the_supervisor_refuses_what_its_messages_cannot_carry(tmp_path: Path, env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, root_dir=tmp_path / "sandboxes", runtime="supervisor")
+    provider = local_provider(root_dir=tmp_path / "sandboxes", runtime="supervisor")
 
     async def body() -> None:
         with pytest.raises(ValueError, match="NUL byte"):
@@ -241,8 +240,9 @@ def test_the_supervisor_refuses_to_run_with_inheritable_capabilities(tmp_path: P
     script = (
         "import asyncio, sys\n"
         "from swerl.errors import InfraError\n"
-        "from swerl.sandbox import LocalSandboxProvider\n"
-        f"p = LocalSandboxProvider(sys.executable, root_dir={str(tmp_path / 'sandboxes')!r}, runtime='supervisor')\n"
+        "from swerl.config import SandboxLimits\n"
+        "from swerl.stages.common import sandbox_provider\n"
+        f"p = sandbox_provider(SandboxLimits(workspace_dir={str(tmp_path / 'sandboxes')!r}, runtime='supervisor'))\n"
         "try:\n"
         f"    asyncio.run(p.start({str(env_dir)!r}))\n"
         "except InfraError as exc:\n"
@@ -272,7 +272,7 @@ def test_bad_environment_and_patch(provider: LocalSandboxProvider, env_dir: Path
 
 
 def test_output_is_bounded(tmp_path: Path, env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, max_output_bytes=1000)
+    provider = local_provider(max_output_bytes=1000)
 
     async def body() -> ExecResult:
         sandbox = await provider.start(env_dir)
@@ -291,7 +291,7 @@ def test_output_is_bounded(tmp_path: Path, env_dir: Path):
 
 
 def test_git_baseline(env_dir: Path):
-    provider = LocalSandboxProvider(sys.executable, git_baseline=True)
+    provider = local_provider(git_baseline=True)
 
     async def body() -> str:
         sandbox = await provider.start(env_dir)
@@ -360,7 +360,7 @@ def test_interpreter_under_tmp_is_visible(tmp_path: Path, env_dir: Path):
         Path(venv_dir).chmod(0o755)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv_dir], check=True)
         venv_python = str(Path(venv_dir) / "bin" / "python")
-        provider = LocalSandboxProvider(venv_python, max_processes=64, root_dir=tmp_path / "sandboxes")
+        provider = local_provider(venv_python, max_processes=64, root_dir=tmp_path / "sandboxes")
 
         async def body() -> str:
             sandbox = await provider.start(env_dir)
@@ -397,8 +397,8 @@ def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str, runtime: str
     process of its own (bubblewrap: a holder; the supervisor: the sandbox's init), never a host mount, gone with
     that process on close; none: a plain directory."""
     root = tmp_path / "sandboxes"
-    provider = LocalSandboxProvider(
-        sys.executable, memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota, runtime=runtime
+    provider = local_provider(
+        memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota, runtime=runtime
     )
 
     async def body() -> None:
@@ -435,16 +435,17 @@ def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str, runtime: str
 
 def test_workspace_quota_is_checked():
     with pytest.raises(ValueError, match="workspace_quota must be auto, tmpfs or none"):
-        LocalSandboxProvider(sys.executable, workspace_quota="quota")
+        local_provider(workspace_quota="quota")
 
 
 _HOLD_A_SANDBOX = """
 import asyncio, sys
 from pathlib import Path
-from swerl.sandbox.local import LocalSandboxProvider
+from swerl.config import SandboxLimits
+from swerl.stages.common import sandbox_provider
 
 async def main():
-    provider = LocalSandboxProvider(sys.executable, root_dir=sys.argv[1], workspace_quota=sys.argv[3])
+    provider = sandbox_provider(SandboxLimits(workspace_dir=sys.argv[1], workspace_quota=sys.argv[3]))
     sandbox = await provider.start(Path(sys.argv[2]))
     print(sandbox.root, flush=True)
     await asyncio.sleep(3600)
@@ -486,7 +487,7 @@ def test_a_dead_runs_sandbox_directories_are_swept(tmp_path: Path, env_dir: Path
         recycled = root / f"swerl-sbx-{live.pid}-1-abc123"  # the live pid with another start time: dead
 
         recycled.mkdir()
-        provider = LocalSandboxProvider(sys.executable, root_dir=root, workspace_quota=quota)
+        provider = local_provider(root_dir=root, workspace_quota=quota)
 
         async def body() -> None:
             sandbox = await provider.start(env_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from swerl.rollout.environments import (
 )
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
-from swerl.sandbox.pool import SandboxPool
+from tests.sandbox_helpers import local_provider, pool_around
 
 PATCH = (
     "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
@@ -41,7 +40,7 @@ def sandboxes(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def local(sandboxes: Path) -> LocalSandboxProvider:
-    return LocalSandboxProvider(sys.executable, max_processes=64, root_dir=sandboxes)
+    return local_provider(max_processes=64, root_dir=sandboxes)
 
 
 def leftovers(root: Path) -> list[str]:
@@ -55,7 +54,7 @@ def test_concurrency_limit_waits_for_a_close(
     local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
 ) -> None:
     async def body() -> None:
-        async with SandboxPool(local, max_concurrent=2) as pool:
+        async with pool_around(local, max_concurrent=2) as pool:
             assert isinstance(pool, SandboxProvider)
             first, second = await pool.start(env_dir), await pool.start(env_dir)
             third = asyncio.ensure_future(pool.start(env_dir))
@@ -74,17 +73,15 @@ def test_concurrency_limit_waits_for_a_close(
 
 def test_start_failures_retried_by_cause(local: LocalSandboxProvider, env_dir: Path, sandboxes: Path) -> None:
     async def body() -> None:
-        broken = LocalSandboxProvider(
-            sys.executable, root_dir=sandboxes, bwrap="no-such-bwrap", runtime="bubblewrap"
-        )
-        async with SandboxPool(broken, start_retries=2, retry_backoff_s=0.01) as pool:
+        broken = local_provider(root_dir=sandboxes, bwrap="no-such-bwrap", runtime="bubblewrap")
+        async with pool_around(broken, start_retries=2, retry_backoff_s=0.01) as pool:
             with pytest.raises(InfraError) as info:
                 await pool.start(env_dir)
             assert info.value.cause == "start_failed"
             assert pool.counters["start_error.start_failed"] == 3
             assert pool.counters["start_retry.start_failed"] == 2
             assert pool.in_use == 0 and pool._slots == 0
-        async with SandboxPool(local, start_retries=2, retry_backoff_s=0.01) as pool:
+        async with pool_around(local, start_retries=2, retry_backoff_s=0.01) as pool:
             # image_missing is not in retry_causes: one try only.
             with pytest.raises(InfraError) as info:
                 await pool.start(env_dir / "missing")
@@ -99,7 +96,7 @@ def test_start_timeout_and_the_late_sandbox_is_closed(
     local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
 ) -> None:
     async def body() -> None:
-        async with SandboxPool(local, start_timeout_s=0.001, start_retries=1, retry_backoff_s=0.0) as pool:
+        async with pool_around(local, start_timeout_s=0.001, start_retries=1, retry_backoff_s=0.0) as pool:
             with pytest.raises(InfraError) as info:
                 await pool.start(env_dir)
             assert info.value.cause == "start_timeout"
@@ -115,7 +112,7 @@ def test_warm_pool_hands_out_ready_sandboxes_and_refills(
     local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
 ) -> None:
     async def body() -> None:
-        async with SandboxPool(local, max_concurrent=4, warm_size=2) as pool:
+        async with pool_around(local, max_concurrent=4, warm_size=2) as pool:
             pool.keep_warm(env_dir, PATCH)
             await pool.wait_warm(60)
             assert pool.warm_ready(env_dir, PATCH) == 2
@@ -146,7 +143,7 @@ def test_warm_ahead_serves_one_group_then_forgets(
     attempts take them as they start; one that came before they were ready went cold and a spare is closed."""
 
     async def body() -> None:
-        async with SandboxPool(local, max_concurrent=8) as pool:
+        async with pool_around(local, max_concurrent=8) as pool:
             pool.warm_ahead(env_dir, PATCH, 3)
             pool.warm_ahead(env_dir, PATCH, 0)  # nothing
             early = await pool.start(env_dir, PATCH)  # before any is ready: cold, and one fewer is wanted
@@ -174,7 +171,7 @@ def test_warm_ahead_serves_one_group_then_forgets(
 
 def test_sandbox_seconds_and_cost(local: LocalSandboxProvider, env_dir: Path) -> None:
     async def body() -> None:
-        async with SandboxPool(local, price_per_sandbox_hour=3.6) as pool:
+        async with pool_around(local, price_per_sandbox_hour=3.6) as pool:
             sandbox = await pool.start(env_dir)
             await sandbox.exec("sleep 0.3", 10)
             await sandbox.close()
@@ -228,7 +225,7 @@ def test_a_waiter_cancelled_after_a_release_does_not_strand_the_next(
     local: LocalSandboxProvider, env_dir: Path
 ) -> None:
     async def body() -> None:
-        async with SandboxPool(local, max_concurrent=1) as pool:
+        async with pool_around(local, max_concurrent=1) as pool:
             holder = await pool.start(env_dir)
             first = asyncio.ensure_future(pool.start(env_dir))
             second = asyncio.ensure_future(pool.start(env_dir))
@@ -246,11 +243,11 @@ def test_a_waiter_cancelled_after_a_release_does_not_strand_the_next(
 def test_a_pool_that_owns_its_provider_releases_it(env_dir: Path, sandboxes: Path) -> None:
     """owns_provider (what the stages' pools set): closing the pool ends what the provider itself holds (the
     supervisor's zygote, its mount point), and the provider still serves a later pool."""
-    provider = LocalSandboxProvider(sys.executable, max_processes=64, root_dir=sandboxes)
+    provider = local_provider(max_processes=64, root_dir=sandboxes)
     zygotes: list[int] = []
 
     async def body() -> None:
-        async with SandboxPool(provider, owns_provider=True) as pool:
+        async with pool_around(provider, owns_provider=True) as pool:
             sandbox = await pool.start(env_dir)
             assert (await sandbox.exec("echo hi", 10)).output == "hi\n"
             launcher = provider._launcher  # the supervisor's (as root); None under bubblewrap

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from swerl.data.repos import builtin_repo, builtin_repo_names, directory_repo, t
 from swerl.data.synth import problem_statement, sample_candidates, summarize, synthesize_repo
 from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.sandbox import LocalSandboxProvider
+from tests.sandbox_helpers import local_provider
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,13 +70,15 @@ def test_environment_references(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def provider() -> LocalSandboxProvider:
-    return LocalSandboxProvider(sys.executable)
+    return local_provider()
 
 
 def synth(spec, provider, **kw):
+    # clean_runs and the bugged-suite timeout: the values these tests were written against (CurateConfig's).
     args = dict(
-        modifiers=list(MODIFIERS), max_candidates=7, max_tasks=100, seed=0, workers=2, test_timeout_s=60
-    )
+        modifiers=list(MODIFIERS), max_candidates=7, max_tasks=100, seed=0, workers=2, test_timeout_s=60,
+        clean_runs=2, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
+    )  # fmt: skip
     return asyncio.run(synthesize_repo(spec, provider, **(args | kw)))
 
 

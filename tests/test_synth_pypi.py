@@ -13,7 +13,7 @@ import pytest
 from swerl.data.bugs import MODIFIERS
 from swerl.data.repos import directory_repo
 from swerl.data.synth import synthesize_repo
-from swerl.sandbox import LocalSandboxProvider
+from tests.sandbox_helpers import local_provider
 
 PACKAGE, VERSION = "toolz", "1.0.0"
 CACHE = Path.home() / ".cache" / "swerl-test-sdists"
@@ -37,7 +37,7 @@ def test_synthesize_from_a_real_pypi_project(tmp_path: Path):
     with tarfile.open(sdist()) as tar:
         tar.extractall(tmp_path, filter="data")
     spec = directory_repo(tmp_path / f"{PACKAGE}-{VERSION}")
-    provider = LocalSandboxProvider(sys.executable)
+    provider = local_provider()
     tasks, report = asyncio.run(
         synthesize_repo(
             spec,
@@ -49,6 +49,8 @@ def test_synthesize_from_a_real_pypi_project(tmp_path: Path):
             workers=2,
             test_timeout_s=120,
             clean_runs=1,
+            bugged_timeout_factor=5.0,
+            min_bugged_timeout_s=10.0,
         )  # fmt: skip
     )
     assert report.skipped is None and report.clean_passing >= 100

@@ -20,7 +20,6 @@ import logging
 import random
 import re
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.oracle import OracleSkip, solve_task
 from swerl.agent.traces import oracle_rows, trace_to_example, write_traces
+from swerl.config import SandboxLimits
 from swerl.data.repos import builtin_repo, builtin_repo_names
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
@@ -41,6 +41,7 @@ from swerl.errors import InfraError
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.sandbox import LocalSandboxProvider
+from swerl.stages.common import sandbox_provider
 from swerl.stages.curate import split_by_repo
 from swerl.train.sft import StepMetrics, train_sft
 from swerl.trajectory import Trajectory
@@ -57,7 +58,9 @@ SHORT_TEST_COMMAND = "python -m pytest -q -x --tb=short 2>&1 | tail -n 8"
 
 
 def provider() -> LocalSandboxProvider:
-    return LocalSandboxProvider(sys.executable, git_baseline=True)
+    made = sandbox_provider(SandboxLimits(), git_baseline=True)
+    assert isinstance(made, LocalSandboxProvider)
+    return made
 
 
 def short_statement(statement: str) -> str:
@@ -106,6 +109,8 @@ async def synthesize(args: argparse.Namespace) -> tuple[list[TaskInstance], dict
             workers=2,
             test_timeout_s=60,
             clean_runs=1,
+            bugged_timeout_factor=5.0,
+            min_bugged_timeout_s=10.0,
         )
         log.info("synth %s: %s valid in %.0fs", name, report.valid, report.duration_s)
         tasks += repo_tasks
@@ -171,8 +176,9 @@ async def oracle_traces(
             rng = random.Random(f"{args.seed}:{task.instance_id}:{k}")
             try:
                 trace = await solve_task(
-                    task, sandboxes, limits, rng, recovery=k > 0, test_command=args.test_command
-                )
+                    task, sandboxes, limits, rng, recovery=k > 0, context_lines=3, view_whole_file_lines=0,
+                    view_function_lines=0, test_command=args.test_command,
+                )  # fmt: skip
             except OracleSkip as exc:
                 outcomes[f"skipped:{exc.reason}"] += 1
                 return None
@@ -375,7 +381,7 @@ async def episodes(
     gate = asyncio.Semaphore(args.episode_concurrency)
     async with LocalEngine(
         model_dir, max_batch_size=args.episode_concurrency, max_context_tokens=limits.max_trajectory_tokens,
-        seed=args.seed, intra_op_threads=1,
+        seed=args.seed, intra_op_threads=1, prefix_cache_size=0,
     ) as engine:  # fmt: skip
 
         async def one(task: TaskInstance, sampling: SamplingParams, attempt: int) -> Trajectory:
@@ -509,6 +515,7 @@ def main() -> None:
         max_observation_chars=2000,
         test_timeout_s=60,
         episode_timeout_s=600,
+        max_malformed_calls=1_000_000,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     result_path = args.out / "result.json"

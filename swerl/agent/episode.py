@@ -41,17 +41,18 @@ from swerl.trajectory import EpisodeStatus, PhaseTimings, Trajectory
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """Every cap of an episode (logged by the caller at start)."""
+    """Every cap of an episode (logged by the caller at start); swerl.stages.common.episode_limits fills it from
+    AgentConfig, which holds the defaults."""
 
-    max_turns: int = 30
-    max_trajectory_tokens: int = 8192
-    max_new_tokens_per_turn: int = 512
-    command_timeout_s: float = 30.0
-    max_observation_chars: int = 4000
-    test_timeout_s: float = 120.0
-    episode_timeout_s: float = 1800.0
+    max_turns: int
+    max_trajectory_tokens: int
+    max_new_tokens_per_turn: int
+    command_timeout_s: float
+    max_observation_chars: int
+    test_timeout_s: float
+    episode_timeout_s: float
     """Wall clock for the agent's turns (sandbox start and grading excluded)."""
-    max_malformed_calls: int = 1_000_000
+    max_malformed_calls: int
     """Consecutive malformed tool calls before the episode ends with status malformed."""
 
     def __post_init__(self) -> None:
@@ -224,6 +225,16 @@ def _assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """How an episode ended: its status, and the grade (reward, patch) or the infrastructure error."""
+
+    status: EpisodeStatus | None
+    reward: float | None = None
+    patch: str = ""
+    infra: InfraError | None = None
+
+
 async def run_episode(
     task: TaskInstance,
     engine: Engine,
@@ -240,10 +251,21 @@ async def run_episode(
     """Run one episode of `task` with the policy behind `engine`; never raises for sandbox or engine failures."""
     started = time.monotonic()
     episode = _Episode(tokenizer, engine, limits, sampling, initial_messages(task), rid)
-    status: EpisodeStatus | None = None
-    reward: float | None = None
-    patch = ""
-    infra: InfraError | None = None
+    outcome = await _sandboxed_episode(episode, task, sandbox_provider, limits, python, started)
+    episode.close()
+    episode.timings.total_s = time.monotonic() - started
+    return _trajectory(task, episode, outcome, attempt, group_id)
+
+
+async def _sandboxed_episode(
+    episode: _Episode,
+    task: TaskInstance,
+    sandbox_provider: SandboxProvider,
+    limits: EpisodeLimits,
+    python: str,
+    started: float,
+) -> _Outcome:
+    """Start the task's sandbox, run the agent's turns in it, grade it, close it; an InfraError is the outcome."""
     sandbox: Sandbox | None = None
     try:
         env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
@@ -252,37 +274,48 @@ async def run_episode(
         sandbox = await sandbox_provider.start(env_dir, setup_patch)
         episode.timings.sandbox_start_s = time.monotonic() - sandbox_requested
         tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars)
-        try:
-            async with asyncio.timeout(limits.episode_timeout_s) as deadline:
-                await episode.run(tools)
-        except Submitted:
-            pass
-        except LimitsExceeded as exc:
-            status = exc.status
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            status = EpisodeStatus.TIMEOUT
+        status = await _agent_turns(episode, tools, limits.episode_timeout_s)
+        # Every ending but an infrastructure error is graded, caps included (on the pristine tests).
         tests_started = time.monotonic()
         graded = await grade(sandbox, task, limits.test_timeout_s, python)
         episode.timings.tests_s = time.monotonic() - tests_started
-        reward, patch = graded.reward, graded.patch
         if status is None:
             status = EpisodeStatus.RESOLVED if graded.reward == 1.0 else EpisodeStatus.UNRESOLVED
+        return _Outcome(status, graded.reward, graded.patch)
     except InfraError as exc:
-        infra, status, reward = exc, EpisodeStatus.INFRA_ERROR, None
+        return _Outcome(EpisodeStatus.INFRA_ERROR, infra=exc)
     finally:
         if sandbox is not None:
             await sandbox.close()
             episode.timings.sandbox_s = time.monotonic() - sandbox_requested
-    episode.close()
-    episode.timings.total_s = time.monotonic() - started
+
+
+async def _agent_turns(episode: _Episode, tools: Tools, timeout_s: float) -> EpisodeStatus | None:
+    """The agent's turns under the episode's wall clock; the status of the cap that ended them (None: submit)."""
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            await episode.run(tools)
+    except Submitted:
+        return None
+    except LimitsExceeded as exc:
+        return exc.status
+    except TimeoutError:
+        if not deadline.expired():  # raised inside the turns, not by the episode's wall clock
+            raise
+        return EpisodeStatus.TIMEOUT
+    return None
+
+
+def _trajectory(
+    task: TaskInstance, episode: _Episode, outcome: _Outcome, attempt: int, group_id: str
+) -> Trajectory:
+    infra = outcome.infra
     return Trajectory(
         task_id=task.instance_id,
         attempt=attempt,
         group_id=group_id,
-        status=status,
-        reward=reward,
+        status=outcome.status,
+        reward=outcome.reward,
         prompt_tokens=episode.prompt_tokens,
         token_ids=episode.token_ids,
         loss_mask=episode.loss_mask,
@@ -293,6 +326,6 @@ async def run_episode(
         timings=episode.timings,
         infra_cause=infra.cause if infra else None,
         infra_message=infra.message if infra else None,
-        patch=patch,
+        patch=outcome.patch,
         messages=episode.messages,
     )

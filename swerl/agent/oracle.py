@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import random
 import re
 import shlex
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from swerl.agent.tools import Tools
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.model.toolcall import ToolCall, format_tool_call
-from swerl.sandbox.base import SandboxProvider
+from swerl.sandbox.base import Sandbox, SandboxProvider
 
 TEST_COMMAND = "python -m pytest -q -x --tb=short 2>&1 | tail -n 15"
 """What the oracle runs to see failures: stop at the first one, short traceback, last lines only."""
@@ -118,19 +119,17 @@ async def solve_task(
     limits: EpisodeLimits,
     rng: random.Random,
     recovery: bool,
-    context_lines: int = 3,
+    *,
+    context_lines: int,
+    view_whole_file_lines: int,
+    view_function_lines: int,
+    test_command: str | None,
     python: str = "python",
-    test_command: str | None = None,
-    view_whole_file_lines: int = 0,
-    view_function_lines: int = 0,
 ) -> OracleTrace:
     """Solve one task in a fresh sandbox; raises OracleSkip (with a reason) when no valid trace results.
 
-    test_command defaults to the task's own `test_cmd` (else TEST_COMMAND). A file of at most
-    view_function_lines > 0 views the function holding the bug, when the problem statement names it (a failing
-    test called after it): `grep -n -A N 'def NAME(' FILE`, N = view_function_lines - 1. Otherwise a file of at most
-    view_whole_file_lines lines is viewed whole (`cat -n FILE`): every line number the edit copies is then on
-    screen, whatever the failure output shows.
+    test_command None is the task's own `test_cmd` (else TEST_COMMAND). How the buggy file is viewed: see
+    _view_command.
     """
     test_command = test_command or task.test_cmd or TEST_COMMAND
     sandbox = await start_task_sandbox(provider, task)
@@ -138,33 +137,11 @@ async def solve_task(
         session = _Session(task, Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars))
         if not tests_fail(await session.act("bash", {"command": test_command})):
             raise OracleSkip("tests_pass_at_start")
-        try:
-            first_file = _first_file(task.patch)
-            plan = plan_fix(task.patch, task.patch_kind == "bug", await sandbox.read_file(first_file))
-        except NoFixPlan as exc:
-            raise OracleSkip(exc.reason) from None
-        except FileNotFoundError:
-            raise OracleSkip("file_missing") from None
+        plan = await _fix_plan(task, sandbox)
         source = await sandbox.read_file(plan.file)
-        function = enclosing_function(source, plan.line) if view_function_lines > 0 else None
-        # Named in the statement: a failing test called after it (`test_NAME_1`) counts.
-        if function is not None and function in task.problem_statement:
-            command = f"grep -n -A {view_function_lines - 1} 'def {function}(' {shlex.quote(plan.file)}"
-            await session.act("bash", {"command": command})
-        elif len(source.splitlines()) <= view_whole_file_lines:
-            await session.act("bash", {"command": f"cat -n {shlex.quote(plan.file)}"})
-        else:
-            await session.act("bash", {"command": plan.view_command(context_lines)})
-        did_recover = False
-        if recovery:
-            candidates = wrong_edits(await sandbox.read_file(plan.file), plan, context_lines)
-            if candidates:
-                line, old, new = rng.choice(candidates)
-                await session.act("bash", {"command": sed_substitution(line, old, new, plan.file)})
-                if not tests_fail(await session.act("bash", {"command": test_command})):
-                    raise OracleSkip("wrong_edit_passes")
-                await session.act("bash", {"command": sed_substitution(line, new, old, plan.file)})
-                did_recover = True
+        view = _view_command(task, plan, source, context_lines, view_whole_file_lines, view_function_lines)
+        await session.act("bash", {"command": view})
+        did_recover = recovery and await _wrong_edit_undone(session, plan, rng, context_lines, test_command)
         await _apply_fix(session, plan)
         if tests_fail(await session.act("bash", {"command": test_command})):
             raise OracleSkip("retest_fails")
@@ -175,6 +152,59 @@ async def solve_task(
         return OracleTrace(task.instance_id, session.messages, plan.kind, did_recover, task.modifier)
     finally:
         await sandbox.close()
+
+
+async def _fix_plan(task: TaskInstance, sandbox: Sandbox) -> FixPlan:
+    """The edit that undoes the task's bug, read against the file as the sandbox holds it."""
+    try:
+        first_file = _first_file(task.patch)
+        return plan_fix(task.patch, task.patch_kind == "bug", await sandbox.read_file(first_file))
+    except NoFixPlan as exc:
+        raise OracleSkip(exc.reason) from None
+    except FileNotFoundError:
+        raise OracleSkip("file_missing") from None
+
+
+def _view_command(
+    task: TaskInstance,
+    plan: FixPlan,
+    source: str,
+    context_lines: int,
+    view_whole_file_lines: int,
+    view_function_lines: int,
+) -> str:
+    """The command the oracle views the buggy file with.
+
+    With view_function_lines > 0, the function holding the bug when the problem statement names it (a failing
+    test called after it): `grep -n -A N 'def NAME(' FILE`, N = view_function_lines - 1. Otherwise a file of at
+    most view_whole_file_lines lines whole (`cat -n FILE`): every line number the edit copies is then on screen,
+    whatever the failure output shows. Otherwise context_lines around the bug.
+    """
+    function = enclosing_function(source, plan.line) if view_function_lines > 0 else None
+    # Named in the statement: a failing test called after it (`test_NAME_1`) counts.
+    if function is not None and function in task.problem_statement:
+        return f"grep -n -A {view_function_lines - 1} 'def {function}(' {shlex.quote(plan.file)}"
+    if len(source.splitlines()) <= view_whole_file_lines:
+        return f"cat -n {shlex.quote(plan.file)}"
+    return plan.view_command(context_lines)
+
+
+async def _wrong_edit_undone(
+    session: _Session, plan: FixPlan, rng: random.Random, context_lines: int, test_command: str
+) -> bool:
+    """Make a plausible wrong edit, see the retest fail, undo it; False when the bug has no plausible wrong edit.
+
+    Raises OracleSkip("wrong_edit_passes") when the wrong edit passes (the task is then redone without one).
+    """
+    candidates = wrong_edits(await session.tools.sandbox.read_file(plan.file), plan, context_lines)
+    if not candidates:
+        return False
+    line, old, new = rng.choice(candidates)
+    await session.act("bash", {"command": sed_substitution(line, old, new, plan.file)})
+    if not tests_fail(await session.act("bash", {"command": test_command})):
+        raise OracleSkip("wrong_edit_passes")
+    await session.act("bash", {"command": sed_substitution(line, new, old, plan.file)})
+    return True
 
 
 def enclosing_function(source: str, line: int) -> str | None:
@@ -205,14 +235,14 @@ async def generate_oracle_traces(
     provider: SandboxProvider,
     limits: EpisodeLimits,
     *,
-    recovery_prob: float = 0.0,
+    recovery_prob: float,
+    workers: int,
+    context_lines: int,
+    view_whole_file_lines: int,
+    view_function_lines: int,
+    test_command: str | None,
     seed: int = 0,
-    workers: int = 2,
-    context_lines: int = 3,
     python: str = "python",
-    test_command: str | None = None,
-    view_whole_file_lines: int = 0,
-    view_function_lines: int = 0,
 ) -> tuple[list[OracleTrace], OracleReport]:
     """Traces for every task the oracle solves (in task order), and counts of what it skipped and why.
 
@@ -221,38 +251,22 @@ async def generate_oracle_traces(
     """
     if not 0.0 <= recovery_prob <= 1.0:
         raise ValueError(f"recovery_prob must be in [0, 1], got {recovery_prob}")
+    solve = functools.partial(
+        solve_task, provider=provider, limits=limits, context_lines=context_lines,
+        view_whole_file_lines=view_whole_file_lines, view_function_lines=view_function_lines,
+        test_command=test_command, python=python,
+    )  # fmt: skip
     gate = asyncio.Semaphore(workers)
-    report = OracleReport(attempted=len(tasks))
 
     async def one(task: TaskInstance) -> OracleTrace | str:
-        rng = random.Random(f"{seed}:{task.instance_id}")
+        rng = _task_rng(seed, task)
         recovery = rng.random() < recovery_prob
         async with gate:
-            for attempt_recovery in (recovery, False) if recovery else (False,):
-                try:
-                    return await solve_task(
-                        task,
-                        provider,
-                        limits,
-                        rng,
-                        attempt_recovery,
-                        context_lines,
-                        python,
-                        test_command,
-                        view_whole_file_lines,
-                        view_function_lines,
-                    )
-                except OracleSkip as exc:
-                    if exc.reason != "wrong_edit_passes":
-                        return exc.reason
-                except InfraError as exc:
-                    return f"infra_error:{exc.cause}"
-        return "wrong_edit_passes"
+            return await _trace_or_skip_reason(solve, task, rng, recovery)
 
-    report.recovery_drawn = sum(
-        random.Random(f"{seed}:{task.instance_id}").random() < recovery_prob for task in tasks
-    )
     outcomes = await asyncio.gather(*(one(task) for task in tasks))
+    report = OracleReport(attempted=len(tasks))
+    report.recovery_drawn = sum(_task_rng(seed, task).random() < recovery_prob for task in tasks)
     traces: list[OracleTrace] = []
     for task, outcome in zip(tasks, outcomes, strict=True):
         if isinstance(outcome, str):
@@ -264,3 +278,23 @@ async def generate_oracle_traces(
             report.recovery_traces += outcome.recovery
             report.count(task.modifier, "traced")
     return traces, report
+
+
+def _task_rng(seed: int, task: TaskInstance) -> random.Random:
+    """The task's own generator: its first draw decides recovery, later ones the wrong edit."""
+    return random.Random(f"{seed}:{task.instance_id}")
+
+
+async def _trace_or_skip_reason(
+    solve: Callable[..., Awaitable[OracleTrace]], task: TaskInstance, rng: random.Random, recovery: bool
+) -> OracleTrace | str:
+    """The task's trace, or the reason there is none; a recovery whose wrong edit passed is redone directly."""
+    for attempt_recovery in (True, False) if recovery else (False,):
+        try:
+            return await solve(task, rng=rng, recovery=attempt_recovery)
+        except OracleSkip as exc:
+            if exc.reason != "wrong_edit_passes":
+                return exc.reason
+        except InfraError as exc:
+            return f"infra_error:{exc.cause}"
+    return "wrong_edit_passes"

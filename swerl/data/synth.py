@@ -21,7 +21,7 @@ from swerl.data.repos import RepoSpec, has_tests, source_files, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus, passing, run_tests, split_fail_pass
 from swerl.errors import InfraError
-from swerl.sandbox.base import SandboxProvider
+from swerl.sandbox.base import ExecResult, SandboxProvider
 
 SOURCE = "swerl-synth"
 
@@ -121,9 +121,9 @@ async def synthesize_repo(
     seed: int,
     workers: int,
     test_timeout_s: float,
-    clean_runs: int = 2,
-    bugged_timeout_factor: float = 5.0,
-    min_bugged_timeout_s: float = 10.0,
+    clean_runs: int,
+    bugged_timeout_factor: float,
+    min_bugged_timeout_s: float,
     python: str = "python",
     pytest_args: Sequence[str] = (),
     gate: asyncio.Semaphore | None = None,
@@ -137,30 +137,93 @@ async def synthesize_repo(
     given, bounds every sandbox of this call, clean runs included (share one across concurrent repositories);
     otherwise `workers` candidate sandboxes run at once. `shuffle_modifiers`: see sample_candidates.
     """
-    unknown = sorted(set(modifiers) - set(MODIFIERS))
-    if unknown:
-        raise ValueError(f"unknown bug modifiers {unknown}; known: {sorted(MODIFIERS)}")
-    if workers < 1 or clean_runs < 1:
-        raise ValueError(f"workers ({workers}) and clean_runs ({clean_runs}) must be >= 1")
+    _check_arguments(modifiers, workers, clean_runs)
     loop = asyncio.get_running_loop()
     started = loop.time()
     report = RepoReport(name=spec.name)
     if not has_tests(spec.path):
         report.skipped = "no_tests"
         return [], report
+    suite = _Suite(
+        spec, provider, gate if gate is not None else asyncio.Semaphore(workers), python, pytest_args
+    )
 
-    gate = gate if gate is not None else asyncio.Semaphore(workers)
-    clean: list[dict[str, TestOutcome]] = []
-    slowest_clean_s = 0.0
-    for _ in range(clean_runs):
-        async with gate:
-            sandbox = await provider.start(spec.path)
+    # The clean suite, clean_runs times: a test that does not pass in every run never becomes F2P or P2P.
+    clean, slowest_clean_s = await _clean_runs(suite, clean_runs, test_timeout_s, report)
+    if report.skipped:
+        report.duration_s = loop.time() - started
+        return [], report
+    bugged_timeout_s = min(test_timeout_s, max(min_bugged_timeout_s, bugged_timeout_factor * slowest_clean_s))
+    report.bugged_timeout_s = bugged_timeout_s
+    report.clean_tests = len(clean[0])
+    report.clean_passing = len(set.intersection(*(passing(c) for c in clean)))
+
+    # Then each sampled bug in a fresh sandbox, under a timeout scaled from the clean runs.
+    base_commit = tree_hash(spec.path)
+    sampled = _sample_bugs(spec, modifiers, max_candidates, seed, shuffle_modifiers, report)
+    validated = await asyncio.gather(
+        *(_validate(suite, candidate, clean, bugged_timeout_s, base_commit) for candidate in sampled)
+    )
+    tasks = _keep(validated, max_tasks, report)
+    report.duration_s = loop.time() - started
+    return tasks, report
+
+
+def _check_arguments(modifiers: Sequence[str], workers: int, clean_runs: int) -> None:
+    unknown = sorted(set(modifiers) - set(MODIFIERS))
+    if unknown:
+        raise ValueError(f"unknown bug modifiers {unknown}; known: {sorted(MODIFIERS)}")
+    if workers < 1 or clean_runs < 1:
+        raise ValueError(f"workers ({workers}) and clean_runs ({clean_runs}) must be >= 1")
+
+
+def _keep(validated: Sequence[TaskInstance | str], max_tasks: int, report: RepoReport) -> list[TaskInstance]:
+    """The first max_tasks valid tasks; every rejection (and every task past max_tasks) counted in the report."""
+    tasks: list[TaskInstance] = []
+    for outcome in validated:
+        if isinstance(outcome, str):
+            report.rejections[outcome] += 1
+        elif len(tasks) >= max_tasks:
+            report.rejections["over_max_tasks"] += 1
+        else:
+            tasks.append(outcome)
+    report.valid = dict(Counter(t.modifier or "" for t in tasks))
+    return tasks
+
+
+@dataclass(frozen=True)
+class _Suite:
+    """How one repository's test suite is run: in a fresh sandbox per run, at most `gate` at once."""
+
+    spec: RepoSpec
+    provider: SandboxProvider
+    gate: asyncio.Semaphore
+    python: str
+    pytest_args: Sequence[str]
+
+    async def run(
+        self, timeout_s: float, patch: str | None = None
+    ) -> tuple[ExecResult, dict[str, TestOutcome]]:
+        """One run of the suite, with `patch` applied first when given."""
+        path = self.spec.path
+        async with self.gate:
+            sandbox = await (self.provider.start(path) if patch is None else self.provider.start(path, patch))
             try:
-                result, outcomes = await run_tests(
-                    sandbox, test_timeout_s, spec.test_cmd, python, extra_args=pytest_args
+                return await run_tests(
+                    sandbox, timeout_s, self.spec.test_cmd, self.python, extra_args=self.pytest_args
                 )
             finally:
                 await sandbox.close()
+
+
+async def _clean_runs(
+    suite: _Suite, clean_runs: int, test_timeout_s: float, report: RepoReport
+) -> tuple[list[dict[str, TestOutcome]], float]:
+    """Outcomes of each clean run and the slowest one's seconds; sets report.skipped at the first bad run."""
+    clean: list[dict[str, TestOutcome]] = []
+    slowest_clean_s = 0.0
+    for _ in range(clean_runs):
+        result, outcomes = await suite.run(test_timeout_s)
         if result.timed_out:
             report.skipped = "clean_suite_timeout"
         elif not outcomes:
@@ -168,16 +231,21 @@ async def synthesize_repo(
         elif len(passing(outcomes)) < len(outcomes) - _not_run(outcomes):
             report.skipped = "clean_suite_fails"
         if report.skipped:
-            report.duration_s = loop.time() - started
-            return [], report
+            break
         clean.append(outcomes)
         slowest_clean_s = max(slowest_clean_s, result.duration_s)
-    bugged_timeout_s = min(test_timeout_s, max(min_bugged_timeout_s, bugged_timeout_factor * slowest_clean_s))
-    report.bugged_timeout_s = bugged_timeout_s
-    report.clean_tests = len(clean[0])
-    report.clean_passing = len(set.intersection(*(passing(c) for c in clean)))
+    return clean, slowest_clean_s
 
-    base_commit = tree_hash(spec.path)
+
+def _sample_bugs(
+    spec: RepoSpec,
+    modifiers: Sequence[str],
+    max_candidates: int,
+    seed: int,
+    shuffle_modifiers: bool,
+    report: RepoReport,
+) -> list[BugCandidate]:
+    """Every bug site of every modifier in the repository's sources, sampled down to max_candidates."""
     by_modifier: dict[str, list[BugCandidate]] = {m: [] for m in modifiers}
     for rel in source_files(spec.path):
         text = (spec.path / rel).read_text(encoding="utf-8", errors="surrogateescape")
@@ -190,55 +258,45 @@ async def synthesize_repo(
     report.sites = {m: len(c) for m, c in by_modifier.items()}
     sampled = sample_candidates(by_modifier, max_candidates, seed, spec.name, shuffle_modifiers)
     report.candidates = dict(Counter(c.modifier for c in sampled))
+    return sampled
 
-    async def validate(candidate: BugCandidate) -> TaskInstance | str:
-        async with gate:
-            try:
-                sandbox = await provider.start(spec.path, candidate.bug_patch)
-                try:
-                    result, bugged = await run_tests(
-                        sandbox, bugged_timeout_s, spec.test_cmd, python, extra_args=pytest_args
-                    )
-                finally:
-                    await sandbox.close()
-            except InfraError as exc:
-                # One broken sandbox costs one candidate, counted by cause, not the whole repository.
-                return f"infra_error:{exc.cause}"
-        if result.timed_out:
-            return "bugged_suite_timeout"
-        fail_to_pass, pass_to_pass = split_fail_pass(clean, bugged)
-        if not fail_to_pass:
-            return "no_fail_to_pass"
-        if not pass_to_pass:
-            return "no_pass_to_pass"
-        failing = {t: bugged.get(t, TestOutcome(TestStatus.ERROR)) for t in fail_to_pass}
-        return TaskInstance(
-            instance_id=_instance_id(spec.name, base_commit, candidate),
-            repo=spec.repo,
-            base_commit=base_commit,
-            problem_statement=problem_statement(spec.repo, failing, len(fail_to_pass)),
-            patch=candidate.bug_patch,
-            patch_kind="bug",
-            FAIL_TO_PASS=fail_to_pass,
-            PASS_TO_PASS=pass_to_pass,
-            image=spec.image,
-            test_cmd=spec.test_cmd,
-            source=SOURCE,
-            modifier=candidate.modifier,
-        )
 
-    validated = await asyncio.gather(*(validate(c) for c in sampled))
-    tasks: list[TaskInstance] = []
-    for outcome in validated:
-        if isinstance(outcome, str):
-            report.rejections[outcome] += 1
-        elif len(tasks) >= max_tasks:
-            report.rejections["over_max_tasks"] += 1
-        else:
-            tasks.append(outcome)
-    report.valid = dict(Counter(t.modifier or "" for t in tasks))
-    report.duration_s = loop.time() - started
-    return tasks, report
+async def _validate(
+    suite: _Suite,
+    candidate: BugCandidate,
+    clean: list[dict[str, TestOutcome]],
+    bugged_timeout_s: float,
+    base_commit: str,
+) -> TaskInstance | str:
+    """The task a bug candidate makes, or the reason it makes none."""
+    try:
+        result, bugged = await suite.run(bugged_timeout_s, candidate.bug_patch)
+    except InfraError as exc:
+        # One broken sandbox costs one candidate, counted by cause, not the whole repository.
+        return f"infra_error:{exc.cause}"
+    if result.timed_out:
+        return "bugged_suite_timeout"
+    fail_to_pass, pass_to_pass = split_fail_pass(clean, bugged)
+    if not fail_to_pass:
+        return "no_fail_to_pass"
+    if not pass_to_pass:
+        return "no_pass_to_pass"
+    spec = suite.spec
+    failing = {t: bugged.get(t, TestOutcome(TestStatus.ERROR)) for t in fail_to_pass}
+    return TaskInstance(
+        instance_id=_instance_id(spec.name, base_commit, candidate),
+        repo=spec.repo,
+        base_commit=base_commit,
+        problem_statement=problem_statement(spec.repo, failing, len(fail_to_pass)),
+        patch=candidate.bug_patch,
+        patch_kind="bug",
+        FAIL_TO_PASS=fail_to_pass,
+        PASS_TO_PASS=pass_to_pass,
+        image=spec.image,
+        test_cmd=spec.test_cmd,
+        source=SOURCE,
+        modifier=candidate.modifier,
+    )
 
 
 def merge_reports(name: str, reports: Sequence[RepoReport]) -> RepoReport:

@@ -37,6 +37,8 @@ PauseMode = Literal["abort", "retract", "in_place"]
 class EngineClient:
     """One engine server behind the Engine protocol, over a keep-alive connection pool of `pool_size`.
 
+    swerl.engine.factory.open_engine maps EngineConfig (which holds the defaults) onto these arguments.
+
     Args:
         base_url: http://HOST:PORT of an SGLang server (or swerl's local engine server).
         pool_size: most open connections (each in-flight request holds one); size it from the concurrency.
@@ -56,13 +58,13 @@ class EngineClient:
         base_url: str,
         *,
         pool_size: int,
-        connect_timeout_s: float = 10.0,
-        request_timeout_s: float = 600.0,
-        control_timeout_s: float = 600.0,
-        health_timeout_s: float = 30.0,
-        retries: int = 0,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        control_timeout_s: float,
+        health_timeout_s: float,
+        retries: int,
         control_retries: int | None = None,
-        retry_backoff_s: float = 0.5,
+        retry_backoff_s: float,
         weight_version: int = 0,
     ) -> None:
         if pool_size < 1:

@@ -86,6 +86,8 @@ def sglang_available() -> bool:
 class EngineLauncher:
     """N engine processes, each a swerl.services.Service (own process group, health URL, log file).
 
+    swerl.engine.factory.open_engine maps EngineConfig (which holds the defaults) onto these arguments.
+
     Args:
         spec: LocalServerSpec (CPU) or SGLangSpec (GPU).
         num_engines: processes to start.
@@ -102,9 +104,9 @@ class EngineLauncher:
         num_engines: int,
         log_dir: Path,
         *,
-        host: str = "127.0.0.1",
-        base_port: int = 0,
-        startup_timeout_s: float = 600.0,
+        host: str,
+        base_port: int,
+        startup_timeout_s: float,
         stop_timeout_s: float = 30.0,
     ) -> None:
         self.spec = spec

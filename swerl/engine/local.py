@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from swerl.engine.base import (
@@ -102,19 +102,21 @@ class _Request:
 class LocalEngine:
     """An in-process CPU inference engine: continuous batching, seeded sampling, weights swapped while serving.
 
+    swerl.engine.factory.open_engine maps EngineConfig (which holds the defaults) onto these arguments.
+
     Args:
         model_path: a local Hugging Face directory with model and tokenizer.
         max_batch_size: most requests decoded together; more wait in a FIFO queue.
         max_context_tokens: prompt + output cap per request (SGLang's --context-length); at most the model's
             max_position_embeddings.
+        prefix_cache_size: most finished requests whose KV cache is kept for reuse by the next request with the
+            same rid (0: no prefix cache).
         seed: seeds every request's sampling generator (with its arrival number).
         dtype: model parameter dtype.
         return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
         weight_version: version of the weights loaded from model_path.
         intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models
             decode fastest with 1 (thread synchronisation costs more than the work, worst on a busy machine).
-        prefix_cache_size: most finished requests whose KV cache is kept for reuse by the next request with the
-            same rid (0: no prefix cache).
     """
 
     DECODE_STEPS_PER_ITERATION = 16
@@ -126,29 +128,18 @@ class LocalEngine:
         *,
         max_batch_size: int,
         max_context_tokens: int,
+        prefix_cache_size: int,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
         return_original_logprob: bool = False,
         weight_version: int = 0,
         intra_op_threads: int | None = 1,
-        prefix_cache_size: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_size < 0:
             raise ValueError(f"prefix_cache_size must be >= 0, got {prefix_cache_size}")
-        model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype)
-        config = model.config
-        positions = getattr(config, "max_position_embeddings", None)
-        if not 2 <= max_context_tokens <= (positions or max_context_tokens):
-            raise ValueError(
-                f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]"
-            )
-        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"}:
-            raise ValueError(
-                f"only full-attention models are supported, got layer types {sorted(layer_types)}"
-            )
+        model, tokenizer = _load_servable(model_path, dtype, max_context_tokens)
         self.model: PreTrainedModel = model.eval()
         self.dtype = dtype
         self.max_batch_size = max_batch_size
@@ -179,15 +170,7 @@ class LocalEngine:
         ]
         self._prefixes = collections.OrderedDict()
         self.intra_op_threads = intra_op_threads
-        # One worker thread runs every forward pass, so model steps never overlap; torch's thread count is
-        # per thread under OpenMP, so setting it there leaves the rest of the process alone.
-        self._worker = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="local-engine",
-            initializer=functools.partial(torch.set_num_threads, intra_op_threads)
-            if intra_op_threads
-            else None,
-        )
+        self._worker = _model_thread(intra_op_threads)
 
     async def __aenter__(self) -> LocalEngine:
         return self
@@ -571,6 +554,33 @@ class LocalEngine:
                 self._counters["requests_failed"] += 1
         self._waiting.clear()
         self._batch.clear()
+
+
+def _load_servable(
+    model_path: str | Path, dtype: torch.dtype, max_context_tokens: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer at model_path, refused unless the engine can serve them at max_context_tokens."""
+    model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype)
+    config = model.config
+    positions = getattr(config, "max_position_embeddings", None)
+    if not 2 <= max_context_tokens <= (positions or max_context_tokens):
+        raise ValueError(
+            f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]"
+        )
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(f"only full-attention models are supported, got layer types {sorted(layer_types)}")
+    return model, tokenizer
+
+
+def _model_thread(intra_op_threads: int | None) -> ThreadPoolExecutor:
+    """The one worker thread that runs every forward pass, so model steps never overlap; torch's thread count is
+    per thread under OpenMP, so setting it there leaves the rest of the process alone."""
+    return ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix="local-engine",
+        initializer=functools.partial(torch.set_num_threads, intra_op_threads) if intra_op_threads else None,
+    )
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> set[int]:

@@ -56,6 +56,8 @@ class EngineSlot:
 class Router:
     """Least-outstanding-requests routing with rid stickiness, health checks and versioned weight updates.
 
+    swerl.engine.factory.open_engine maps EngineConfig (which holds the defaults) onto these arguments.
+
     Args:
         clients: one EngineClient per engine server (their own retries should be 0: the router retries).
         retries: times a request that failed with an InfraError is retried on another engine.
@@ -74,12 +76,12 @@ class Router:
         self,
         clients: list[EngineClient],
         *,
-        retries: int = 2,
-        health_interval_s: float = 5.0,
-        sticky_capacity: int = 100_000,
-        sticky_max_excess: int = 64,
-        weight_update_mode: WeightUpdateMode = "pause",
-        pause_mode: Literal["retract", "in_place"] = "retract",
+        retries: int,
+        health_interval_s: float,
+        sticky_capacity: int,
+        sticky_max_excess: int,
+        weight_update_mode: WeightUpdateMode,
+        pause_mode: Literal["retract", "in_place"],
         weight_version: int = 0,
     ) -> None:
         if not clients:

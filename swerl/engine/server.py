@@ -54,6 +54,7 @@ class PauseBody(BaseModel):
 
 def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> FastAPI:
     """The FastAPI app; engine_factory() builds the LocalEngine inside the server's event loop."""
+    # Long because it only declares the routes, each a few lines on the shared state: one screen per route.
     state: dict[str, Any] = {}
 
     @asynccontextmanager

@@ -15,6 +15,35 @@ WORKSPACE = "/workspace"
 
 
 @dataclass(frozen=True)
+class SandboxResources:
+    """The limits a backend enforces on each of its sandboxes; every one is required (the config's SandboxLimits
+    holds the defaults, and swerl.stages.common.sandbox_resources maps it onto this).
+
+    Local and docker enforce them all. e2b enforces max_output_bytes and start_timeout_s; the rest is the size of
+    its template's VM.
+    """
+
+    memory_mb: int
+    """Memory per sandbox: local, each process's address space (RLIMIT_AS); docker, the container (no swap)."""
+    max_processes: int
+    """Processes and threads alive in one sandbox at once (the fork-bomb guard)."""
+    cpu_time_s: int
+    """CPU-seconds one sandboxed process may use (RLIMIT_CPU)."""
+    file_size_mb: int
+    """Largest file one sandboxed process may write (RLIMIT_FSIZE)."""
+    tmp_size_mb: int
+    """Size of the sandbox's private tmpfs /tmp."""
+    workspace_mb: int
+    """Size of the writable /workspace (a tmpfs; local only where it may mount, see workspace_quota)."""
+    max_open_files: int
+    """Open files per sandboxed process (RLIMIT_NOFILE)."""
+    max_output_bytes: int
+    """Output kept from one command (its head and tail); the rest is cut, never buffered."""
+    start_timeout_s: float
+    """Wall clock for one start: the workspace copied, the setup patch applied, the first checks run."""
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The outcome of one command: exit code, merged stdout+stderr, whether the wall clock ran out."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult
-from swerl.sandbox.images import BASE_IMAGE, ENV_SOURCE, SANDBOX_UID, build_env
+from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
+from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env
 from swerl.sandbox.process import BoundedOutput
 
 log = logging.getLogger(__name__)
@@ -164,37 +165,23 @@ class DockerSandboxProvider:
 
     def __init__(
         self,
+        resources: SandboxResources,
         *,
-        base_image: str = BASE_IMAGE,
-        cpus: float = 1.0,
-        memory_mb: int = 1024,
-        max_processes: int = 256,
-        cpu_time_s: int = 120,
-        file_size_mb: int = 256,
-        tmp_size_mb: int = 256,
-        workspace_mb: int = 1024,
-        max_open_files: int = 1024,
-        max_output_bytes: int = 1_000_000,
-        start_timeout_s: float = 60.0,
-        kill_grace_s: float = 10.0,
-        max_lifetime_s: int = 21_600,
-        api_threads: int = 256,
-        api_timeout_s: float = 120.0,
+        base_image: str,
+        cpus: float,
+        kill_grace_s: float,
+        max_lifetime_s: int,
+        api_threads: int,
+        api_timeout_s: float,
         extra_env: Mapping[str, str] | None = None,
         git_baseline: bool = False,
         docker_host: str | None = None,
     ) -> None:
+        """The backend's own arguments are DockerSandboxConfig's fields; docker_host (None: the environment's
+        DOCKER_HOST, or the default socket) and extra_env are not config."""
+        self.resources = resources
         self.base_image = base_image
         self.cpus = cpus
-        self.memory_mb = memory_mb
-        self.max_processes = max_processes
-        self.cpu_time_s = cpu_time_s
-        self.file_size_mb = file_size_mb
-        self.tmp_size_mb = tmp_size_mb
-        self.workspace_mb = workspace_mb
-        self.max_open_files = max_open_files
-        self.max_output_bytes = max_output_bytes
-        self.start_timeout_s = start_timeout_s
         self.kill_grace_s = kill_grace_s
         self.max_lifetime_s = max_lifetime_s
         self.api_threads = api_threads
@@ -213,15 +200,7 @@ class DockerSandboxProvider:
         """Every limit this provider enforces, for logging at start."""
         return {
             "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "max_processes": self.max_processes,
-            "cpu_time_s": self.cpu_time_s,
-            "file_size_mb": self.file_size_mb,
-            "tmp_size_mb": self.tmp_size_mb,
-            "workspace_mb": self.workspace_mb,
-            "max_open_files": self.max_open_files,
-            "max_output_bytes": self.max_output_bytes,
-            "start_timeout_s": self.start_timeout_s,
+            **dataclasses.asdict(self.resources),
             "max_lifetime_s": self.max_lifetime_s,
             "api_threads": self.api_threads,
         }
@@ -233,23 +212,24 @@ class DockerSandboxProvider:
         image = await self.environment_image(Path(env_dir))
         name = f"swerl-{self.id}-{secrets.token_hex(6)}"
         abandoned = threading.Event()
+        timeout_s = self.resources.start_timeout_s
         sandbox: DockerSandbox | None = None
         try:
-            async with asyncio.timeout(self.start_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 container_id = await self.call(self._create_blocking, image, name, env or {}, abandoned)
-                sandbox = DockerSandbox(self, container_id, name, self.max_output_bytes, self.kill_grace_s)
+                sandbox = DockerSandbox(
+                    self, container_id, name, self.resources.max_output_bytes, self.kill_grace_s
+                )
                 probe = await sandbox._run(
                     self._setup_script(setup_patch),
-                    self.start_timeout_s,
+                    timeout_s,
                     "/",
                     (setup_patch.encode() if setup_patch else None),
                 )
         except TimeoutError as exc:
             abandoned.set()  # a create still in flight removes its own container
             await self.remove(name)
-            raise InfraError(
-                "start_timeout", f"container did not start within {self.start_timeout_s}s"
-            ) from exc
+            raise InfraError("start_timeout", f"container did not start within {timeout_s}s") from exc
         except BaseException:
             abandoned.set()
             await asyncio.shield(self.remove(name))
@@ -257,7 +237,7 @@ class DockerSandboxProvider:
         assert sandbox is not None
         if probe.timed_out:
             await sandbox.close()
-            raise InfraError("start_timeout", f"sandbox set-up did not finish within {self.start_timeout_s}s")
+            raise InfraError("start_timeout", f"sandbox set-up did not finish within {timeout_s}s")
         if probe.exit_code != 0:
             await sandbox.close()
             if probe.exit_code == _PATCH_FAILED:
@@ -347,31 +327,9 @@ class DockerSandboxProvider:
         self, image: str, name: str, env: Mapping[str, str], abandoned: threading.Event
     ) -> str:
         import docker.errors
-        from docker.types import Ulimit
 
         api = self._docker().api
-        mib = 1024 * 1024
-        host_config = api.create_host_config(
-            network_mode="none",
-            nano_cpus=int(self.cpus * 1e9),
-            mem_limit=self.memory_mb * mib,
-            memswap_limit=self.memory_mb * mib,  # no swap: the limit is the limit
-            pids_limit=self.max_processes,
-            ulimits=[
-                Ulimit(name="nofile", soft=self.max_open_files, hard=self.max_open_files),
-                Ulimit(name="fsize", soft=self.file_size_mb * mib, hard=self.file_size_mb * mib),
-                Ulimit(name="cpu", soft=self.cpu_time_s, hard=self.cpu_time_s),
-                Ulimit(name="core", soft=0, hard=0),
-            ],
-            read_only=True,
-            tmpfs={
-                WORKSPACE: f"rw,exec,nosuid,nodev,size={self.workspace_mb}m,mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
-                "/tmp": f"rw,exec,nosuid,nodev,size={self.tmp_size_mb}m,mode=1777",
-            },
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            auto_remove=True,
-        )
+        host_config = self._host_config(api)
         base_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
@@ -403,6 +361,34 @@ class DockerSandboxProvider:
         if abandoned.is_set():
             self._remove_blocking(name)
         return str(created["Id"])
+
+    def _host_config(self, api: Any) -> Any:
+        """A container's isolation and limits: no network, read-only root, tmpfs /workspace and /tmp, no caps."""
+        from docker.types import Ulimit
+
+        mib = 1024 * 1024
+        res = self.resources
+        return api.create_host_config(
+            network_mode="none",
+            nano_cpus=int(self.cpus * 1e9),
+            mem_limit=res.memory_mb * mib,
+            memswap_limit=res.memory_mb * mib,  # no swap: the limit is the limit
+            pids_limit=res.max_processes,
+            ulimits=[
+                Ulimit(name="nofile", soft=res.max_open_files, hard=res.max_open_files),
+                Ulimit(name="fsize", soft=res.file_size_mb * mib, hard=res.file_size_mb * mib),
+                Ulimit(name="cpu", soft=res.cpu_time_s, hard=res.cpu_time_s),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            read_only=True,
+            tmpfs={
+                WORKSPACE: f"rw,exec,nosuid,nodev,size={res.workspace_mb}m,mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
+                "/tmp": f"rw,exec,nosuid,nodev,size={res.tmp_size_mb}m,mode=1777",
+            },
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            auto_remove=True,
+        )
 
     def exec_blocking(
         self,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult
+from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
 from swerl.sandbox.process import BoundedOutput
 
 SANDBOX_ENV: dict[str, str] = {
@@ -182,34 +182,35 @@ class E2BSandboxProvider:
 
     def __init__(
         self,
+        resources: SandboxResources,
         *,
-        template: str = "swerl-base",
-        lifetime_s: int = 3600,
-        start_timeout_s: float = 120.0,
-        request_timeout_s: float = 30.0,
-        exec_grace_s: float = 15.0,
-        max_output_bytes: int = 1_000_000,
+        template: str,
+        lifetime_s: int,
+        request_timeout_s: float,
+        exec_grace_s: float,
         git_baseline: bool = False,
         api_key: str | None = None,
         sdk: Any = None,
     ) -> None:
+        """Of `resources` only max_output_bytes and start_timeout_s apply (the template sizes the VM); the rest are
+        E2BConfig's fields. api_key: None reads E2B_API_KEY at start; sdk: a stand-in for e2b.AsyncSandbox."""
+        self.resources = resources
         self.template = template
         self.lifetime_s = lifetime_s
-        self.start_timeout_s = start_timeout_s
         self.request_timeout_s = request_timeout_s
         self.exec_grace_s = exec_grace_s
-        self.max_output_bytes = max_output_bytes
         self.git_baseline = git_baseline
         self._api_key = api_key
         self._sdk = sdk
 
     def limits(self) -> dict[str, int | float]:
+        """Every limit this provider enforces, for logging at start."""
         return {
             "e2b.lifetime_s": self.lifetime_s,
-            "start_timeout_s": self.start_timeout_s,
+            "start_timeout_s": self.resources.start_timeout_s,
             "e2b.request_timeout_s": self.request_timeout_s,
             "e2b.exec_grace_s": self.exec_grace_s,
-            "max_output_bytes": self.max_output_bytes,
+            "max_output_bytes": self.resources.max_output_bytes,
         }
 
     def _sdk_class(self) -> Any:
@@ -237,7 +238,7 @@ class E2BSandboxProvider:
         payload = await asyncio.to_thread(pack_environment, env_dir)
         sandbox_env = {**SANDBOX_ENV, **(env or {})}
         try:
-            async with asyncio.timeout(self.start_timeout_s):
+            async with asyncio.timeout(self.resources.start_timeout_s):
                 sdk_sandbox = await sdk.create(
                     template=self.template,
                     timeout=self.lifetime_s,
@@ -256,16 +257,16 @@ class E2BSandboxProvider:
             env=sandbox_env,
             exec_grace_s=self.exec_grace_s,
             request_timeout_s=self.request_timeout_s,
-            max_output_bytes=self.max_output_bytes,
+            max_output_bytes=self.resources.max_output_bytes,
         )
         try:
-            async with asyncio.timeout(self.start_timeout_s):
+            async with asyncio.timeout(self.resources.start_timeout_s):
                 await self._populate(sandbox, payload, setup_patch)
         except BaseException as exc:
             await sandbox.close()
             if isinstance(exc, TimeoutError):
                 raise InfraError(
-                    "start_timeout", f"e2b workspace upload over {self.start_timeout_s}s"
+                    "start_timeout", f"e2b workspace upload over {self.resources.start_timeout_s}s"
                 ) from exc
             raise
         return sandbox
@@ -294,6 +295,6 @@ class E2BSandboxProvider:
                 what == "git baseline" and not self.git_baseline
             ):
                 continue
-            result = await sandbox.exec(step, timeout=self.start_timeout_s, cwd=cwd)
+            result = await sandbox.exec(step, timeout=self.resources.start_timeout_s, cwd=cwd)
             if result.exit_code != 0:
                 raise InfraError("start_failed", f"e2b {what} failed: {result.output.strip()}")

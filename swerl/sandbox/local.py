@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -22,7 +23,6 @@ import secrets
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult
+from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
 from swerl.sandbox.process import (
     BoundedOutput,
@@ -57,6 +57,9 @@ _GIT_BASELINE = " && ".join(
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"])
 )
 """git_baseline: the agent's patch is later `git diff` against this commit, the task's starting state."""
+
+_START_CHECK = "test -w /workspace && python -c 'pass'"
+"""A provider's first start runs this in its sandbox: the workspace is writable and the interpreter runs."""
 
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
@@ -149,21 +152,49 @@ class LocalSandbox(CommandSandbox):
         if self.holder is not None and not self.holder.alive:
             raise InfraError("sandbox_died", f"the process holding sandbox {self.root}'s workspace has ended")
         status_read, status_write = os.pipe()
-        command = [
+        started = time.monotonic()
+        proc = await self._spawn(self._command(argv, cwd, status_write), stdin, status_read, status_write)
+        self._running.add(proc)
+        output = BoundedOutput(self._max_output_bytes)
+        try:
+            timed_out = await self._wait(proc, stdin, output, timeout, argv)
+        finally:
+            self._running.discard(proc)
+            status = read_status(status_read)
+        duration = time.monotonic() - started
+        if self._closed:
+            raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
+        if "child-pid" not in status and not timed_out:
+            # bubblewrap itself failed before running anything: never the policy's doing.
+            raise InfraError(
+                "start_failed", f"bubblewrap failed (exit {proc.returncode}): {output.text().strip()}"
+            )
+        # 124 for a timeout follows timeout(1); otherwise the sandboxed command's own status, not bwrap's.
+        exit_code = 124 if timed_out else int(status.get("exit-code", proc.returncode or 0))
+        return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
+
+    def _command(self, argv: list[str], cwd: str, status_fd: int) -> list[str]:
+        """The host command line: into the holder's mount namespace (if any), prlimit, bwrap, setpriv, argv."""
+        return [
             *(self.holder.enter_args() if self.holder is not None else []),
             *self._prlimit_args,
             *self._bwrap_args,
             "--chdir",
             cwd,
             "--json-status-fd",
-            str(status_write),
+            str(status_fd),
             "--",
             *self._setpriv_args,
             *argv,
         ]
-        started = time.monotonic()
+
+    async def _spawn(
+        self, command: list[str], stdin: bytes | None, status_read: int, status_write: int
+    ) -> asyncio.subprocess.Process:
+        """Start the command in a process group of its own; the status pipe's write end is closed here either way,
+        its read end too if nothing started."""
         try:
-            proc = await asyncio.create_subprocess_exec(
+            return await asyncio.create_subprocess_exec(
                 *command,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -181,44 +212,37 @@ class LocalSandbox(CommandSandbox):
             raise
         finally:
             os.close(status_write)
-        self._running.add(proc)
-        output = BoundedOutput(self._max_output_bytes)
-        timed_out = False
+
+    async def _wait(
+        self,
+        proc: asyncio.subprocess.Process,
+        stdin: bytes | None,
+        output: BoundedOutput,
+        timeout: float,
+        argv: list[str],
+    ) -> bool:
+        """Feed stdin and collect output until the command ends; past `timeout` kill its group. True: timed out."""
+        collect = asyncio.ensure_future(self._collect(proc, stdin, output))
         try:
-            collect = asyncio.ensure_future(self._collect(proc, stdin, output))
+            await asyncio.wait_for(asyncio.shield(collect), timeout)
+        except TimeoutError:
+            kill_group(proc)
+            self._killed = True  # close() sweeps for a namespace init the kill may have orphaned
             try:
-                await asyncio.wait_for(asyncio.shield(collect), timeout)
-            except TimeoutError:
-                timed_out = True
-                kill_group(proc)
-                self._killed = True  # close() sweeps for a namespace init the kill may have orphaned
-                try:
-                    await asyncio.wait_for(collect, self._kill_grace_s)
-                except TimeoutError as exc:
-                    collect.cancel()
-                    raise InfraError(
-                        "exec_unresponsive",
-                        f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}",
-                    ) from exc
-            except asyncio.CancelledError:
-                kill_group(proc)
-                self._killed = True
+                await asyncio.wait_for(collect, self._kill_grace_s)
+            except TimeoutError as exc:
                 collect.cancel()
-                raise
-        finally:
-            self._running.discard(proc)
-            status = read_status(status_read)
-        duration = time.monotonic() - started
-        if self._closed:
-            raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
-        if "child-pid" not in status and not timed_out:
-            # bubblewrap itself failed before running anything: never the policy's doing.
-            raise InfraError(
-                "start_failed", f"bubblewrap failed (exit {proc.returncode}): {output.text().strip()}"
-            )
-        # 124 for a timeout follows timeout(1); otherwise the sandboxed command's own status, not bwrap's.
-        exit_code = 124 if timed_out else int(status.get("exit-code", proc.returncode or 0))
-        return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
+                raise InfraError(
+                    "exec_unresponsive",
+                    f"command still alive {self._kill_grace_s}s after SIGKILL: {argv!r}",
+                ) from exc
+            return True
+        except asyncio.CancelledError:
+            kill_group(proc)
+            self._killed = True
+            collect.cancel()
+            raise
+        return False
 
     @staticmethod
     async def _collect(proc: asyncio.subprocess.Process, stdin: bytes | None, output: BoundedOutput) -> None:
@@ -238,26 +262,20 @@ class LocalSandboxProvider:
 
     def __init__(
         self,
-        python_executable: str | os.PathLike[str] = sys.executable,
+        python_executable: str | os.PathLike[str],
+        resources: SandboxResources,
         *,
-        memory_mb: int = 1024,
-        max_processes: int = 256,
-        cpu_time_s: int = 120,
-        file_size_mb: int = 256,
-        tmp_size_mb: int = 256,
-        max_open_files: int = 1024,
-        max_output_bytes: int = 1_000_000,
-        start_timeout_s: float = 60.0,
+        root_dir: str | os.PathLike[str] | None,
+        workspace_quota: str,
+        runtime: str,
         kill_grace_s: float = 10.0,
         extra_env: Mapping[str, str] | None = None,
         git_baseline: bool = False,
-        root_dir: str | os.PathLike[str] | None = None,
         uid_range: tuple[int, int] = (200_000, 1_200_000),
         bwrap: str = "bwrap",
-        workspace_mb: int = 1024,
-        workspace_quota: str = "auto",
-        runtime: str = "auto",
     ) -> None:
+        """`root_dir`: where sandbox directories are made (None: the system temp dir); `workspace_quota` and
+        `runtime` as SandboxLimits documents them. kill_grace_s, extra_env, uid_range and bwrap are not config."""
         if workspace_quota not in ("auto", "tmpfs", "none"):
             raise ValueError(f"workspace_quota must be auto, tmpfs or none, not {workspace_quota!r}")
         if runtime not in ("auto", "supervisor", "bubblewrap"):
@@ -267,14 +285,7 @@ class LocalSandboxProvider:
                 "runtime supervisor always caps the workspace: it cannot run with workspace_quota none"
             )
         self.python_executable = os.path.abspath(python_executable)
-        self.memory_mb = memory_mb
-        self.max_processes = max_processes
-        self.cpu_time_s = cpu_time_s
-        self.file_size_mb = file_size_mb
-        self.tmp_size_mb = tmp_size_mb
-        self.max_open_files = max_open_files
-        self.max_output_bytes = max_output_bytes
-        self.start_timeout_s = start_timeout_s
+        self.resources = resources
         self._python_ok = False
         self.kill_grace_s = kill_grace_s
         self.extra_env = dict(extra_env or {})
@@ -282,7 +293,6 @@ class LocalSandboxProvider:
         self.root_dir = Path(root_dir) if root_dir is not None else None
         self.uid_range = uid_range
         self.bwrap = bwrap
-        self.workspace_mb = workspace_mb
         self.workspace_quota = workspace_quota
         self.runtime = runtime
         """auto: the supervisor (swerl/sandbox/nsinit.c) where this process may mount and it can be built, else
@@ -296,17 +306,10 @@ class LocalSandboxProvider:
         self._python_dirs: list[str] | None = None
 
     def limits(self) -> dict[str, int | float]:
-        """Every limit this provider enforces, for logging at start."""
+        """Every limit this provider enforces, for logging at start (workspace_mb 0: the workspace is uncapped)."""
         return {
-            "memory_mb": self.memory_mb,
-            "max_processes": self.max_processes,
-            "cpu_time_s": self.cpu_time_s,
-            "file_size_mb": self.file_size_mb,
-            "tmp_size_mb": self.tmp_size_mb,
-            "max_open_files": self.max_open_files,
-            "max_output_bytes": self.max_output_bytes,
-            "start_timeout_s": self.start_timeout_s,
-            "workspace_mb": self.workspace_mb if self._mount is not False else 0,
+            **dataclasses.asdict(self.resources),
+            "workspace_mb": self.resources.workspace_mb if self._mount is not False else 0,
         }
 
     async def start(
@@ -322,42 +325,32 @@ class LocalSandboxProvider:
             self._mount = await asyncio.to_thread(self._first_start)
         if self._launcher is not None:
             return await self._start_supervised(env_dir, setup_patch, env or {})
+        return await self._start_bubblewrap(env_dir, setup_patch, env or {})
+
+    async def _start_bubblewrap(
+        self, env_dir: Path, setup_patch: str | None, env: Mapping[str, str]
+    ) -> LocalSandbox:
+        """A sandbox for bubblewrap: its directory (a held tmpfs where this process may mount) made and filled on
+        the host, then, once per provider, probed."""
         if self._tools is None:
             self._tools = require_tools(self.bwrap)
         prefix = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-"
         root = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root_dir)).resolve()
         holder: TmpfsHolder | None = None
+        start_timeout_s = self.resources.start_timeout_s
         try:
             if self._mount:
-                holder = await hold_tmpfs(root, self.workspace_mb, self._tools, self.start_timeout_s)
-            uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
+                holder = await hold_tmpfs(root, self.resources.workspace_mb, self._tools, start_timeout_s)
+            uid = self._new_uid()
             host_root = holder.host_root if holder is not None else root
             await asyncio.to_thread(self._prepare, host_root, env_dir, uid, setup_patch, holder)
-            sandbox = LocalSandbox(
-                root=root,
-                uid=uid,
-                bwrap_args=self._bwrap_args(root, env or {}),
-                prlimit_args=self._prlimit_args(),
-                setpriv_args=[
-                    self._tools["setpriv"],
-                    f"--reuid={uid}",
-                    f"--regid={uid}",
-                    "--clear-groups",
-                    "--inh-caps=-all",
-                    "--bounding-set=-all",
-                    "--",
-                ],
-                max_output_bytes=self.max_output_bytes,
-                kill_grace_s=self.kill_grace_s,
-                holder=holder,
-            )
+            sandbox = self._bubblewrap_sandbox(root, uid, env, holder)
             # The binds (interpreter, workspace) are checked by a probe once per provider: later starts differ
             # only in the workspace copy, and a bubblewrap that fails later is an InfraError(start_failed) from
             # the first command anyway. One bubblewrap less per start: -18..-35% start-to-first-exec at a burst.
             probe = None
             if not self._python_ok:
-                check = "test -w /workspace && python -c 'pass'"
-                probe = await sandbox.exec(check, timeout=self.start_timeout_s)
+                probe = await sandbox.exec(_START_CHECK, timeout=start_timeout_s)
         except BaseException:
             if holder is not None:
                 await asyncio.shield(holder.close())
@@ -365,12 +358,40 @@ class LocalSandboxProvider:
             raise
         if probe is not None and probe.timed_out:
             await sandbox.close()
-            raise InfraError("start_timeout", f"sandbox did not start within {self.start_timeout_s}s")
+            raise InfraError("start_timeout", f"sandbox did not start within {start_timeout_s}s")
         if probe is not None and probe.exit_code != 0:
             await sandbox.close()
             raise InfraError("start_failed", f"sandbox start check failed: {probe.output.strip()}")
         self._python_ok = True
         return sandbox
+
+    def _bubblewrap_sandbox(
+        self, root: Path, uid: int, env: Mapping[str, str], holder: TmpfsHolder | None
+    ) -> LocalSandbox:
+        """The LocalSandbox over a prepared directory: its command lines (prlimit, bwrap, setpriv) fixed now."""
+        assert self._tools is not None
+        return LocalSandbox(
+            root=root,
+            uid=uid,
+            bwrap_args=self._bwrap_args(root, env),
+            prlimit_args=self._prlimit_args(),
+            setpriv_args=[
+                self._tools["setpriv"],
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ],
+            max_output_bytes=self.resources.max_output_bytes,
+            kill_grace_s=self.kill_grace_s,
+            holder=holder,
+        )
+
+    def _new_uid(self) -> int:
+        """A random uid of uid_range for one sandbox."""
+        return self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
 
     def _first_start(self) -> bool:
         """Once per provider: remove dead runs' sandbox directories, then decide the runtime and workspace kind."""
@@ -428,13 +449,13 @@ class LocalSandboxProvider:
         return {
             "layout": self._layout(),
             "workspace": WORKSPACE,
-            "workspace_mb": self.workspace_mb,
+            "workspace_mb": self.resources.workspace_mb,
             "rlimits": {
-                "as": self.memory_mb * MiB,
-                "nproc": self.max_processes,
-                "cpu": self.cpu_time_s,
-                "fsize": self.file_size_mb * MiB,
-                "nofile": self.max_open_files,
+                "as": self.resources.memory_mb * MiB,
+                "nproc": self.resources.max_processes,
+                "cpu": self.resources.cpu_time_s,
+                "fsize": self.resources.file_size_mb * MiB,
+                "nofile": self.resources.max_open_files,
                 "core": 0,
             },
             "cap_last_cap": cap_last_cap,
@@ -457,7 +478,7 @@ class LocalSandboxProvider:
         for name in _ETC_FILES:
             kind = "ro-bind-try" if os.path.isdir(f"/etc/{name}") else "copy-try"
             layout.append([kind, f"/etc/{name}", f"/etc/{name}"])
-        layout += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.tmp_size_mb, 0o1777]]
+        layout += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.resources.tmp_size_mb, 0o1777]]
         made: set[str] = {"/usr", "/etc", "/tmp"}
         for prefix in self._python_dirs:
             for parent in ancestors(prefix):
@@ -485,20 +506,20 @@ class LocalSandboxProvider:
     ) -> SupervisedSandbox:
         """A sandbox from the supervisor: its init copies env_dir into the workspace; git runs as its first commands."""
         assert self._launcher is not None
-        uid = self.uid_range[0] + secrets.randbelow(self.uid_range[1] - self.uid_range[0])
+        uid = self._new_uid()
         root = self._launcher.mount_point
         control = await self._launcher.start(
             encode_start(str(root), uid, str(env_dir), self._environment(env))
         )
-        sandbox = SupervisedSandbox(root, uid, control, 0, self.max_output_bytes, self.kill_grace_s)
+        sandbox = SupervisedSandbox(root, uid, control, 0, self.resources.max_output_bytes, self.kill_grace_s)
         try:
             try:
                 sandbox.init_pid = await asyncio.wait_for(
-                    asyncio.shield(control.started), self.start_timeout_s
+                    asyncio.shield(control.started), self.resources.start_timeout_s
                 )
             except TimeoutError:
                 raise InfraError(
-                    "start_timeout", f"sandbox did not start within {self.start_timeout_s}s"
+                    "start_timeout", f"sandbox did not start within {self.resources.start_timeout_s}s"
                 ) from None
             sandbox.workspace = Path(f"/proc/{sandbox.init_pid}/root{WORKSPACE}")
             steps: list[tuple[str, str | None]] = []
@@ -507,14 +528,16 @@ class LocalSandboxProvider:
             if self.git_baseline:
                 steps.append((_GIT_BASELINE, None))
             if not self._python_ok:
-                steps.append(("test -w /workspace && python -c 'pass'", None))
+                steps.append((_START_CHECK, None))
             for script, stdin in steps:
                 argv = ["/bin/bash", "-c", script]
                 result = await sandbox._run(
-                    argv, self.start_timeout_s, WORKSPACE, None if stdin is None else stdin.encode()
+                    argv, self.resources.start_timeout_s, WORKSPACE, None if stdin is None else stdin.encode()
                 )
                 if result.timed_out:
-                    raise InfraError("start_timeout", f"sandbox did not start within {self.start_timeout_s}s")
+                    raise InfraError(
+                        "start_timeout", f"sandbox did not start within {self.resources.start_timeout_s}s"
+                    )
                 if result.exit_code != 0:
                     what = (
                         "setup patch does not apply to"
@@ -598,11 +621,11 @@ class LocalSandboxProvider:
         assert self._tools is not None
         return [
             self._tools["prlimit"],
-            f"--as={self.memory_mb * MiB}",
-            f"--nproc={self.max_processes}",
-            f"--cpu={self.cpu_time_s}",
-            f"--fsize={self.file_size_mb * MiB}",
-            f"--nofile={self.max_open_files}",
+            f"--as={self.resources.memory_mb * MiB}",
+            f"--nproc={self.resources.max_processes}",
+            f"--cpu={self.resources.cpu_time_s}",
+            f"--fsize={self.resources.file_size_mb * MiB}",
+            f"--nofile={self.resources.max_open_files}",
             "--core=0",
             "--",
         ]
@@ -636,7 +659,7 @@ class LocalSandboxProvider:
         # bound on top of the private tmpfs instead of being hidden by it.
         args += [
             "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(self.tmp_size_mb * MiB), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(self.resources.tmp_size_mb * MiB), "--tmpfs", "/tmp",
         ]  # fmt: skip
         made: set[str] = {"/usr", "/etc", "/tmp"}
         for prefix in self._python_dirs:

@@ -18,7 +18,6 @@ import inspect
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,33 +94,42 @@ def release_provider(provider: SandboxProvider) -> None:
         close()
 
 
+@dataclass(frozen=True)
+class PoolLimits:
+    """The pool's named limits; every one is required (the config's SandboxPoolConfig holds the defaults, and
+    swerl.stages.common.pool_limits maps it onto this)."""
+
+    max_concurrent: int
+    """Sandboxes alive at once (in use + warm + starting); a start beyond it waits for a close."""
+    start_timeout_s: float
+    """Wall clock for one start try, on top of the backend's own; past it: InfraError(start_timeout)."""
+    start_retries: int
+    """Extra tries of a start that failed with a cause in retry_causes."""
+    retry_causes: frozenset[str]
+    """InfraError causes of a failed start that are retried (others fail the start at once)."""
+    retry_backoff_s: float
+    """Wait before the first start retry, doubled for each next one."""
+    warm_size: int
+    """Sandboxes keep_warm keeps ready for one starting state when it names no size."""
+    price_per_sandbox_hour: float
+    """USD per sandbox-hour, for the cost metrics (0: free)."""
+
+
 class SandboxPool:
     """SandboxProvider with limits: at most `max_concurrent` sandboxes alive (in use + warm + starting)."""
 
     def __init__(
         self,
         provider: SandboxProvider,
+        limits: PoolLimits,
         *,
-        max_concurrent: int = 64,
-        start_timeout_s: float = 120.0,
-        start_retries: int = 2,
-        retry_causes: Iterable[str] = ("start_timeout", "start_failed", "quota"),
-        retry_backoff_s: float = 0.5,
-        warm_size: int = 0,
-        price_per_sandbox_hour: float = 0.0,
         clock: Any = time.monotonic,
         owns_provider: bool = False,
     ) -> None:
         self.provider = provider
         self.owns_provider = owns_provider
         """Release the provider's own resources (release_provider) when the pool closes: it was made for the pool."""
-        self.max_concurrent = max_concurrent
-        self.start_timeout_s = start_timeout_s
-        self.start_retries = start_retries
-        self.retry_causes = frozenset(retry_causes)
-        self.retry_backoff_s = retry_backoff_s
-        self.warm_size = warm_size
-        self.price_per_sandbox_hour = price_per_sandbox_hour
+        self.pool_limits = limits
         self.clock = clock
         self.counters: Counter[str] = Counter()
         """start.cold, start.warm, start_error.CAUSE, start_retry.CAUSE, infra.CAUSE, warm.evicted, ..."""
@@ -166,11 +174,11 @@ class SandboxPool:
         """The backend's enforced limits (if it reports them) and the pool's own."""
         backend = getattr(self.provider, "limits", None)
         own: dict[str, int | float] = {
-            "pool.max_concurrent": self.max_concurrent,
-            "pool.start_timeout_s": self.start_timeout_s,
-            "pool.start_retries": self.start_retries,
-            "pool.warm_size": self.warm_size,
-            "pool.price_per_sandbox_hour": self.price_per_sandbox_hour,
+            "pool.max_concurrent": self.pool_limits.max_concurrent,
+            "pool.start_timeout_s": self.pool_limits.start_timeout_s,
+            "pool.start_retries": self.pool_limits.start_retries,
+            "pool.warm_size": self.pool_limits.warm_size,
+            "pool.price_per_sandbox_hour": self.pool_limits.price_per_sandbox_hour,
         }
         return {**(backend() if callable(backend) else {}), **own}
 
@@ -179,7 +187,7 @@ class SandboxPool:
 
     def keep_warm(self, env_dir: Path | str, setup_patch: str | None = None, size: int | None = None) -> None:
         """Keep `size` (default warm_size) sandboxes of this starting state ready; refilled after each hand-out."""
-        target = self.warm_size if size is None else size
+        target = self.pool_limits.warm_size if size is None else size
         key = warm_key(env_dir, setup_patch)
         warm = self._warm.setdefault(key, _Warm(target=target))
         warm.target, warm.refill = target, True
@@ -224,7 +232,7 @@ class SandboxPool:
         """Wait until every kept starting state has its target ready (or no slot is left to start more)."""
         async with asyncio.timeout(timeout):
             while any(
-                len(w.ready) < w.target and (w.starting or self._slots < self.max_concurrent)
+                len(w.ready) < w.target and (w.starting or self._slots < self.pool_limits.max_concurrent)
                 for w in self._warm.values()
             ):
                 await asyncio.sleep(0.01)
@@ -236,7 +244,7 @@ class SandboxPool:
         # Warming only takes slots that no cold start is waiting for.
         while (
             len(warm.ready) + warm.starting < warm.target
-            and self._slots + self._waiting < self.max_concurrent
+            and self._slots + self._waiting < self.pool_limits.max_concurrent
         ):
             self._slots += 1  # a warm start never waits for a slot: it only uses a free one
             warm.starting += 1
@@ -275,7 +283,7 @@ class SandboxPool:
         async with self._slot_freed:
             self._waiting += 1
             try:
-                while self._slots >= self.max_concurrent:
+                while self._slots >= self.pool_limits.max_concurrent:
                     # A ready warm sandbox gives its slot to real demand (released when its close finishes).
                     self._evict_one_warm()
                     self.counters["slot.waits"] += 1
@@ -295,13 +303,16 @@ class SandboxPool:
             self._slot_freed.notify_all()  # a waiter cancelled after a notify() would swallow it
 
     async def _start_with_retries(self, env_dir: Path, setup_patch: str | None) -> Sandbox:
-        delay = self.retry_backoff_s
-        for attempt in range(self.start_retries + 1):
+        delay = self.pool_limits.retry_backoff_s
+        for attempt in range(self.pool_limits.start_retries + 1):
             try:
                 return await self._start_once(env_dir, setup_patch)
             except InfraError as exc:
                 self.counters[f"start_error.{exc.cause}"] += 1
-                if exc.cause not in self.retry_causes or attempt == self.start_retries:
+                if (
+                    exc.cause not in self.pool_limits.retry_causes
+                    or attempt == self.pool_limits.start_retries
+                ):
                     raise
                 self.counters[f"start_retry.{exc.cause}"] += 1
                 await asyncio.sleep(delay)
@@ -312,13 +323,15 @@ class SandboxPool:
         """One backend start under the start timeout. The start itself is never cancelled (see module doc)."""
         task = asyncio.ensure_future(self.provider.start(env_dir, setup_patch))
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.start_timeout_s)
+            done, _ = await asyncio.wait({task}, timeout=self.pool_limits.start_timeout_s)
         except asyncio.CancelledError:
             self._close_on_arrival(task)
             raise
         if not done:
             self._close_on_arrival(task)
-            raise InfraError("start_timeout", f"sandbox start took over {self.start_timeout_s}s ({env_dir})")
+            raise InfraError(
+                "start_timeout", f"sandbox start took over {self.pool_limits.start_timeout_s}s ({env_dir})"
+            )
         return task.result()
 
     def _close_on_arrival(self, task: asyncio.Future[Sandbox]) -> None:
@@ -373,7 +386,7 @@ class SandboxPool:
         return self._closed_seconds + live + warm
 
     def cost_usd(self, seconds: float) -> float:
-        return seconds / 3600.0 * self.price_per_sandbox_hour
+        return seconds / 3600.0 * self.pool_limits.price_per_sandbox_hour
 
     def step_metrics(self) -> dict[str, float]:
         """Sandbox-seconds and cost since the previous call (a training step), and the pool's counters."""

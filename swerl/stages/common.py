@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.agent.episode import EpisodeLimits
-from swerl.config import AgentConfig, SandboxLimits
+from swerl.config import AgentConfig, SandboxLimits, SandboxPoolConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
+from swerl.sandbox.base import SandboxResources
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.e2b import E2BSandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
-from swerl.sandbox.pool import SandboxPool
+from swerl.sandbox.pool import PoolLimits, SandboxPool
 from swerl.stages.runner import Manifest, StageContext
 from swerl.storage import Store
 from swerl.trajectory import EpisodeStatus, Trajectory
@@ -54,35 +55,42 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return box["value"]
 
 
+def sandbox_resources(limits: SandboxLimits) -> SandboxResources:
+    """The limits every backend enforces, from config: the one place SandboxLimits' fields become them."""
+    return SandboxResources(
+        memory_mb=limits.memory_mb,
+        max_processes=limits.max_processes,
+        cpu_time_s=limits.cpu_time_s,
+        file_size_mb=limits.file_size_mb,
+        tmp_size_mb=limits.tmp_size_mb,
+        workspace_mb=limits.workspace_mb,
+        max_open_files=limits.max_open_files,
+        max_output_bytes=limits.max_output_bytes,
+        start_timeout_s=limits.start_timeout_s,
+    )
+
+
 def sandbox_provider(
     limits: SandboxLimits, git_baseline: bool = False
 ) -> LocalSandboxProvider | DockerSandboxProvider | E2BSandboxProvider:
     """The configured sandbox provider (local bubblewrap, docker, or e2b) with every limit from config."""
+    resources = sandbox_resources(limits)
     if limits.backend == "e2b":
         e2b = limits.e2b
         return E2BSandboxProvider(
+            resources,
             template=e2b.template,
             lifetime_s=e2b.lifetime_s,
-            start_timeout_s=limits.start_timeout_s,
             request_timeout_s=e2b.request_timeout_s,
             exec_grace_s=e2b.exec_grace_s,
-            max_output_bytes=limits.max_output_bytes,
             git_baseline=git_baseline,
         )
     if limits.backend == "docker":
         docker = limits.docker
         return DockerSandboxProvider(
+            resources,
             base_image=docker.base_image,
             cpus=docker.cpus,
-            memory_mb=limits.memory_mb,
-            max_processes=limits.max_processes,
-            cpu_time_s=limits.cpu_time_s,
-            file_size_mb=limits.file_size_mb,
-            tmp_size_mb=limits.tmp_size_mb,
-            workspace_mb=limits.workspace_mb,
-            max_open_files=limits.max_open_files,
-            max_output_bytes=limits.max_output_bytes,
-            start_timeout_s=limits.start_timeout_s,
             kill_grace_s=docker.kill_grace_s,
             max_lifetime_s=docker.max_lifetime_s,
             api_threads=docker.api_threads,
@@ -91,19 +99,11 @@ def sandbox_provider(
         )
     return LocalSandboxProvider(
         limits.python or sys.executable,
-        memory_mb=limits.memory_mb,
-        max_processes=limits.max_processes,
-        cpu_time_s=limits.cpu_time_s,
-        file_size_mb=limits.file_size_mb,
-        tmp_size_mb=limits.tmp_size_mb,
-        max_open_files=limits.max_open_files,
-        max_output_bytes=limits.max_output_bytes,
-        start_timeout_s=limits.start_timeout_s,
-        git_baseline=git_baseline,
+        resources,
         root_dir=limits.workspace_dir,
-        workspace_mb=limits.workspace_mb,
         workspace_quota=limits.workspace_quota,
         runtime=limits.runtime,
+        git_baseline=git_baseline,
     )
 
 
@@ -113,20 +113,22 @@ async def closing(pool: SandboxPool, work: Awaitable[T]) -> T:
         return await work
 
 
+def pool_limits(pool: SandboxPoolConfig) -> PoolLimits:
+    """The pool's named limits, from config: the one place SandboxPoolConfig's fields become them."""
+    return PoolLimits(
+        max_concurrent=pool.max_concurrent,
+        start_timeout_s=pool.start_timeout_s,
+        start_retries=pool.start_retries,
+        retry_causes=frozenset(pool.retry_causes),
+        retry_backoff_s=pool.retry_backoff_s,
+        warm_size=pool.warm_size,
+        price_per_sandbox_hour=pool.price_per_sandbox_hour,
+    )
+
+
 def sandbox_pool(limits: SandboxLimits, git_baseline: bool = False) -> SandboxPool:
     """The configured provider behind the pool's named limits (concurrency, start timeout and retries, warm)."""
-    p = limits.pool
-    return SandboxPool(
-        sandbox_provider(limits, git_baseline),
-        owns_provider=True,
-        max_concurrent=p.max_concurrent,
-        start_timeout_s=p.start_timeout_s,
-        start_retries=p.start_retries,
-        retry_causes=p.retry_causes,
-        retry_backoff_s=p.retry_backoff_s,
-        warm_size=p.warm_size,
-        price_per_sandbox_hour=p.price_per_sandbox_hour,
-    )
+    return SandboxPool(sandbox_provider(limits, git_baseline), pool_limits(limits.pool), owns_provider=True)
 
 
 def episode_limits(agent: AgentConfig) -> EpisodeLimits:

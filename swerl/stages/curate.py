@@ -141,29 +141,8 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     """Synthesize and load tasks, decontaminate, split by repository and write train/eval parquet files."""
     specs = resolve_repos(cfg.repos)
     micro = micro_specs(cfg.micro) if cfg.micro else []
-    names = {s.name for s in specs}
-    clashing = sorted(s.name for s in micro if s.name in names) + sorted(
-        n for n in names if n in ("micro-train", "micro-eval")
-    )
-    if clashing:
-        raise ValueError(f"repositories named like micro repositories or their report: {clashing[:5]}")
-    provider = sandbox_provider(cfg.sandbox)
-    # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
-    limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
-    ctx.log_params(limits | {"enforced_limits.python": cfg.sandbox.python or sys.executable})
-    ctx.log.info("curate: sandbox limits %s", limits)
-    ctx.log.info("curate: synthesizing from %d repositories: %s", len(specs), [s.name for s in specs])
-    if micro:
-        ctx.log.info("curate: and from %d micro repositories (%s)", len(micro), cfg.micro)
-    all_specs = specs + micro
-    try:
-        synthesized, repo_reports = (
-            run_async(_synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro)))
-            if all_specs
-            else ([], [])
-        )
-    finally:
-        release_provider(provider)
+    _check_micro_names(specs, micro)
+    synthesized, repo_reports = _synthesize_logged(cfg, ctx, specs, micro)
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     tasks = synthesized + loaded
@@ -174,11 +153,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         ctx.log.warning("curate: eval_repos matched no task: %s", unmatched)
     decontam_report: dict[str, Any] = {"enabled": cfg.decontaminate}
     if cfg.decontaminate:
-        # Training tasks must not share a statement with any evaluation task, ours or an external set's.
-        statements = [t.problem_statement for t in eval_tasks_ext + held_out]
-        train, train_report = decontaminate(train, statements)
-        held_out, eval_report = decontaminate(held_out, [t.problem_statement for t in eval_tasks_ext])
-        decontam_report |= {"train": train_report.to_dict(), "eval": eval_report.to_dict()}
+        train, held_out, decontam_report = _decontaminate(train, held_out, eval_tasks_ext)
 
     ctx.write_artifact("train.parquet", tasks_to_parquet(train))
     ctx.write_artifact("eval.parquet", tasks_to_parquet(held_out))
@@ -197,15 +172,77 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         },
     }
     ctx.write_artifact("curate_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    metrics = _metrics(synth, load_reports, len(loaded), len(train), len(held_out), decontam_report)
+    ctx.log_metrics(metrics)
+    summary = (
+        f"{synth['valid']}/{synth['candidates']} candidates valid; "
+        f"{len(train)} train, {len(held_out)} eval tasks"
+    )
+    markdown = _markdown(synth, report["split"], decontam_report)
+    return StageResult(metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown},
+                       summary=summary)  # fmt: skip
 
+
+def _check_micro_names(specs: Sequence[RepoSpec], micro: Sequence[RepoSpec]) -> None:
+    """No repository may share a name with a micro repository or with the two merged micro reports."""
+    names = {s.name for s in specs}
+    clashing = sorted(s.name for s in micro if s.name in names) + sorted(
+        n for n in names if n in ("micro-train", "micro-eval")
+    )
+    if clashing:
+        raise ValueError(f"repositories named like micro repositories or their report: {clashing[:5]}")
+
+
+def _synthesize_logged(
+    cfg: CurateConfig, ctx: StageContext, specs: list[RepoSpec], micro: list[RepoSpec]
+) -> tuple[list[TaskInstance], list[RepoReport]]:
+    """Tasks synthesized from every repository, in sandboxes whose enforced limits are logged first."""
+    provider = sandbox_provider(cfg.sandbox)
+    # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
+    limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
+    ctx.log_params(limits | {"enforced_limits.python": cfg.sandbox.python or sys.executable})
+    ctx.log.info("curate: sandbox limits %s", limits)
+    ctx.log.info("curate: synthesizing from %d repositories: %s", len(specs), [s.name for s in specs])
+    if micro:
+        ctx.log.info("curate: and from %d micro repositories (%s)", len(micro), cfg.micro)
+    all_specs = specs + micro
+    try:
+        if not all_specs:
+            return [], []
+        return run_async(
+            _synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro))
+        )
+    finally:
+        release_provider(provider)
+
+
+def _decontaminate(
+    train: list[TaskInstance], held_out: list[TaskInstance], eval_tasks_ext: list[TaskInstance]
+) -> tuple[list[TaskInstance], list[TaskInstance], dict[str, Any]]:
+    """Drop training tasks that share a statement with any evaluation task, ours or an external set's (and
+    held-out tasks that share one with an external set); returns the kept tasks and the report."""
+    statements = [t.problem_statement for t in eval_tasks_ext + held_out]
+    train, train_report = decontaminate(train, statements)
+    held_out, eval_report = decontaminate(held_out, [t.problem_statement for t in eval_tasks_ext])
+    return train, held_out, {"enabled": True, "train": train_report.to_dict(), "eval": eval_report.to_dict()}
+
+
+def _metrics(
+    synth: dict[str, Any],
+    load_reports: Sequence[LoadReport],
+    dataset_tasks: int,
+    train_tasks: int,
+    eval_tasks: int,
+    decontam_report: dict[str, Any],
+) -> dict[str, float]:
     metrics: dict[str, float] = {
         "candidates": synth["candidates"],
         "valid": synth["valid"],
         "repos_skipped": len(synth["skipped_repos"]),
         "dataset_rows_rejected": sum(len(r.rejected) for r in load_reports),
-        "dataset_tasks": len(loaded),
-        "train_tasks": len(train),
-        "eval_tasks": len(held_out),
+        "dataset_tasks": dataset_tasks,
+        "train_tasks": train_tasks,
+        "eval_tasks": eval_tasks,
     }
     for modifier, counts in synth["by_modifier"].items():
         metrics[f"candidates.{modifier}"] = counts["candidates"]
@@ -216,14 +253,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         if part in decontam_report:
             metrics[f"decontam_dropped_repo.{part}"] = decontam_report[part]["dropped_repo"]
             metrics[f"decontam_dropped_statement.{part}"] = decontam_report[part]["dropped_statement"]
-    ctx.log_metrics(metrics)
-    summary = (
-        f"{synth['valid']}/{synth['candidates']} candidates valid; "
-        f"{len(train)} train, {len(held_out)} eval tasks"
-    )
-    markdown = _markdown(synth, report["split"], decontam_report)
-    return StageResult(metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown},
-                       summary=summary)  # fmt: skip
+    return metrics
 
 
 def _markdown(synth: dict[str, Any], split: dict[str, Any], decontam: dict[str, Any]) -> str:

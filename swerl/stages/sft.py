@@ -12,7 +12,7 @@ import json
 import statistics
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,89 +120,35 @@ def base_model(
 
 
 def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
+    """Fine-tune the base model on the traces (resuming from the newest durable checkpoint); store both models."""
     started = time.monotonic()
     torch.set_num_threads(cfg.sft.threads)
-    traces = input_manifest(ctx, "traces")
-    local_traces = ctx.workdir / "traces.jsonl"
-    local_traces.write_bytes(read_input(ctx.store, traces, "traces.jsonl"))
-    rows = load_trace_rows(local_traces)
-    if not rows:
-        raise ValueError(f"the traces stage ({traces.uri}) wrote no traces")
-
+    rows = _trace_rows(ctx)
     durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
     resume = durable.restore_latest()
-    base_dir = ctx.workdir / "base"
-    if resume is not None:
-        # The base model of a resumed run is the one the first attempt built: same seed, same data.
-        model, tokenizer = load_model_and_tokenizer(resume)
-        ctx.log.info("sft: resuming from checkpoint %s", resume.name)
-        base_model_obj, _ = base_model(cfg, ctx, rows, base_dir)
-        del base_model_obj
-    else:
-        model, tokenizer = base_model(cfg, ctx, rows, base_dir)
-    put_dir(ctx, "base", base_dir)
+    model, tokenizer = _starting_model(cfg, ctx, rows, resume)
     examples = traces_to_examples(tokenizer, rows)
     if not examples:
         raise ValueError("no resolved traces to train on")
     lengths = [len(ids) for ids, _ in examples]
     targets = [sum(mask) for _, mask in examples]
     s = cfg.sft
-    train_kwargs: dict[str, Any] = dict(
-        seq_len=s.seq_len, rows_per_micro_batch=s.rows_per_micro_batch, grad_accum_steps=s.grad_accum_steps,
-        lr=s.lr, min_lr_ratio=s.min_lr_ratio, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
-        bf16=s.bf16, seed=ctx.seed, truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-
-    # With a time budget, the step count is planned at the end of the warm-up from the real steps' median time,
-    # so that the cosine schedule ends when the budget does (a guess up front was 10x off on a busy machine). The
-    # plan is kept in the store: a resumed run follows it.
-    plan_rel = f"{durable.prefix}/plan.json"
-    plan: dict[str, Any] = {"max_steps": s.max_steps, "seconds_per_step": None}
-    if ctx.store.exists(plan_rel):
-        plan = json.loads(ctx.store.read_bytes(plan_rel))
-    warmup = min(s.warmup_steps, s.max_steps - 1)
-    train_started = time.monotonic()
-
-    def replan(step_seconds: list[float]) -> int:
-        per_step = statistics.median(step_seconds[1:] or step_seconds)  # the first step pays for allocation
-        assert s.time_budget_s is not None
-        left = s.time_budget_s - (time.monotonic() - train_started)
-        plan.update(max_steps=min(s.max_steps, replan_after(warmup) + max(0, int(left / per_step))),
-                    seconds_per_step=per_step)  # fmt: skip
-        ctx.store.write_bytes(plan_rel, json.dumps(plan).encode())
-        ctx.log.info("sft: %d steps planned (%.2f s/step measured over %d steps, %.0f s of %.0f s left)",
-                     plan["max_steps"], per_step, len(step_seconds), max(0.0, left), s.time_budget_s)  # fmt: skip
-        return int(plan["max_steps"])
-
+    plan = _StepPlan(ctx, f"{durable.prefix}/plan.json", s)
     ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %s", len(examples), statistics.fmean(lengths),
-                 statistics.fmean(targets), f"{plan['max_steps']} steps" if plan["seconds_per_step"] or
-                 s.time_budget_s is None else f"time budget {s.time_budget_s:.0f} s")  # fmt: skip
+                 statistics.fmean(targets), plan.describe())  # fmt: skip
 
     curve: list[StepMetrics] = []
-
-    def on_step(metrics: StepMetrics) -> None:
-        curve.append(metrics)
-        max_steps = int(plan["max_steps"])
-        if metrics.step % max(1, max_steps // 100) == 0 or metrics.step == max_steps:
-            ctx.log_metrics(
-                {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
-                 "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
-                 "train/padding_fraction": metrics.padding_fraction},
-                step=metrics.step,
-            )  # fmt: skip
-        if metrics.step % max(1, max_steps // 10) == 0:
-            ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
-                         metrics.tokens_per_second)  # fmt: skip
-        durable.sync()  # checkpoints written after the previous step reach the store now
-
     result = train_sft(
-        model, examples, max_steps=int(plan["max_steps"]), warmup_steps=warmup, **train_kwargs,
+        model, examples, seq_len=s.seq_len, max_steps=plan.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
+        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=plan.warmup,
+        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, bf16=s.bf16, seed=ctx.seed,
+        truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
         checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints,
         tokenizer=tokenizer, resume_from=latest_checkpoint(durable.local_root) if resume else None,
-        on_step=on_step, replan=replan if s.time_budget_s is not None and plan["seconds_per_step"] is None else None,
+        on_step=_step_logger(ctx, durable, plan, curve), replan=plan.replan if plan.pending else None,
     )  # fmt: skip
     durable.sync()
-    train_s = time.monotonic() - train_started
+    train_s = time.monotonic() - plan.train_started
     out = ctx.workdir / "model"
     save_model_and_tokenizer(model, tokenizer, out)
     put_dir(ctx, "model", out)
@@ -222,13 +168,113 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         "tokens_per_second": tokens / train_s if train_s > 0 else 0.0,
         "train_s": train_s,
         "wall_s": time.monotonic() - started,
-        "plan": plan,
+        "plan": plan.plan,
     }
     ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    return _stage_result(cfg, report, curve)
+
+
+def _trace_rows(ctx: StageContext) -> list[dict[str, Any]]:
+    """The traces stage's rows, copied into the work directory first."""
+    traces = input_manifest(ctx, "traces")
+    local_traces = ctx.workdir / "traces.jsonl"
+    local_traces.write_bytes(read_input(ctx.store, traces, "traces.jsonl"))
+    rows = load_trace_rows(local_traces)
+    if not rows:
+        raise ValueError(f"the traces stage ({traces.uri}) wrote no traces")
+    return rows
+
+
+def _starting_model(
+    cfg: SFTStage, ctx: StageContext, rows: list[dict[str, Any]], resume: Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model to train: the resumed checkpoint's, else the base model; base/ goes to the store either way."""
+    base_dir = ctx.workdir / "base"
+    if resume is not None:
+        # The base model of a resumed run is the one the first attempt built: same seed, same data.
+        model, tokenizer = load_model_and_tokenizer(resume)
+        ctx.log.info("sft: resuming from checkpoint %s", resume.name)
+        base_model(cfg, ctx, rows, base_dir)  # rebuilt only to be stored as base/
+    else:
+        model, tokenizer = base_model(cfg, ctx, rows, base_dir)
+    put_dir(ctx, "base", base_dir)
+    return model, tokenizer
+
+
+class _StepPlan:
+    """How many steps the run takes: max_steps, or what the time budget allows.
+
+    With a time budget, the step count is planned at the end of the warm-up from the real steps' median time, so
+    that the cosine schedule ends when the budget does (a guess up front was 10x off on a busy machine). The plan
+    is kept in the store: a resumed run follows it.
+    """
+
+    def __init__(self, ctx: StageContext, rel: str, sft: SFTConfig) -> None:
+        self.ctx, self.rel, self.sft = ctx, rel, sft
+        self.plan: dict[str, Any] = {"max_steps": sft.max_steps, "seconds_per_step": None}
+        if ctx.store.exists(rel):
+            self.plan = json.loads(ctx.store.read_bytes(rel))
+        self.warmup = min(sft.warmup_steps, sft.max_steps - 1)
+        self.train_started = time.monotonic()
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.plan["max_steps"])
+
+    @property
+    def pending(self) -> bool:
+        """Whether train_sft should plan the steps (a time budget, and no plan from an earlier attempt)."""
+        return self.sft.time_budget_s is not None and self.plan["seconds_per_step"] is None
+
+    def describe(self) -> str:
+        if self.plan["seconds_per_step"] or self.sft.time_budget_s is None:
+            return f"{self.plan['max_steps']} steps"
+        return f"time budget {self.sft.time_budget_s:.0f} s"
+
+    def replan(self, step_seconds: list[float]) -> int:
+        """train_sft's replan hook: the steps the budget left allows at the measured step time, stored."""
+        per_step = statistics.median(step_seconds[1:] or step_seconds)  # the first step pays for allocation
+        budget_s = self.sft.time_budget_s
+        assert budget_s is not None
+        left = budget_s - (time.monotonic() - self.train_started)
+        steps = replan_after(self.warmup) + max(0, int(left / per_step))
+        self.plan.update(max_steps=min(self.sft.max_steps, steps), seconds_per_step=per_step)
+        self.ctx.store.write_bytes(self.rel, json.dumps(self.plan).encode())
+        self.ctx.log.info(
+            "sft: %d steps planned (%.2f s/step measured over %d steps, %.0f s of %.0f s left)",
+            self.plan["max_steps"], per_step, len(step_seconds), max(0.0, left), budget_s,
+        )  # fmt: skip
+        return self.max_steps
+
+
+def _step_logger(
+    ctx: StageContext, durable: DurableCheckpoints, plan: _StepPlan, curve: list[StepMetrics]
+) -> Callable[[StepMetrics], None]:
+    """train_sft's on_step hook: keep the curve, log ~100 metric points and ~10 lines, sync checkpoints."""
+
+    def on_step(metrics: StepMetrics) -> None:
+        curve.append(metrics)
+        max_steps = plan.max_steps
+        if metrics.step % max(1, max_steps // 100) == 0 or metrics.step == max_steps:
+            ctx.log_metrics(
+                {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
+                 "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
+                 "train/padding_fraction": metrics.padding_fraction},
+                step=metrics.step,
+            )  # fmt: skip
+        if metrics.step % max(1, max_steps // 10) == 0:
+            ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
+                         metrics.tokens_per_second)  # fmt: skip
+        durable.sync()  # checkpoints written after the previous step reach the store now
+
+    return on_step
+
+
+def _stage_result(cfg: SFTStage, report: dict[str, Any], curve: list[StepMetrics]) -> StageResult:
     metrics = {
         "parameters": float(report["parameters"]),
-        "examples": float(len(examples)),
-        "steps": float(result.state.step),
+        "examples": float(report["examples"]),
+        "steps": float(report["steps"]),
         "tokens_per_second": float(report["tokens_per_second"]),
         "final_loss": float(statistics.fmean(m.loss for m in curve[-10:])) if curve else float("nan"),
     }
@@ -238,11 +284,11 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
             "",
             f"- model: {cfg.sft.model_path or 'tiny Qwen3 built from config'}, {report['parameters']:,} parameters,"
             f" vocab {report['vocab_size']}",
-            f"- {len(examples)} traces, mean {report['tokens_per_example']:.0f} tokens "
+            f"- {report['examples']} traces, mean {report['tokens_per_example']:.0f} tokens "
             f"({report['targets_per_example']:.0f} trained)",
-            f"- {result.state.step} steps, {report['epochs']} epochs, final loss {metrics['final_loss']:.3f}, "
+            f"- {report['steps']} steps, {report['epochs']} epochs, final loss {metrics['final_loss']:.3f}, "
             f"{report['tokens_per_second']:.0f} tokens/s",
         ]
     )
     return StageResult(metrics=metrics, markdown={"sft": markdown + "\n"},
-                       summary=f"{result.state.step} steps, loss {metrics['final_loss']:.3f}")  # fmt: skip
+                       summary=f"{report['steps']} steps, loss {metrics['final_loss']:.3f}")  # fmt: skip

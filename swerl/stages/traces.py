@@ -51,42 +51,14 @@ def check_rows(rows: list[dict[str, Any]]) -> Counter[str]:
 
 
 def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
+    """Traces from the oracle or a dataset, checked and written as traces.jsonl with a report."""
     started = time.monotonic()
     report: dict[str, Any] = {"source": cfg.traces.source}
     if cfg.traces.source == "dataset":
-        if not cfg.traces.dataset:
-            raise ValueError("traces.dataset must name a trace dataset when traces.source is 'dataset'")
-        rows = load_trace_rows(cfg.traces.dataset, cfg.traces.dataset_split)[: cfg.traces.max_traces]
+        rows = _dataset_rows(cfg.traces)
         report["dataset"] = cfg.traces.dataset
     else:
-        curate = input_manifest(ctx, "curate")
-        tasks = load_tasks(ctx.store, curate, "train.parquet")
-        if not tasks:
-            raise ValueError(f"the curate stage ({curate.uri}) produced no training tasks to trace")
-        chosen = seeded_sample(tasks, cfg.traces.max_traces, f"traces:{ctx.seed}")
-        limits = episode_limits(cfg.agent)
-        provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
-        ctx.log.info("traces: oracle on %d of %d training tasks, %d workers", len(chosen), len(tasks),
-                     cfg.traces.workers)  # fmt: skip
-        traces, oracle_report = run_async(
-            closing(
-                provider,
-                generate_oracle_traces(
-                    chosen,
-                    provider,
-                    limits,
-                    recovery_prob=cfg.traces.recovery_prob,
-                    seed=ctx.seed,
-                    workers=cfg.traces.workers,
-                    context_lines=cfg.traces.context_lines,
-                    view_whole_file_lines=cfg.traces.view_whole_file_lines,
-                    test_command=cfg.traces.test_command,
-                    view_function_lines=cfg.traces.view_function_lines,
-                ),
-            )
-        )
-        rows = oracle_rows(traces)
-        report["oracle"] = oracle_report.to_dict()
+        rows, report["oracle"] = _oracle_rows(cfg, ctx)
     if not rows:
         raise ValueError(f"no traces: {json.dumps(report, default=str)[:500]}")
     roles = check_rows(rows)
@@ -101,21 +73,56 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
     ctx.write_artifact(
         "traces_report.json", json.dumps(report, indent=2, sort_keys=True, default=str).encode()
     )
+    skipped = report.get("oracle", {}).get("skipped", {})
+    return StageResult(
+        metrics=_metrics(rows, roles, skipped),
+        markdown={"traces": _markdown(cfg.traces.source, len(rows), skipped, report["wall_s"])},
+        summary=f"{len(rows)} traces",
+    )
+
+
+def _dataset_rows(traces: TracesConfig) -> list[dict[str, Any]]:
+    if not traces.dataset:
+        raise ValueError("traces.dataset must name a trace dataset when traces.source is 'dataset'")
+    return load_trace_rows(traces.dataset, traces.dataset_split)[: traces.max_traces]
+
+
+def _oracle_rows(cfg: TracesStage, ctx: StageContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The oracle's traces of a seeded sample of the curated training tasks, and its report."""
+    curate = input_manifest(ctx, "curate")
+    tasks = load_tasks(ctx.store, curate, "train.parquet")
+    if not tasks:
+        raise ValueError(f"the curate stage ({curate.uri}) produced no training tasks to trace")
+    t = cfg.traces
+    chosen = seeded_sample(tasks, t.max_traces, f"traces:{ctx.seed}")
+    provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
+    ctx.log.info("traces: oracle on %d of %d training tasks, %d workers", len(chosen), len(tasks), t.workers)
+    oracle = generate_oracle_traces(
+        chosen, provider, episode_limits(cfg.agent), recovery_prob=t.recovery_prob, workers=t.workers,
+        context_lines=t.context_lines, view_whole_file_lines=t.view_whole_file_lines,
+        view_function_lines=t.view_function_lines, test_command=t.test_command, seed=ctx.seed,
+    )  # fmt: skip
+    traces, oracle_report = run_async(closing(provider, oracle))
+    return oracle_rows(traces), oracle_report.to_dict()
+
+
+def _metrics(rows: list[dict[str, Any]], roles: Counter[str], skipped: dict[str, int]) -> dict[str, float]:
     metrics = {
         "traces": float(len(rows)),
         "assistant_turns_per_trace": roles["assistant"] / len(rows),
         "recovery_traces": float(sum(bool(r.get("recovery")) for r in rows)),
     }
-    skipped = report.get("oracle", {}).get("skipped", {})
     for reason, count in skipped.items():
         metrics[f"oracle_skipped.{reason}"] = float(count)
-    markdown = "\n".join(
-        [
-            "# Traces",
-            "",
-            f"- source: {cfg.traces.source}, traces: {len(rows)}",
-            f"- oracle skipped: {skipped or 'none'}",
-            f"- wall time: {report['wall_s']} s",
-        ]
-    )
-    return StageResult(metrics=metrics, markdown={"traces": markdown + "\n"}, summary=f"{len(rows)} traces")
+    return metrics
+
+
+def _markdown(source: str, traces: int, skipped: dict[str, int], wall_s: float) -> str:
+    lines = [
+        "# Traces",
+        "",
+        f"- source: {source}, traces: {traces}",
+        f"- oracle skipped: {skipped or 'none'}",
+        f"- wall time: {wall_s} s",
+    ]
+    return "\n".join(lines) + "\n"

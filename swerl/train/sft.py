@@ -362,29 +362,14 @@ def train_sft(
     model: PreTrainedModel,
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
-    seq_len: int,
-    max_steps: int,
-    rows_per_micro_batch: int = 1,
-    grad_accum_steps: int = 1,
-    lr: float = 3e-4,
-    min_lr_ratio: float = 0.1,
-    warmup_steps: int = 0,
-    weight_decay: float = 0.1,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    max_grad_norm: float | None = 1.0,
-    bf16: bool = False,
-    seed: int = 0,
-    truncate_overlong: bool = False,
-    pad_token_id: int | None = None,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int = 0,
-    keep_last: int = 2,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    resume_from: str | Path | None = None,
-    on_step: Callable[[StepMetrics], None] | None = None,
-    replan: Callable[[list[float]], int] | None = None,
-) -> SFTResult:
+    seq_len: int, max_steps: int, rows_per_micro_batch: int = 1, grad_accum_steps: int = 1,
+    lr: float = 3e-4, min_lr_ratio: float = 0.1, warmup_steps: int = 0, weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
+    bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
+    checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, keep_last: int = 2,
+    tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None, replan: Callable[[list[float]], int] | None = None,
+) -> SFTResult:  # fmt: skip
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
     Each step packs rows_per_micro_batch * grad_accum_steps rows of seq_len tokens. bf16 autocasts forward and
@@ -403,49 +388,27 @@ def train_sft(
         pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
     _log_data(data, seq_len, truncate_overlong)
-
-    model.train()
-    seed_everything(seed)
-    optimizer = build_optimizer(model, lr, weight_decay, betas, eps)
-    state = TrainerState(0, 0, 0, seed, len(data.examples), data.fingerprint)
-    if resume_from is not None:
-        state = _resume(resume_from, model, optimizer, seed, data)
+    optimizer, state = _start(model, data, seed, resume_from, lr, weight_decay, betas, eps)
 
     metrics: StepMetrics | None = None
     position = DataPosition(state.epoch, state.example_index)
     step_seconds: list[float] = []
-    plan_at = (
-        replan_after(warmup_steps) if replan is not None and state.step < replan_after(warmup_steps) else None
-    )
-    step = state.step
-    while step < max_steps:
-        started = time.perf_counter()
+    plan_at = replan_after(warmup_steps)  # a run resumed at or past it is never there again: not re-planned
+    slots = rows_per_micro_batch * seq_len  # per micro-batch
+    while state.step < max_steps:
+        step, started = state.step, time.perf_counter()
         micro_batches, position = next_micro_batches(
             data, position, state.shuffle_seed, seq_len, rows_per_micro_batch, grad_accum_steps, pad_token_id
         )
         step_lr = lr_at(step, lr, warmup_steps, max_steps, min_lr_ratio)
         loss, grad_norm = train_step(model, optimizer, micro_batches, step_lr, max_grad_norm, bf16)
-        seconds = time.perf_counter() - started
-        num_tokens = sum(batch.num_tokens for batch in micro_batches)
-        metrics = StepMetrics(
-            step=step + 1,
-            epoch=position.epoch,
-            loss=loss,
-            lr=step_lr,
-            grad_norm=grad_norm,
-            num_tokens=num_tokens,
-            num_targets=sum(batch.num_targets for batch in micro_batches),
-            padding_fraction=1.0 - num_tokens / (len(micro_batches) * rows_per_micro_batch * seq_len),
-            tokens_per_second=num_tokens / seconds,
-            seconds=seconds,
-        )
+        metrics = _step_metrics(step + 1, position, loss, step_lr, grad_norm, micro_batches, slots, started)
         if on_step is not None:
             on_step(metrics)
-        step_seconds.append(seconds)
+        step_seconds.append(metrics.seconds)
         state = replace(state, step=step + 1, epoch=position.epoch, example_index=position.index)
-        step += 1
-        if replan is not None and step == plan_at:
-            max_steps = max(step, replan(step_seconds))
+        if replan is not None and state.step == plan_at:
+            max_steps = max(state.step, replan(step_seconds))
         due = checkpoint_every > 0 and state.step % checkpoint_every == 0 and state.step < max_steps
         if checkpoint_dir is not None and due:
             save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
@@ -454,6 +417,52 @@ def train_sft(
     if checkpoint_dir is not None and metrics is not None:
         final = save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
     return SFTResult(state, data, metrics, final)
+
+
+def _start(
+    model: PreTrainedModel,
+    data: PreparedData,
+    seed: int,
+    resume_from: str | Path | None,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> tuple[torch.optim.AdamW, TrainerState]:
+    """Train mode, every RNG seeded, the optimizer, and the trainer state at step 0 or restored from resume_from."""
+    model.train()
+    seed_everything(seed)
+    optimizer = build_optimizer(model, lr, weight_decay, betas, eps)
+    if resume_from is None:
+        return optimizer, TrainerState(0, 0, 0, seed, len(data.examples), data.fingerprint)
+    return optimizer, _resume(resume_from, model, optimizer, seed, data)
+
+
+def _step_metrics(
+    step: int,
+    position: DataPosition,
+    loss: float,
+    lr: float,
+    grad_norm: float,
+    micro_batches: Sequence[PackedBatch],
+    slots_per_micro_batch: int,
+    started: float,
+) -> StepMetrics:
+    """What the step that began at perf_counter() `started` did; slots_per_micro_batch is rows x seq_len."""
+    seconds = time.perf_counter() - started
+    num_tokens = sum(batch.num_tokens for batch in micro_batches)
+    return StepMetrics(
+        step=step,
+        epoch=position.epoch,
+        loss=loss,
+        lr=lr,
+        grad_norm=grad_norm,
+        num_tokens=num_tokens,
+        num_targets=sum(batch.num_targets for batch in micro_batches),
+        padding_fraction=1.0 - num_tokens / (len(micro_batches) * slots_per_micro_batch),
+        tokens_per_second=num_tokens / seconds,
+        seconds=seconds,
+    )
 
 
 def replan_after(warmup_steps: int) -> int:
