@@ -9,6 +9,7 @@ start (and to MLflow as params; nothing secret is read, only whether E2B_API_KEY
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -221,6 +222,22 @@ def _sandboxes(concurrency: int, limits: SandboxLimits, pooled: bool) -> int:
     return min(concurrency, limits.pool.max_concurrent) + limits.pool.warm_size
 
 
+def _local_cgroups(limits: SandboxLimits) -> bool:
+    """Whether local sandboxes of these limits get a cgroup each (the supervisor where cgroups can be made)."""
+    if limits.runtime == "bubblewrap" or limits.workspace_quota == "none":
+        return False
+    return cgroups_state()[0]
+
+
+@functools.cache
+def cgroups_state() -> tuple[bool, str]:
+    """Whether per-sandbox memory and pids cgroups can be made here, and why not."""
+    from swerl.sandbox.supervisor import Cgroups
+
+    cgroups, why = Cgroups.detect()
+    return cgroups is not None, why or "per-sandbox memory and pids cgroups"
+
+
 def demand(cfg: PipelineConfig) -> dict[str, Any]:
     peak = {"sandboxes": 0, "memory_mb": 0, "processes": 0, "fds": 0, "disk_mb": 0}
     for name, (concurrency, limits) in stage_concurrency(cfg).items():
@@ -228,7 +245,13 @@ def demand(cfg: PipelineConfig) -> dict[str, Any]:
         # tmpfs /tmp pages are RAM on the local backend, and so is a size-capped workspace; a plain-directory
         # workspace uses disk instead (file_size_mb stands for it, as before)
         local_tmpfs = limits.tmp_size_mb + (limits.workspace_mb if limits.workspace_quota != "none" else 0)
-        per_sandbox_mb = limits.memory_mb + (local_tmpfs if limits.backend == "local" else 0)
+        # What one sandbox can really take: docker, its container's limit (tmpfs pages count in it); local with
+        # per-sandbox cgroups (supervisor runtime as root), memory_mb for the whole sandbox, tmpfs pages included;
+        # local without them, memory_mb is per process: max_processes of them at worst, plus the tmpfs.
+        if limits.backend != "local" or _local_cgroups(limits):
+            per_sandbox_mb = limits.memory_mb
+        else:
+            per_sandbox_mb = limits.memory_mb * limits.max_processes + local_tmpfs
         per_sandbox_mb = 0 if limits.backend == "e2b" else per_sandbox_mb  # e2b VMs use no host memory
         stage = {
             "sandboxes": sandboxes,
@@ -282,7 +305,8 @@ def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[st
     available = machine.get("mem_available_mb")
     if available is not None:
         out.append(Check("memory", need["memory_mb"] <= available,
-                         f"{need['sandboxes']} sandboxes x (memory_mb + tmpfs) = {need['memory_mb']} MB "
+                         f"{need['sandboxes']} sandboxes x what each can take (memory_mb with a per-sandbox "
+                         f"cgroup, else memory_mb x max_processes + tmpfs) = {need['memory_mb']} MB "
                          f"vs {available} MB available"))  # fmt: skip
     soft = machine["nofile_soft"]
     if soft != "unlimited":
@@ -332,6 +356,11 @@ def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, 
                 "" if runtime == "bubblewrap" else f" ({why})"
             )
         out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
+    for limits in local_limits[:1]:
+        ok, why = cgroups_state()
+        out.append(Check("sandbox_cgroups", True, ("memory_mb and max_processes cap each whole sandbox (cgroups)"
+                         if ok and _local_cgroups(limits) else f"NO per-sandbox cgroup ({why}): memory_mb is per "
+                         "process (RLIMIT_AS), max_processes per uid")))  # fmt: skip
     bwrap_ok = bool(machine.get("bwrap_ok"))
     out.append(Check("bubblewrap", bwrap_ok or not needs_bwrap,
                      str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)")))  # fmt: skip

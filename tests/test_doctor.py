@@ -28,7 +28,10 @@ def test_refuses_more_sandbox_memory_than_the_machine_has(capsys) -> None:
     code = main(["doctor", "configs/local.yaml", "--set", f"agent.sandbox.memory_mb={per_sandbox}"])
     out = capsys.readouterr().out
     assert code == 1
-    per_sandbox_mb = per_sandbox + 64 + 64  # memory_mb + the /tmp tmpfs + the workspace tmpfs
+    # With per-sandbox cgroups the whole sandbox (its tmpfs pages included) lives in memory_mb; with per-process
+    # caps only, every process may take memory_mb: memory_mb x max_processes + the /tmp and workspace tmpfs.
+    cgroups = "ok   sandbox_cgroups" in out
+    per_sandbox_mb = per_sandbox if cgroups else per_sandbox * 64 + 64 + 64
     assert "FAIL memory" in out and f"= {16 * per_sandbox_mb} MB" in out and "refused: memory" in out
 
 
@@ -89,3 +92,27 @@ def test_refuses_the_supervisor_runtime_it_cannot_build(tmp_path: Path) -> None:
     assert "FAIL local_runtime.supervisor: runtime supervisor cannot be built" in done.stdout
     assert "'cc-not-installed' was not found" in done.stdout
     assert "refused: local_runtime.supervisor" in done.stdout
+
+
+def test_run_stops_on_a_doctor_refusal_naming_the_failed_checks(capsys, monkeypatch) -> None:
+    """`swerl run` refuses before any stage (or Prefect) starts; --ignore-doctor overrides it."""
+    import swerl.cli as cli
+
+    started: list[bool] = []
+    monkeypatch.setattr(cli, "_prefect_env", lambda: started.append(True))
+    ram = _meminfo_mb()["MemTotal"]
+    over = ["--set", f"agent.sandbox.memory_mb={ram // 8 + 1024}"]
+    assert main(["run", "configs/local.yaml", *over]) == 1
+    err = capsys.readouterr().err
+    assert "swerl doctor refuses" in err and "memory:" in err and "--ignore-doctor" in err
+    assert started == []
+
+    class Stop(Exception):
+        pass
+
+    def stop_here() -> None:
+        raise Stop
+
+    monkeypatch.setattr(cli, "_prefect_env", stop_here)
+    with pytest.raises(Stop):  # past the doctor: the run goes on to start Prefect
+        main(["run", "configs/local.yaml", *over, "--ignore-doctor"])

@@ -19,6 +19,7 @@ import pytest
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import Sandbox
+from swerl.sandbox.supervisor import Cgroups
 from tests.sandbox_backends import Backend, Limits, backend_params, host_processes_matching, make_backend
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -243,3 +244,125 @@ def test_no_process_is_left_behind_after_close(backend: Backend, env_dir: Path):
 
     run(attack(backend, env_dir, body))
     assert _gone(f"sleep {detached}") and _gone(f"sleep {running}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-sandbox limits (issue 19): memory and pids for the whole sandbox, IPC dying with it, seccomp, odd commands.
+
+_HOLD = (
+    'python -c \'import time; b = bytearray({mb} << 20); b[::4096] = b"x" * len(b[::4096]); '
+    'print("held", flush=True); time.sleep({sleep})\''
+)
+
+
+def _cgrouped(backend: Backend) -> None:
+    if backend.name != "local":
+        pytest.skip("whole-sandbox cgroups are the supervisor runtime's (bubblewrap: per-process rlimits)")
+    cgroups, why = Cgroups.detect()
+    if cgroups is None:
+        pytest.skip(f"no per-sandbox cgroups here: {why}")
+
+
+def test_memory_is_capped_for_the_whole_sandbox(backend: Backend, env_dir: Path):
+    _cgrouped(backend)
+    cap_mb = 1024  # the local backend's memory_mb (tests/sandbox_backends.py)
+
+    async def body(sandbox: Sandbox) -> None:
+        procs, each_mb = 6, 300  # 1.8 GB together, under 1 GB each
+        cmd = "; ".join([_HOLD.format(mb=each_mb, sleep=4) + " &"] * procs) + " wait; echo end"
+        result = await sandbox.exec(cmd.replace("&;", "&"), 60)
+        held = result.output.count("held\n")
+        assert held > 0 and held * each_mb <= cap_mb, result.output[-800:]
+        usage = sandbox.cgroups[0] / "memory.max_usage_in_bytes"  # type: ignore[attr-defined]
+        if usage.exists():  # cgroup v1
+            assert int(usage.read_text()) <= cap_mb << 20
+
+    run(attack(backend, env_dir, body))
+
+
+def test_processes_are_capped_for_the_whole_sandbox(backend: Backend, env_dir: Path):
+    _cgrouped(backend)
+
+    async def body(sandbox: Sandbox) -> None:
+        result = await sandbox.exec(
+            "for i in $(seq 100); do sleep 3 & done 2>/dev/null; ls /proc | grep -c '^[0-9]'", 30
+        )
+        assert int(result.output.split()[-1]) <= Limits().max_processes + 2, result.output[-300:]
+
+    run(attack(backend, env_dir, body))
+
+
+_SHM = (
+    "python -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.shmat.restype = ctypes.c_void_p; "
+    'i = c.shmget(0, {mb} << 20, 0o1600); a = c.shmat(i, None, 0); ctypes.memset(a, 1, {mb} << 20); print("shm", i)\''
+)
+
+
+def _shmem_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no Shmem in /proc/meminfo")
+
+
+def test_shared_memory_dies_with_the_sandbox_and_is_capped(backend: Backend, env_dir: Path):
+    before = _shmem_mb()
+
+    async def body(sandbox: Sandbox) -> None:
+        made = await sandbox.exec(_SHM.format(mb=200), 60)
+        assert made.exit_code == 0 and "shm" in made.output, made.output
+        if backend.name == "local":
+            listed = await sandbox.exec("cat /proc/sysvipc/shm", 10)
+            assert len(listed.output.splitlines()) == 2, listed.output  # kept for the sandbox's lifetime
+            big = await sandbox.exec(_SHM.format(mb=2048), 60)  # twice the sandbox's memory_mb
+            assert big.exit_code != 0, big.output
+            assert _shmem_mb() - before < 1024 + 128
+
+    run(attack(backend, env_dir, body))
+    # Shmem is machine-wide (tmpfs pages of other sandboxes count too): wait out their teardown, a few seconds
+    deadline = time.monotonic() + 15
+    while _shmem_mb() - before >= 150 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _shmem_mb() - before < 150, "shared memory outlived its sandbox"
+
+
+def test_new_namespaces_mounts_and_ptrace_are_refused(backend: Backend, env_dir: Path):
+    ptrace = (
+        "python -c 'import ctypes, os; c = ctypes.CDLL(None, use_errno=True); "
+        "print(c.ptrace(0, 0, 0, 0), os.strerror(ctypes.get_errno()))'"
+    )
+
+    async def body(sandbox: Sandbox) -> None:
+        userns = await sandbox.exec(
+            "unshare -Urm sh -c 'mount -t tmpfs x /tmp && echo MOUNTED'; echo rc=$?", 10
+        )
+        assert "MOUNTED" not in userns.output and "rc=0" not in userns.output, userns.output
+        mount = await sandbox.exec("mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED", 10)
+        assert "MOUNTED" not in mount.output
+        traced = await sandbox.exec(ptrace, 10)
+        assert "-1 Operation not permitted" in traced.output, traced.output
+        python_threads = await sandbox.exec(
+            "python -c 'import threading; t = threading.Thread(target=print, args=(\"t\",)); t.start(); t.join()'",
+            10,
+        )
+        assert python_threads.output == "t\n", python_threads.output  # clone3 -> ENOSYS -> clone works
+
+    run(attack(backend, env_dir, body))
+
+
+def test_huge_commands_and_nul_bytes_are_the_policys_results(backend: Backend, env_dir: Path):
+    async def body(sandbox: Sandbox) -> None:
+        huge = await sandbox.exec("echo " + "a" * (2 << 20) + " | wc -c", 60)
+        assert huge.exit_code == 0 and huge.output.split() == [str((2 << 20) + 1)], huge.output[:300]
+        stdin_free = await sandbox.exec("cat; echo " + "b" * (200 << 10) + " >/dev/null; echo fine", 30)
+        assert stdin_free.output == "fine\n", stdin_free.output[:300]
+        nul = await sandbox.exec("echo a\0b", 10)
+        assert nul.exit_code != 0 and "NUL" in nul.output
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("mod\0.py")
+        with pytest.raises(OSError):
+            await sandbox.write_file("new\0.py", "x")
+        await sandbox.write_file("bin.txt", "a\0b")
+        assert (await sandbox.exec("wc -c < bin.txt", 10)).output.strip() == "3"
+
+    run(attack(backend, env_dir, body))

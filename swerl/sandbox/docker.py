@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
 from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env
-from swerl.sandbox.process import BoundedOutput
+from swerl.sandbox.process import BoundedOutput, refuse_nul, shell_command
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,16 @@ class DockerSandbox:
 
     async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
         """Run `cmd` with bash; past `timeout` every process of the command is killed (timed_out=True)."""
-        return await self._run(cmd, timeout, cwd or WORKSPACE, stdin=None)
+        refused = refuse_nul(cmd=cmd, cwd=cwd or "")
+        if refused is not None:
+            return refused
+        script, stdin = shell_command(cmd)
+        return await self._run(script, timeout, cwd or WORKSPACE, stdin=stdin)
 
     async def read_file(self, path: str) -> str:
         """Read a file as the sandbox user sees it."""
+        if "\0" in path:
+            raise FileNotFoundError(f"cannot read {path!r} in sandbox: a path cannot hold a NUL byte")
         result = await self._run(f"cat -- {shlex.quote(_abs(path))}", 60.0, WORKSPACE, stdin=None)
         if result.exit_code != 0:
             raise FileNotFoundError(f"cannot read {path} in sandbox: {result.output.strip()}")
@@ -89,6 +95,8 @@ class DockerSandbox:
 
     async def write_file(self, path: str, content: str) -> None:
         """Write a file under /workspace as the sandbox user (content through the exec's stdin)."""
+        if "\0" in path:
+            raise OSError(f"cannot write {path!r} in sandbox: a path cannot hold a NUL byte")
         target = _abs(path)
         if not (target == WORKSPACE or target.startswith(WORKSPACE + "/")):
             raise ValueError(f"write_file({path!r}): only paths under {WORKSPACE} are writable")

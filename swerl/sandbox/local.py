@@ -43,7 +43,14 @@ from swerl.sandbox.process import (
     owner_tag,
     read_status,
 )
-from swerl.sandbox.supervisor import Launcher, SupervisedSandbox, encode_start, helper_binary
+from swerl.sandbox.supervisor import (
+    Cgroups,
+    Launcher,
+    SupervisedSandbox,
+    encode_start,
+    helper_binary,
+    seccomp_program,
+)
 from swerl.sandbox.tmpfs import TmpfsHolder, can_hold_tmpfs, can_mount, hold_tmpfs, holder_tools
 
 log = logging.getLogger(__name__)
@@ -114,8 +121,11 @@ class LocalSandbox(CommandSandbox):
         max_output_bytes: int,
         kill_grace_s: float,
         holder: TmpfsHolder | None = None,
+        seccomp: bytes | None = None,
     ) -> None:
         self.root = root
+        self._seccomp = seccomp
+        """The commands' seccomp program (nsinit.c's), handed to bubblewrap's --seccomp; None: no filter."""
         """The sandbox's directory as its commands see it (inside the holder's mount namespace, if any)."""
         self.holder = holder
         """The process holding this sandbox's size-capped tmpfs (workspace_quota), or None: a plain directory."""
@@ -152,8 +162,23 @@ class LocalSandbox(CommandSandbox):
         if self.holder is not None and not self.holder.alive:
             raise InfraError("sandbox_died", f"the process holding sandbox {self.root}'s workspace has ended")
         status_read, status_write = os.pipe()
+        seccomp_fd = -1
+        if self._seccomp is not None:
+            seccomp_fd, seccomp_w = os.pipe()
+            os.write(seccomp_w, self._seccomp)  # a few hundred bytes: within the pipe's buffer
+            os.close(seccomp_w)
         started = time.monotonic()
-        proc = await self._spawn(self._command(argv, cwd, status_write), stdin, status_read, status_write)
+        try:
+            proc = await self._spawn(
+                self._command(argv, cwd, status_write, seccomp_fd),
+                stdin,
+                status_read,
+                status_write,
+                seccomp_fd,
+            )
+        finally:
+            if seccomp_fd >= 0:
+                os.close(seccomp_fd)
         self._running.add(proc)
         output = BoundedOutput(self._max_output_bytes)
         try:
@@ -173,7 +198,7 @@ class LocalSandbox(CommandSandbox):
         exit_code = 124 if timed_out else int(status.get("exit-code", proc.returncode or 0))
         return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
 
-    def _command(self, argv: list[str], cwd: str, status_fd: int) -> list[str]:
+    def _command(self, argv: list[str], cwd: str, status_fd: int, seccomp_fd: int = -1) -> list[str]:
         """The host command line: into the holder's mount namespace (if any), prlimit, bwrap, setpriv, argv."""
         return [
             *(self.holder.enter_args() if self.holder is not None else []),
@@ -183,13 +208,19 @@ class LocalSandbox(CommandSandbox):
             cwd,
             "--json-status-fd",
             str(status_fd),
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd >= 0 else []),
             "--",
             *self._setpriv_args,
             *argv,
         ]
 
     async def _spawn(
-        self, command: list[str], stdin: bytes | None, status_read: int, status_write: int
+        self,
+        command: list[str],
+        stdin: bytes | None,
+        status_read: int,
+        status_write: int,
+        seccomp_fd: int = -1,
     ) -> asyncio.subprocess.Process:
         """Start the command in a process group of its own; the status pipe's write end is closed here either way,
         its read end too if nothing started."""
@@ -199,7 +230,7 @@ class LocalSandbox(CommandSandbox):
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(status_write,),
+                pass_fds=(status_write, *([seccomp_fd] if seccomp_fd >= 0 else [])),
                 start_new_session=True,  # one process group to kill: prlimit execs bwrap, bwrap holds the rest
             )
         except OSError as exc:
@@ -304,12 +335,16 @@ class LocalSandboxProvider:
         )  # decided at the first start (auto: whether this process may mount)
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
+        self._seccomp: bytes | None = None
+        self._cgroups: Cgroups | None = None
+        """Per-sandbox memory and pids cgroups (supervisor runtime), decided at the first start; None: rlimits only."""
 
     def limits(self) -> dict[str, int | float]:
         """Every limit this provider enforces, for logging at start (workspace_mb 0: the workspace is uncapped)."""
         return {
             **dataclasses.asdict(self.resources),
             "workspace_mb": self.resources.workspace_mb if self._mount is not False else 0,
+            "memory_per_sandbox": 1 if self._cgroups is not None else 0,
         }
 
     async def start(
@@ -387,7 +422,18 @@ class LocalSandboxProvider:
             max_output_bytes=self.resources.max_output_bytes,
             kill_grace_s=self.kill_grace_s,
             holder=holder,
+            seccomp=self._bwrap_seccomp(),
         )
+
+    def _bwrap_seccomp(self) -> bytes | None:
+        """nsinit.c's seccomp program for bubblewrap, built once; without a C compiler, a warning and none."""
+        if self._seccomp is None:
+            try:
+                self._seccomp = seccomp_program(helper_binary())
+            except InfraError as exc:
+                log.warning("local sandboxes (bubblewrap): no seccomp filter: %s", exc)
+                self._seccomp = b""
+        return self._seccomp or None
 
     def _new_uid(self) -> int:
         """A random uid of uid_range for one sandbox."""
@@ -418,6 +464,7 @@ class LocalSandboxProvider:
                     allowed, why = False, str(exc)
                     log.warning("local sandboxes run under bubblewrap: %s", why)
             if allowed and helper is not None:
+                self._cgroups = self._decide_cgroups()
                 # Every init mounts its sandbox's tmpfs on this one empty directory, each in its own mount
                 # namespace: the host sees nothing there, and a start makes no directory of its own. Named after
                 # this process like a sandbox directory, so a dead run's is swept.
@@ -442,6 +489,19 @@ class LocalSandboxProvider:
         if self._launcher is not None:
             self._launcher.shutdown()
 
+    def _decide_cgroups(self) -> Cgroups | None:
+        """Per-sandbox cgroups where they can be made; else a warning (once per provider): rlimits only."""
+        cgroups, why = Cgroups.detect()
+        if cgroups is None:
+            log.warning(
+                "local sandboxes: no per-sandbox cgroup (%s); memory_mb bounds each process's address space, "
+                "not the sandbox (its processes together may use more), and max_processes is per uid",
+                why,
+            )
+            return None
+        cgroups.sweep(owner_alive)
+        return cgroups
+
     def _supervisor_config(self) -> dict[str, Any]:
         """What every sandbox of this provider shares: its file system layout, limits and workspace rules."""
         with open("/proc/sys/kernel/cap_last_cap") as file:
@@ -451,7 +511,8 @@ class LocalSandboxProvider:
             "workspace": WORKSPACE,
             "workspace_mb": self.resources.workspace_mb,
             "rlimits": {
-                "as": self.resources.memory_mb * MiB,
+                # with a memory cgroup the sandbox as a whole is capped (an address space is not memory used)
+                **({} if self._cgroups is not None else {"as": self.resources.memory_mb * MiB}),
                 "nproc": self.resources.max_processes,
                 "cpu": self.resources.cpu_time_s,
                 "fsize": self.resources.file_size_mb * MiB,
@@ -508,10 +569,22 @@ class LocalSandboxProvider:
         assert self._launcher is not None
         uid = self._new_uid()
         root = self._launcher.mount_point
-        control = await self._launcher.start(
-            encode_start(str(root), uid, str(env_dir), self._environment(env))
-        )
-        sandbox = SupervisedSandbox(root, uid, control, 0, self.resources.max_output_bytes, self.kill_grace_s)
+        cgroups: list[Path] = []
+        if self._cgroups is not None:
+            name = f"{SANDBOX_PREFIX}{_own_tag(os.getpid())}-{uid}-{secrets.token_hex(4)}"
+            cgroups = self._cgroups.create(name, self.resources.memory_mb, self.resources.max_processes)
+        try:
+            control = await self._launcher.start(
+                encode_start(str(root), uid, str(env_dir), self._environment(env), [str(c) for c in cgroups])
+            )
+        except BaseException:
+            Cgroups.remove(cgroups)
+            raise
+        sandbox = SupervisedSandbox(
+            root, uid, control, 0, self.resources.max_output_bytes, self.kill_grace_s,
+            on_close=(lambda: Cgroups.remove(cgroups)) if cgroups else None,
+        )  # fmt: skip
+        sandbox.cgroups = cgroups
         try:
             try:
                 sandbox.init_pid = await asyncio.wait_for(

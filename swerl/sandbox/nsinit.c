@@ -29,11 +29,16 @@
  * Messages are NUL-terminated tokens (swerl/sandbox/supervisor.py: encode/decode), the first naming the message:
  *   swerl -> zygote, once:  config WORKSPACE WORKSPACE_MB CAP_LAST_CAP N (RLIMIT VALUE)*N N NAME*N N SUFFIX*N
  *                           N (KIND PATH ARG1 ARG2)*N          (the layout; unused arguments are empty)
- *   swerl -> zygote:        start ROOT UID ENV_DIR N (NAME=VALUE)*N   with the sandbox's control socket attached
+ *   swerl -> zygote:        start ROOT UID ENV_DIR M CGROUP*M N (NAME=VALUE)*N   with the sandbox's control socket
+ *                           attached (CGROUP: a directory whose cgroup.procs the zygote writes I's pid to before I
+ *                           goes on, so the sandbox's memory and pids are capped as a whole)
  *   I -> swerl:             ready PID | error PID TEXT         (PID: I's pid on the host)
  *   swerl -> I:             exec ID CWD N ARG*N  with the output pipe's write end (and stdin's read end) attached
  *                           kill
  *   I -> swerl:             exit ID CODE | failed ID TEXT
+ *
+ * `nsinit --seccomp` writes the commands' seccomp filter (struct sock_filter[]) to stdout and exits: bubblewrap's
+ * --seccomp takes the same program, so both runtimes refuse the same system calls.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -49,6 +54,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -69,6 +78,10 @@
 #endif
 #ifndef CLONE_NEWCGROUP
 #define CLONE_NEWCGROUP 0x02000000
+#endif
+
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
 #endif
 
 #define MESSAGE_BYTES (1 << 20) /* the largest message either side sends (supervisor.MESSAGE_BYTES) */
@@ -488,6 +501,215 @@ static int drop_privileges(uid_t uid) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------------ seccomp */
+
+/* The filter every command runs under (installed in its child just before exec; no_new_privs is already set). It
+ * refuses with EPERM what a sandboxed process never needs and what would widen its reach: new namespaces (a user
+ * namespace gives a child namespace with every capability), joining one, mounts, kernel modules, ptrace and
+ * cross-process memory access, kexec, bpf, perf events, the kernel keyring, reboot, swap, io_uring (which runs
+ * system calls the filter never sees) and the like. clone3 gets ENOSYS (its flags are behind a pointer the filter
+ * cannot read; libc then falls back to clone, whose flags it checks). Another architecture's system calls (i386 on
+ * x86_64, x32) are refused too: the numbers below are this one's. */
+#if defined(__x86_64__)
+#define SECCOMP_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SECCOMP_ARCH AUDIT_ARCH_AARCH64
+#elif defined(__i386__)
+#define SECCOMP_ARCH AUDIT_ARCH_I386
+#elif defined(__riscv) && __riscv_xlen == 64
+#define SECCOMP_ARCH AUDIT_ARCH_RISCV64
+#else
+#error "no seccomp architecture for this target: add its AUDIT_ARCH_ constant"
+#endif
+
+#define NAMESPACE_FLAGS \
+    (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET)
+
+static const long refused_syscalls[] = {
+#define REFUSE(name) SYS_##name,
+#ifdef SYS_setns
+    REFUSE(setns)
+#endif
+#ifdef SYS_mount
+    REFUSE(mount)
+#endif
+#ifdef SYS_umount
+    REFUSE(umount)
+#endif
+#ifdef SYS_umount2
+    REFUSE(umount2)
+#endif
+#ifdef SYS_pivot_root
+    REFUSE(pivot_root)
+#endif
+#ifdef SYS_chroot
+    REFUSE(chroot)
+#endif
+#ifdef SYS_fsopen
+    REFUSE(fsopen)
+#endif
+#ifdef SYS_fsconfig
+    REFUSE(fsconfig)
+#endif
+#ifdef SYS_fsmount
+    REFUSE(fsmount)
+#endif
+#ifdef SYS_fspick
+    REFUSE(fspick)
+#endif
+#ifdef SYS_move_mount
+    REFUSE(move_mount)
+#endif
+#ifdef SYS_open_tree
+    REFUSE(open_tree)
+#endif
+#ifdef SYS_mount_setattr
+    REFUSE(mount_setattr)
+#endif
+#ifdef SYS_init_module
+    REFUSE(init_module)
+#endif
+#ifdef SYS_finit_module
+    REFUSE(finit_module)
+#endif
+#ifdef SYS_delete_module
+    REFUSE(delete_module)
+#endif
+#ifdef SYS_kexec_load
+    REFUSE(kexec_load)
+#endif
+#ifdef SYS_kexec_file_load
+    REFUSE(kexec_file_load)
+#endif
+#ifdef SYS_ptrace
+    REFUSE(ptrace)
+#endif
+#ifdef SYS_process_vm_readv
+    REFUSE(process_vm_readv)
+#endif
+#ifdef SYS_process_vm_writev
+    REFUSE(process_vm_writev)
+#endif
+#ifdef SYS_kcmp
+    REFUSE(kcmp)
+#endif
+#ifdef SYS_bpf
+    REFUSE(bpf)
+#endif
+#ifdef SYS_perf_event_open
+    REFUSE(perf_event_open)
+#endif
+#ifdef SYS_keyctl
+    REFUSE(keyctl)
+#endif
+#ifdef SYS_add_key
+    REFUSE(add_key)
+#endif
+#ifdef SYS_request_key
+    REFUSE(request_key)
+#endif
+#ifdef SYS_reboot
+    REFUSE(reboot)
+#endif
+#ifdef SYS_swapon
+    REFUSE(swapon)
+#endif
+#ifdef SYS_swapoff
+    REFUSE(swapoff)
+#endif
+#ifdef SYS_acct
+    REFUSE(acct)
+#endif
+#ifdef SYS_quotactl
+    REFUSE(quotactl)
+#endif
+#ifdef SYS_userfaultfd
+    REFUSE(userfaultfd)
+#endif
+#ifdef SYS_open_by_handle_at
+    REFUSE(open_by_handle_at)
+#endif
+#ifdef SYS_io_uring_setup
+    REFUSE(io_uring_setup)
+#endif
+#ifdef SYS_io_uring_enter
+    REFUSE(io_uring_enter)
+#endif
+#ifdef SYS_io_uring_register
+    REFUSE(io_uring_register)
+#endif
+#ifdef SYS_iopl
+    REFUSE(iopl)
+#endif
+#ifdef SYS_ioperm
+    REFUSE(ioperm)
+#endif
+#ifdef SYS_syslog
+    REFUSE(syslog)
+#endif
+#ifdef SYS_lookup_dcookie
+    REFUSE(lookup_dcookie)
+#endif
+#ifdef SYS_uselib
+    REFUSE(uselib)
+#endif
+#ifdef SYS_settimeofday
+    REFUSE(settimeofday)
+#endif
+#ifdef SYS_clock_settime
+    REFUSE(clock_settime)
+#endif
+#ifdef SYS_clock_adjtime
+    REFUSE(clock_adjtime)
+#endif
+#undef REFUSE
+};
+
+#define NREFUSED (sizeof refused_syscalls / sizeof refused_syscalls[0])
+#define FILTER_MAX (8 + 2 * NREFUSED + 2 + 2 * 5 + 1)
+static struct sock_filter filter[FILTER_MAX];
+static unsigned short filter_len;
+
+#define EMIT(code, k, jt, jf) (filter[filter_len++] = (struct sock_filter)BPF_JUMP(code, k, jt, jf))
+#define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
+
+/* An `nr` whose first argument (flags; the low 32 bits hold them all) has any of `flags` gets EPERM. */
+static void refuse_flags(long nr, unsigned int flags) {
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, (unsigned int)nr, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JSET | BPF_K, flags, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+}
+
+static void build_filter(void) {
+    filter_len = 0;
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SECCOMP_ARCH, 1, 0);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr), 0, 0);
+#if defined(__x86_64__)
+    EMIT(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1); /* x32 system calls */
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+#endif
+    for (size_t i = 0; i < NREFUSED; i++) {
+        EMIT(BPF_JMP | BPF_JEQ | BPF_K, (unsigned int)refused_syscalls[i], 0, 1);
+        EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    }
+#ifdef SYS_clone3
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(ENOSYS), 0, 0);
+#endif
+    refuse_flags(SYS_unshare, NAMESPACE_FLAGS | CLONE_NEWTIME);
+    refuse_flags(SYS_clone, NAMESPACE_FLAGS); /* clone's low byte is the exit signal, not CLONE_NEWTIME */
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+}
+
+static int install_filter(void) {
+    struct sock_fprog program = {filter_len, filter};
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0);
+}
+
 /* ------------------------------------------------------------------------------------------------ commands */
 
 static struct command {
@@ -512,6 +734,18 @@ static int track(pid_t pid, const char *id) {
     return 0;
 }
 
+/* The commands' oom_score_adj (swerl's own): I runs at -1000, so a full memory cgroup's OOM killer picks one of
+ * the commands' processes, never the sandbox's init. */
+static char command_oom_score_adj[16] = "0";
+
+static int oom_score_adj_write(const char *value) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, value, strlen(value));
+    close(fd);
+    return n == (ssize_t)strlen(value) ? 0 : -1;
+}
+
 /* Start one command: a fork whose child becomes the sandbox's user and execs argv. 0, or -1 with `failure` set. */
 static pid_t spawn(uid_t uid, char **envp, const char *cwd, char **argv, struct message *m) {
     int report[2];
@@ -531,7 +765,9 @@ static pid_t spawn(uid_t uid, char **envp, const char *cwd, char **argv, struct 
         else if (m->nfds > 1 ? dup2(m->fds[1], 0) < 0 : (close(0), open("/dev/null", O_RDONLY) != 0)) step = "stdin";
         else if (dup2(m->fds[0], 1) < 0 || dup2(m->fds[0], 2) < 0) step = "stdout";
         else if (chdir(cwd) != 0) step = "chdir";
+        else if (oom_score_adj_write(command_oom_score_adj) != 0) step = "oom_score_adj";
         else if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) step = "set ids";
+        else if (install_filter() != 0) step = "seccomp";
         else {
             step = "exec";
             execve(argv[0], argv, envp);
@@ -620,7 +856,7 @@ static int serve(int ctl, uid_t uid, char **envp, struct message *m, int sfd) {
 }
 
 /* pid 1 of the sandbox: its namespaces and file system, then its commands until swerl lets go. */
-static int init(int ctl, struct message *request) {
+static int init(int ctl, struct message *request, int gate) {
     /* Dies with the zygote (outside this pid namespace, getppid() is 0, so a zygote that ended before this call
      * goes unseen; the control socket still ends this sandbox when swerl closes it or dies). */
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
@@ -629,10 +865,24 @@ static int init(int ctl, struct message *request) {
     /* The host's procfs (still mounted here) names this process by its pid out there, the one swerl needs. */
     ssize_t n = readlink("/proc/self", host_pid, sizeof host_pid - 1);
     host_pid[n > 0 ? n : 1] = '\0';
+    /* The zygote has put this process into the sandbox's cgroups (or says why not) before anything is charged. */
+    char why[512];
+    ssize_t said;
+    do said = read(gate, why, sizeof why - 1);
+    while (said < 0 && errno == EINTR);
+    close(gate);
+    if (said > 0) {
+        why[said] = '\0';
+        say(ctl, "error", host_pid, why, NULL);
+        return 1;
+    }
     int ok = 1;
     const char *root = next(request), *env_dir;
     long uid = next_long(request, &ok);
     env_dir = next(request);
+    long ncgroups = next_long(request, &ok);
+    if (ok && ncgroups >= 0 && ncgroups <= request->n - request->at) request->at += (int)ncgroups;
+    else ok = 0;
     long nenv = next_long(request, &ok);
     if (!ok || root == NULL || env_dir == NULL || uid <= 0 || nenv < 0 || nenv > request->n - request->at) {
         say(ctl, "error", host_pid, "malformed start request", NULL);
@@ -644,6 +894,14 @@ static int init(int ctl, struct message *request) {
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     int sfd = -1;
+    int adj = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+    if (adj >= 0) {
+        ssize_t got = read(adj, command_oom_score_adj, sizeof command_oom_score_adj - 1);
+        command_oom_score_adj[got > 0 ? got : 0] = '\0';
+        if (got <= 0) strcpy(command_oom_score_adj, "0");
+        close(adj);
+    }
+    oom_score_adj_write("-1000"); /* best effort (needs CAP_SYS_RESOURCE, which I still has) */
     int flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS;
     if (unshare(flags | CLONE_NEWCGROUP) != 0 && unshare(flags) != 0) { /* kernels without cgroup namespaces */
         fail("unshare", "");
@@ -685,7 +943,34 @@ static int restrict_capabilities(void) {
     return 0;
 }
 
+/* Put pid into each cgroup the start request names (start ROOT UID ENV_DIR M CGROUP*M ...); 0, or -1 with
+ * `failure` set. */
+static int join_cgroups(struct message *request, pid_t pid) {
+    if (request->n < 5) return errno = EINVAL, fail("start request", "without cgroups");
+    char *end;
+    long count = strtol(request->tok[4], &end, 10);
+    if (*end != '\0' || count < 0 || count > request->n - 5) return errno = EINVAL, fail("start request", "cgroups");
+    char text[32], path[PATH_MAX];
+    int n = snprintf(text, sizeof text, "%d", (int)pid);
+    for (long i = 0; i < count; i++) {
+        const char *dir = request->tok[5 + i];
+        if (snprintf(path, sizeof path, "%s/cgroup.procs", dir) >= (int)sizeof path) return errno = ENAMETOOLONG, fail("cgroup", dir);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) return fail("open", path);
+        ssize_t wrote = write(fd, text, (size_t)n);
+        int saved = errno;
+        close(fd);
+        if (wrote != n) return errno = saved, fail("join cgroup", dir);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--seccomp") == 0) {
+        build_filter();
+        size_t bytes = filter_len * sizeof filter[0];
+        return fwrite(filter, 1, bytes, stdout) == bytes && fflush(stdout) == 0 ? 0 : 1;
+    }
     if (argc != 3) {
         fprintf(stderr, "usage: %s FD PPID (started by swerl/sandbox/supervisor.py)\n", argv[0]);
         return 2;
@@ -701,6 +986,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     close_fds(&config_message);
+    build_filter();
     /* A refusal is every start's answer (swerl reports it as that start's InfraError). */
     int refused = restrict_capabilities() != 0;
     signal(SIGCHLD, SIG_IGN); /* the kernel reaps each init: nothing here waits for one */
@@ -728,6 +1014,13 @@ int main(int argc, char **argv) {
             continue;
         }
         pid_t pid = -1;
+        int gate[2];
+        if (pipe2(gate, O_CLOEXEC) != 0) {
+            snprintf(failure, sizeof failure, "cannot start a sandbox: pipe: %s", strerror(errno));
+            say(ctl, "error", "0", failure, NULL);
+            close(ctl);
+            continue;
+        }
         /* fork(), the child being pid 1 of a new pid namespace; this process stays in (and forks into) its own. */
         if (unshare(CLONE_NEWPID) == 0) {
             pid = fork();
@@ -739,8 +1032,13 @@ int main(int argc, char **argv) {
         if (pid == 0) {
             close(sock);
             close(own_pid_ns);
-            _exit(init(ctl, request));
+            close(gate[1]);
+            _exit(init(ctl, request, gate[0]));
         }
+        close(gate[0]);
+        if (pid > 0 && join_cgroups(request, pid) != 0) /* the init reads why, says it, and ends */
+            (void)!write(gate[1], failure, strnlen(failure, 500));
+        close(gate[1]);
         if (pid < 0) {
             snprintf(failure, sizeof failure, "cannot start a sandbox: %s", strerror(errno));
             say(ctl, "error", "0", failure, NULL);

@@ -122,6 +122,33 @@ def owner_alive(tag: str) -> bool:
     return process_start_time(int(pid)) == int(start)
 
 
+INLINE_COMMAND_BYTES = 64 * 1024
+"""Commands up to this size travel as bash's -c argument; longer ones on its stdin (one argument may hold at most
+128 KiB, MAX_ARG_STRLEN, and a supervisor message 1 MiB). Not a limit: a command of any size runs."""
+_FROM_STDIN = '__swerl_cmd=$(cat) && exec </dev/null && eval "$__swerl_cmd"'
+"""Read the command from stdin, then run it with stdin /dev/null as for an inline command (the pipe is swerl's:
+reopening it through /dev/fd is refused to the sandbox's uid, and no argument may hold it)."""
+
+
+def shell_command(cmd: str) -> tuple[str, bytes | None]:
+    """bash -c's script and stdin for `cmd`: the command itself, or, when long, a reader of the command on stdin."""
+    data = cmd.encode("utf-8", errors="surrogateescape")
+    if len(data) <= INLINE_COMMAND_BYTES:
+        return cmd, None
+    return _FROM_STDIN, data
+
+
+def refuse_nul(**fields: str) -> ExecResult | None:
+    """An error result (exit 2, the reason as output) when one of `fields` holds a NUL byte, else None."""
+    bad = [name for name, value in fields.items() if "\0" in value]
+    if not bad:
+        return None
+    message = (
+        f"swerl: the {' and '.join(bad)} holds a NUL byte, which no command line can carry; nothing ran\n"
+    )
+    return ExecResult(exit_code=2, output=message, timed_out=False, duration_s=0.0)
+
+
 class CommandSandbox(abc.ABC):
     """exec, read_file and write_file of a sandbox that runs an argv (its `_run`) as the sandbox's user."""
 
@@ -130,11 +157,20 @@ class CommandSandbox(abc.ABC):
         """Run argv in the sandbox as its user, in cwd, with stdin (None: /dev/null); output merged, bounded."""
 
     async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
-        """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree."""
-        return await self._run(["/bin/bash", "-c", cmd], timeout, cwd or WORKSPACE, stdin=None)
+        """Run `cmd` with bash in the sandbox; a wall-clock overrun kills the whole sandboxed process tree.
+
+        A command of any size runs (a long one is read by bash from a pipe, see shell_command); one holding a NUL
+        byte cannot be a shell command and is an error result, the policy's own doing."""
+        refused = refuse_nul(cmd=cmd, cwd=cwd or "")
+        if refused is not None:
+            return refused
+        script, stdin = shell_command(cmd)
+        return await self._run(["/bin/bash", "-c", script], timeout, cwd or WORKSPACE, stdin=stdin)
 
     async def read_file(self, path: str) -> str:
         """Read a file as the sandbox sees it (so a symlink cannot reach outside it)."""
+        if "\0" in path:
+            raise FileNotFoundError(f"cannot read {path!r} in sandbox: a path cannot hold a NUL byte")
         result = await self._run(["/bin/cat", "--", self._abs(path)], 60.0, WORKSPACE, stdin=None)
         if result.exit_code != 0:
             raise FileNotFoundError(f"cannot read {path} in sandbox: {result.output.strip()}")
@@ -142,6 +178,8 @@ class CommandSandbox(abc.ABC):
 
     async def write_file(self, path: str, content: str) -> None:
         """Write a file under /workspace from inside the sandbox, creating parent directories."""
+        if "\0" in path:
+            raise OSError(f"cannot write {path!r} in sandbox: a path cannot hold a NUL byte")
         target = self._abs(path)
         if not (target == WORKSPACE or target.startswith(WORKSPACE + "/")):
             raise ValueError(f"write_file({path!r}): only paths under {WORKSPACE} are writable")

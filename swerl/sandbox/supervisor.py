@@ -37,6 +37,8 @@ MESSAGE_BYTES = 1 << 20
 BUILD_TIMEOUT_S = 120.0
 """How long compiling nsinit.c may take (once per source version and cache directory)."""
 _build_lock = threading.Lock()
+CGROUP_DIR = "swerl"
+"""The cgroup, under this process's own, that every sandbox's cgroup is made in."""
 
 
 def cache_dir() -> Path:
@@ -137,11 +139,134 @@ def encode_config(config: dict[str, Any]) -> bytes:
     return encode(*tokens)
 
 
-def encode_start(root: str, uid: int, env_dir: str, env: dict[str, str]) -> bytes:
+def encode_start(
+    root: str, uid: int, env_dir: str, env: dict[str, str], cgroups: list[str] | tuple[str, ...] = ()
+) -> bytes:
     bad = [name for name in env if not name or "=" in name]
     if bad:
         raise ValueError(f"environment variable names must be non-empty and hold no '=': {bad!r}")
-    return encode("start", root, uid, env_dir, len(env), *(f"{name}={value}" for name, value in env.items()))
+    return encode(
+        "start", root, uid, env_dir, len(cgroups), *cgroups, len(env),
+        *(f"{name}={value}" for name, value in env.items()),
+    )  # fmt: skip
+
+
+def seccomp_program(helper: Path) -> bytes:
+    """The commands' seccomp filter (struct sock_filter[]) as nsinit.c builds it, for bubblewrap's --seccomp."""
+    done = subprocess.run([str(helper), "--seccomp"], capture_output=True, timeout=30, check=False)
+    if done.returncode != 0 or not done.stdout or len(done.stdout) % 8:
+        raise InfraError("start_failed", f"{helper} --seccomp failed: {done.stderr[-500:]!r}")
+    return done.stdout
+
+
+class Cgroups:
+    """Per-sandbox cgroups (memory with swap, pids) under this process's own cgroup, v2 or v1 hierarchies.
+
+    `Cgroups.detect()` is None, with the reason, where they cannot be made (not root, not writable, no memory or
+    pids controller); then only the per-process rlimits bound a sandbox."""
+
+    def __init__(self, version: int, parents: dict[str, Path]) -> None:
+        self.version = version
+        self.parents = parents
+        """controller -> the directory sandbox cgroups are made in (v2: one, keyed "unified")."""
+
+    @staticmethod
+    def detect() -> tuple[Cgroups | None, str]:
+        try:
+            mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+            own = {}
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                for name in controllers.split(",") if controllers else [""]:
+                    own[name] = path.lstrip("/")
+        except OSError as exc:
+            return None, f"cannot read the cgroup mounts: {exc}"
+        if os.geteuid() != 0:
+            return None, "not root: per-sandbox cgroups need root"
+        for _, point, kind, *_ in mounts:
+            if kind != "cgroup2":
+                continue
+            try:
+                available = Path(point, "cgroup.controllers").read_text().split()
+            except OSError:
+                continue
+            if {"memory", "pids"} <= set(available):
+                parent = Path(point) / own.get("", "") / CGROUP_DIR
+                try:
+                    parent.mkdir(exist_ok=True)
+                    (parent.parent / "cgroup.subtree_control").write_text("+memory +pids")
+                    (parent / "cgroup.subtree_control").write_text("+memory +pids")
+                except OSError as exc:
+                    return None, f"cannot make cgroup {parent} with memory and pids controllers: {exc}"
+                return Cgroups(2, {"unified": parent}), ""
+        parents: dict[str, Path] = {}
+        for _, point, kind, options, *_ in mounts:
+            if kind != "cgroup":
+                continue
+            for controller in ("memory", "pids"):
+                if controller in options.split(",") and controller not in parents:
+                    parents[controller] = Path(point) / own.get(controller, "") / CGROUP_DIR
+        if set(parents) != {"memory", "pids"}:
+            return (
+                None,
+                f"no cgroup v2 or v1 hierarchy with memory and pids controllers (found {sorted(parents)})",
+            )
+        try:
+            for parent in parents.values():
+                parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            return None, f"cannot make the sandboxes' cgroups: {exc}"
+        return Cgroups(1, parents), ""
+
+    def create(self, name: str, memory_mb: int, max_processes: int) -> list[Path]:
+        """The directories of one sandbox's cgroups, limits set: memory (swap none) and pids (+1: its init)."""
+        made: list[Path] = []
+        memory = str(memory_mb * 1024 * 1024)
+        try:
+            for controller, parent in self.parents.items():
+                path = parent / name
+                path.mkdir()
+                made.append(path)
+                if self.version == 2:
+                    (path / "memory.max").write_text(memory)
+                    swap = path / "memory.swap.max"
+                    if swap.exists():
+                        swap.write_text("0")
+                    (path / "pids.max").write_text(str(max_processes + 1))
+                elif controller == "memory":
+                    (path / "memory.limit_in_bytes").write_text(memory)
+                    memsw = path / "memory.memsw.limit_in_bytes"
+                    if memsw.exists():
+                        memsw.write_text(memory)
+                else:
+                    (path / "pids.max").write_text(str(max_processes + 1))
+        except OSError as exc:
+            self.remove(made)
+            raise InfraError("start_failed", f"cannot make the sandbox's cgroup {name}: {exc}") from exc
+        return made
+
+    @staticmethod
+    def remove(paths: list[Path]) -> None:
+        """Remove a closed sandbox's cgroups (its processes are gone; a moment's retry for the last exits)."""
+        for path in paths:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+    def sweep(self, alive: Callable[[str], bool]) -> None:
+        """Remove the cgroups of sandboxes whose owning process (the name's owner tag) is gone."""
+        for parent in self.parents.values():
+            with contextlib.suppress(OSError):
+                for entry in parent.iterdir():
+                    tag = "-".join(entry.name.split("-")[2:4])
+                    if entry.is_dir() and entry.name.startswith("swerl-sbx-") and not alive(tag):
+                        with contextlib.suppress(OSError):
+                            entry.rmdir()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -440,6 +565,8 @@ class SupervisedSandbox(CommandSandbox):
         self._kill_grace_s = kill_grace_s
         self._on_close = on_close
         self._closed = False
+        self.cgroups: list[Path] = []
+        """This sandbox's cgroup directories (memory, pids), removed when it closes; empty: none."""
 
     async def close(self) -> None:
         """Kill every process of the sandbox (its init does, then ends) and remove its directory."""
