@@ -72,6 +72,8 @@ def load_trace_rows(source: str | Path, split: str = "train") -> list[dict[str, 
     """Rows of a trace dataset: a local file or directory of .jsonl/.json/.parquet files, or a hub dataset id."""
     from datasets import load_dataset
 
+    from swerl.data.loaders import check_json_file
+
     path = Path(source)
     if path.exists():
         files = sorted(p for p in path.rglob("*") if p.suffix in _DATA_SUFFIXES) if path.is_dir() else [path]
@@ -80,6 +82,9 @@ def load_trace_rows(source: str | Path, split: str = "train") -> list[dict[str, 
             raise ValueError(
                 f"{source}: expected .jsonl/.json or .parquet trace files of one kind, got {files}"
             )
+        for file in files:
+            if file.suffix in (".jsonl", ".json"):
+                check_json_file(file)  # a broken line is named (file and line), not a datasets traceback
         dataset = load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
     else:
         dataset = load_dataset(str(source), split=split)  # a hub id, read as published

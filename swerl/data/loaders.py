@@ -8,6 +8,7 @@ offending field, collected into a report, or raised at once in strict mode.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -160,11 +161,75 @@ def rows_to_tasks(
     return tasks, report
 
 
+def check_json_file(path: str | Path) -> None:
+    """Raise ValueError naming the file and the line if a local .jsonl/.json file is not JSON objects, one per
+    line (or, for .json, one JSON document): `datasets` would otherwise fail on it naming neither."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            document = json.loads(text)
+        except (ValueError, RecursionError):
+            pass  # maybe JSON lines under a .json name: checked line by line below
+        else:
+            if isinstance(document, list) and all(isinstance(row, dict) for row in document):
+                return
+            if isinstance(document, dict):
+                return
+            raise ValueError(f"{path}: a .json dataset must be an object or a list of objects")
+    for number, row_text in enumerate(text.split("\n"), start=1):
+        if not row_text.strip():
+            continue
+        try:
+            row = json.loads(row_text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except (ValueError, RecursionError) as exc:  # an integer over the digit limit, absurd nesting
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:100]
+            raise ValueError(f"{path}:{number}: not valid JSON ({detail})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
+
+
+def _json_files(local: Path) -> list[Path]:
+    if local.is_dir():
+        return sorted(p for p in local.rglob("*") if p.is_file() and p.suffix.lower() in (".jsonl", ".json"))
+    return [local] if local.suffix.lower() in (".jsonl", ".json") else []
+
+
 def read_rows(path: str, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
-    """Rows of a local parquet/jsonl/json file or directory, or of a hub dataset, through `datasets`."""
+    """Rows of a local parquet/jsonl/json file or directory, or of a hub dataset, through `datasets`.
+
+    A local JSON file with a broken line is a ValueError naming the file and the line (check_json_file); any
+    other failure to read a local file names the file."""
     import datasets
 
     local = Path(path).expanduser()
+    if local.exists():
+        for file in _json_files(local):
+            check_json_file(file)
+    try:
+        return _read_rows(datasets, local, path, split, limit)
+    except (
+        datasets.exceptions.DatasetGenerationError,
+        ArithmeticError,
+        TypeError,
+        KeyError,
+        ValueError,
+    ) as exc:
+        if not local.exists() or (isinstance(exc, ValueError) and path in str(exc)):
+            raise
+        cause = exc.__cause__ or exc
+        raise ValueError(f"{path}: cannot be read as a dataset: {type(cause).__name__}: {cause}") from exc
+
+
+def _read_rows(datasets: Any, local: Path, path: str, split: str, limit: int | None) -> list[dict[str, Any]]:
     if local.is_file():
         builder = _LOCAL_BUILDERS.get(local.suffix.lower())
         if builder is None:

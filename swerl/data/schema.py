@@ -43,6 +43,9 @@ def parse_test_list(value: Any) -> list[str]:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not a JSON list of test ids: {text[:80]!r} ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # an integer over the digit limit, absurd nesting
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+            raise ValueError(f"not a JSON list of test ids: {text[:80]!r} ({detail})") from None
     if hasattr(value, "tolist"):  # numpy / pyarrow arrays read from parquet
         value = value.tolist()
     if not isinstance(value, list | tuple):

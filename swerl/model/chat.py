@@ -181,3 +181,18 @@ def render_text(
 ) -> str:
     """A conversation through the chat template as text (the agent loop cuts its appended segments from it)."""
     return _render(tokenizer, messages, tools, add_generation_prompt)
+
+
+_NEUTRALIZED = {token: token[:1] + "\u2060" + token[1:] for token in (*CONTROL_TOKENS, *TOOL_TAG_TOKENS)}
+"""Each control token and tool tag with a WORD JOINER after its `<`: shown the same, tokenized as plain text."""
+
+
+def neutralize_special_tokens(text: str) -> str:
+    """Text the model did not write (a tool's output, a file, a quote of the model's text in an error) with every
+    control token and tool tag broken up, so it cannot tokenize as a turn boundary or a fake tool call/response."""
+    if "<" not in text:
+        return text
+    for token, neutral in _NEUTRALIZED.items():
+        if token in text:
+            text = text.replace(token, neutral)
+    return text

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swerl.model.chat import IM_END, PAD_TOKEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from swerl.model.chat import IM_END, PAD_TOKEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, neutralize_special_tokens
 
 _STOP_TOKENS = (IM_END, PAD_TOKEN)
 _JSON_TYPE_NAMES: dict[type, str] = {
@@ -83,7 +83,8 @@ def _snippet(value: object) -> str:
     """A short repr of model-written text, so an error observation stays small whatever the model wrote."""
     # Cut before repr: the model may have written megabytes.
     text = repr(value[: _SNIPPET_CHARS + 1] if isinstance(value, str) else value)
-    return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
+    text = text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
+    return neutralize_special_tokens(text)  # a quoted <|im_end|> must not end the observation's turn
 
 
 def _type_name(expected: type) -> str:
@@ -191,6 +192,20 @@ def _check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> ToolCallEr
                 f"got {_type_name(type(value))}.",
             )
     return None
+
+
+def check_call(call: ToolCall, tools: Sequence[ToolSpec]) -> ToolCallError | None:
+    """Why `call` (parsed or built by hand) is not a valid call to one of `tools`, or None."""
+    specs = {spec.name: spec for spec in tools}
+    spec = specs.get(call.name) if isinstance(call.name, str) else None
+    if spec is None:
+        return _error(
+            ToolCallErrorKind.UNKNOWN_TOOL,
+            f"Unknown tool {_snippet(call.name)}; available tools: {sorted(specs)}.",
+        )
+    if not isinstance(call.arguments, dict):
+        return _error(ToolCallErrorKind.INVALID_ARGUMENTS, '"arguments" must be a JSON object.')
+    return _check_arguments(spec, call.arguments)
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
