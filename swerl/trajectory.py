@@ -51,9 +51,10 @@ class PhaseTimings(BaseModel):
 
 
 class Trajectory(BaseModel):
-    """One episode: ids, aligned per-token arrays, outcome and timings."""
+    """One episode: ids, aligned per-token arrays, outcome and timings (every number finite: a NaN reward or
+    log-prob read back from a damaged row would reach the loss)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     task_id: str
     attempt: int = Field(0, ge=0)
@@ -78,6 +79,12 @@ class Trajectory(BaseModel):
     infra_message: str | None = None
     patch: str = ""
     """The agent's changes as a `git diff` against the task's starting state (caches excluded)."""
+    grade_status: str = ""
+    """The grader's status (swerl/agent/grading.py: RESOLVED_FULL, RESOLVED_NO, TAMPERED, INCOMPLETE, ...)."""
+    dropped_paths: list[str] = Field(default_factory=list)
+    """Test files and test infrastructure the patch touched, which grading took from the task instead."""
+    tampered: list[str] = Field(default_factory=list)
+    """Tampering with the test machinery the sealed runner saw (the attempt scored 0)."""
     messages: list[dict[str, Any]] = Field(default_factory=list)
     """The conversation as role/content dicts, for debugging and trace export (not for training)."""
 

@@ -152,3 +152,18 @@ def test_swe_smith_and_swerl_tasks_use_the_same_rule_on_pytest_summaries(repo: s
     assert not missing.resolved and missing.tests["FAIL_TO_PASS"]["failure"] == [
         "tests/test_mod.py::test_clamp_1"
     ]
+
+
+def test_the_graders_markers_are_swebenchs() -> None:
+    """An unsealed run's log is printed between SWE-bench's markers so that swebench's parsers read it."""
+    from swebench.harness import constants
+
+    from swerl.agent.grading import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, SWEBENCH_MARKERS
+
+    assert SWEBENCH_MARKERS == (
+        constants.START_TEST_OUTPUT,
+        constants.END_TEST_OUTPUT,
+        constants.TEST_EXIT_CODE,
+    )
+    statuses = {s.value for s in constants.ResolvedStatus}
+    assert statuses == {RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO}

@@ -352,18 +352,21 @@ def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(
     fix, cheat = run_async(patches())
     graded = run_async(grade_attempt(provider, task, fix, AGENT.test_timeout_s))
     assert graded.grade.resolved and graded.grade.status == "RESOLVED_FULL", graded.log
-    assert ">>>>> Start Test Output" in graded.log and ">>>>> Test Exit Code: 0" in graded.log
+    assert graded.sealed is not None and graded.sealed.sealed and "@@swerl-end" in graded.log
     assert sorted(graded.grade.tests["FAIL_TO_PASS"]["success"]) == sorted(task.FAIL_TO_PASS)
 
     cheated = run_async(grade_attempt(provider, task, cheat, AGENT.test_timeout_s))
     assert not cheated.grade.resolved and cheated.grade.log_valid
     assert cheated.grade.tests["FAIL_TO_PASS"]["failure"]
+    assert cheated.sealed is not None and cheated.sealed.dropped == ("tests/test_mod.py",)
 
     bad = run_async(grade_attempt(provider, task, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n"
                                   "@@ -1 +1 @@\n-x\n+y\n", AGENT.test_timeout_s))  # fmt: skip
     assert not bad.grade.resolved and bad.grade.status == "PATCH_APPLY_FAILED"
     empty = run_async(grade_attempt(provider, task, "", AGENT.test_timeout_s))
-    assert not empty.grade.resolved and empty.grade.status == "EMPTY_PATCH"
+    assert (
+        not empty.grade.resolved and empty.grade.status == "RESOLVED_NO"
+    )  # graded by the tests, like any patch
 
 
 def test_an_attempt_lost_to_the_infrastructure_is_retried_then_missing_never_scored(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import grade, start_task_sandbox
+from swerl.agent.grading import grade_workspace, start_task_sandbox
 from swerl.config import CurateConfig, MicroSource
 from swerl.data.bugs import candidates
 from swerl.data.environments import resolve_environment
@@ -287,11 +287,11 @@ def test_synthesize_and_grade_micro_tasks():
         for task in tasks[:3]:
             sandbox = await start_task_sandbox(provider, task)
             try:
-                assert (await grade(sandbox, task, 30)).reward == 0.0
+                assert (await grade_workspace(sandbox, provider, task, 30)).reward == 0.0
                 await sandbox.write_file("fix.patch", task.patch)
                 undo = await sandbox.exec("git apply -R fix.patch && rm fix.patch", timeout=30)
                 assert undo.exit_code == 0, undo.output
-                graded = await grade(sandbox, task, 30)
+                graded = await grade_workspace(sandbox, provider, task, 30)
                 assert graded.reward == 1.0, graded
             finally:
                 await sandbox.close()

@@ -27,8 +27,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.grading import grade
+from swerl.agent.grading import grade_patch, workspace_patch
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
+from swerl.config import AgentConfig
 from swerl.data.environments import task_environment
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
@@ -54,6 +55,10 @@ class EpisodeLimits:
     """Wall clock for the agent's turns (sandbox start and grading excluded)."""
     max_malformed_calls: int
     """Consecutive malformed tool calls before the episode ends with status malformed."""
+    max_command_bytes: int = AgentConfig.model_fields["max_command_bytes"].default
+    """The largest command a tool call may run (longer: an error observation). Default: AgentConfig's."""
+    max_edit_bytes: int = AgentConfig.model_fields["max_edit_bytes"].default
+    """The largest file or old+new text a str_replace may handle. Default: AgentConfig's."""
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -233,6 +238,9 @@ class _Outcome:
     reward: float | None = None
     patch: str = ""
     infra: InfraError | None = None
+    grade_status: str = ""
+    dropped: tuple[str, ...] = ()
+    tampered: tuple[str, ...] = ()
 
 
 async def run_episode(
@@ -273,15 +281,22 @@ async def _sandboxed_episode(
         episode.timings.env_install_s = sandbox_requested - started
         sandbox = await sandbox_provider.start(env_dir, setup_patch)
         episode.timings.sandbox_start_s = time.monotonic() - sandbox_requested
-        tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars)
+        tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars, limits.max_command_bytes,
+                      limits.max_edit_bytes)  # fmt: skip
         status = await _agent_turns(episode, tools, limits.episode_timeout_s)
-        # Every ending but an infrastructure error is graded, caps included (on the pristine tests).
+        patch = await workspace_patch(sandbox)
+        await sandbox.close()
+        episode.timings.sandbox_s = time.monotonic() - sandbox_requested
+        sandbox = None
+        # Every ending but an infrastructure error is graded, caps included: the patch alone, in a fresh sandbox
+        # of the task (the agent's own files and .git never reach the grader).
         tests_started = time.monotonic()
-        graded = await grade(sandbox, task, limits.test_timeout_s, python)
+        graded = await grade_patch(sandbox_provider, task, patch or "", limits.test_timeout_s, python)
         episode.timings.tests_s = time.monotonic() - tests_started
         if status is None:
             status = EpisodeStatus.RESOLVED if graded.reward == 1.0 else EpisodeStatus.UNRESOLVED
-        return _Outcome(status, graded.reward, graded.patch)
+        return _Outcome(status, graded.reward, graded.patch, grade_status=graded.status,
+                        dropped=graded.dropped, tampered=graded.tampered)  # fmt: skip
     except InfraError as exc:
         return _Outcome(EpisodeStatus.INFRA_ERROR, infra=exc)
     finally:
@@ -327,5 +342,8 @@ def _trajectory(
         infra_cause=infra.cause if infra else None,
         infra_message=infra.message if infra else None,
         patch=outcome.patch,
+        grade_status=outcome.grade_status,
+        dropped_paths=list(outcome.dropped),
+        tampered=list(outcome.tampered),
         messages=episode.messages,
     )

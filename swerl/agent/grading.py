@@ -1,45 +1,256 @@
-"""Starting a task's sandbox and grading the agent's workspace against the task's pristine tests.
+"""Grading an attempt so that nothing the policy wrote can influence the verdict; one grader for reward and evaluation.
 
-Grading runs in the agent's own workspace, SWE-bench style but without a second sandbox: the agent's patch is
-taken with `git diff` against the task's starting commit (LocalSandboxProvider(git_baseline=True)), then every
-test file the agent added, changed or deleted is put back as it was at the start, the task's test_patch (if any)
-is applied, and only FAIL_TO_PASS + PASS_TO_PASS run, with the task's own test command if it has one
-(TaskInstance.test_cmd). An agent cannot pass by editing or adding tests, or a `run_tests.py` harness.
+`grade_patch` is the only grader (training reward, the oracle, evaluation):
+
+1. The attempt's patch (`workspace_patch`: `git diff` of the agent's workspace against the task's starting commit)
+   loses every file section that touches test code or test infrastructure (`is_test_infra`: tests, conftest.py,
+   pytest/tox/setup.cfg/pyproject configuration, sitecustomize/usercustomize, .pth files, the micro harness,
+   shadows of pytest/pluggy, symlinks), as the SWE-bench harness drops test-file hunks; the dropped paths are kept
+   in the grade and counted.
+2. What is left is applied to a pristine copy of the task in a fresh sandbox (never the agent's, whose files and
+   .git the agent controlled), the task's test_patch after it.
+3. FAIL_TO_PASS + PASS_TO_PASS run under swerl's sealed runner (swerl/agent/sealed_runner.py): results reach the
+   grader as lines authenticated with a key the tests never see, the test machinery is checked for tampering, and
+   the run's exit status must agree with its results. Printed `PASSED` lines, early exits, atexit tricks, patched
+   harnesses or hooks, skipped tests and timeouts all score 0.
+
+The verdict uses SWE-bench's rule and status names: RESOLVED_FULL (reward 1) iff every FAIL_TO_PASS and
+PASS_TO_PASS test passed. Tasks whose test command is neither pytest nor the micro harness have no sealed runner
+yet: they are graded from their log and the grade says `sealed=False`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import json
+import re
+import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
 
 from swerl.data.environments import task_environment
+from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
 from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
-from swerl.data.testrun import TestOutcome, is_resolved, run_tests
+from swerl.data.testrun import TestOutcome, TestStatus, parse_pytest_summary, task_test_command
+from swerl.errors import InfraError
 from swerl.sandbox.base import Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
 # The workspace's .git is the agent's to write: ignore any hooks or fsmonitor it may have planted there.
 _GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false"
-_TEST_PATCH_FILE = ".swerl-test.patch"
+_PATCH_FILE = ".swerl-grade.patch"
 # Caches that tools leave in the workspace are not part of anyone's patch.
-_EXCLUDES = ("**/.pytest_cache/**", "**/__pycache__/**", "**/*.pyc", _TEST_PATCH_FILE)
+_EXCLUDES = ("**/.pytest_cache/**", "**/__pycache__/**", "**/*.pyc", ".swerl-*")
 _PATHSPEC = " ".join(["."] + [shlex.quote(f":(exclude,glob){pattern}") for pattern in _EXCLUDES])
+RUNNER_SOURCE = Path(__file__).with_name("sealed_runner.py")
+
+_INFRA_NAMES = frozenset(
+    {
+        "conftest.py", "run_tests.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
+        ".coveragerc", "sitecustomize.py", "usercustomize.py", "pytest.py", "pluggy.py", "py.py",
+    }
+)  # fmt: skip
+_INFRA_TOP_DIRS = frozenset({"_pytest", "pytest", "pluggy", "py"})
+_DIFF_HEADER = re.compile(r"^diff --git (\"(?:[^\"\\]|\\.)*\"|\S+) (\"(?:[^\"\\]|\\.)*\"|\S+)$")
+# Code that reaches into the interpreter running the tests: not a verdict (pytest's own fixes do this), a signal
+# counted in every grade so that a policy learning to poke at the runner shows up in the metrics.
+_INTROSPECTION = re.compile(
+    r"sys\._getframe|\bf_back\b|\bf_locals\b|gc\.get_(objects|referrers)|\bctypes\b|sys\.set(trace|profile)"
+    r"|sys\.meta_path|sys\.path_hooks|\b_pytest\b|\bpluggy\b|os\._exit|\batexit\b|__builtins__|@@swerl"
+)
+
+SWEBENCH_MARKERS = (">>>>> Start Test Output", ">>>>> End Test Output", ">>>>> Test Exit Code")
+"""swebench.harness.constants' START_TEST_OUTPUT, END_TEST_OUTPUT and TEST_EXIT_CODE: an unsealed run's log is
+printed between them so that swebench's own parsers read it (tests check they still equal swebench's)."""
+
+RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO = "RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"
+"""SWE-bench's resolution statuses (swebench.harness.constants.ResolvedStatus values)."""
+
+
+def is_test_infra(path: str) -> bool:
+    """Whether a repository path is test code or test infrastructure: the task's, never the patch's."""
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        return True
+    return (
+        is_test_file(Path(path))
+        or rel.name in _INFRA_NAMES
+        or rel.suffix == ".pth"
+        or rel.parts[0] in _INFRA_TOP_DIRS
+        or rel.name.startswith(".swerl")
+    )
+
+
+def _unquote(token: str) -> str:
+    """A path token of a `diff --git` header, C-quoted by git when it holds special characters."""
+    if token.startswith('"'):
+        raw = token[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+        return raw.encode("latin-1", "replace").decode("utf-8", "replace")
+    return token
+
+
+@dataclass(frozen=True)
+class FilteredPatch:
+    kept: str
+    dropped: tuple[str, ...]
+    """Paths whose sections were dropped (test infrastructure, symlinks, or a header that could not be read)."""
+
+
+def filter_patch(patch: str) -> FilteredPatch:
+    """The patch without the file sections a grader must not take from the policy (SWE-bench drops test hunks)."""
+    sections: list[list[str]] = []
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("diff --git ") or not sections:
+            sections.append([])
+        sections[-1].append(line)
+    kept: list[str] = []
+    dropped: list[str] = []
+    for section in sections:
+        header = section[0].rstrip("\n")
+        match = _DIFF_HEADER.match(header)
+        if not header.startswith("diff --git "):
+            if "".join(section).strip():
+                dropped.append("<text before the first diff header>")
+            continue
+        if match is None:
+            dropped.append(header[len("diff --git ") :])
+            continue
+        paths = [_unquote(token) for token in match.groups()]
+        paths = [p[2:] if p[:2] in ("a/", "b/") else p for p in paths]
+        symlink = any(
+            line.startswith(("new mode 120000", "new file mode 120000", "old mode 120000"))
+            for line in section
+        )
+        if symlink or any(is_test_infra(p) for p in paths):
+            dropped.append(paths[-1])
+            continue
+        kept.append("".join(section))
+    return FilteredPatch("".join(kept), tuple(dropped))
+
+
+def runner_mode(task: TaskInstance) -> str | None:
+    """The sealed runner's mode for the task's test command: pytest, micro, or None (no sealed runner)."""
+    command = task.test_cmd.strip()
+    if not command or command in ("pytest", "python -m pytest"):
+        return "pytest"
+    if command == MICRO_TEST_CMD:
+        return "micro"
+    return None
+
+
+def sealed_command(mode: str, keyfile: str, test_ids: Sequence[str], python: str = "python") -> str:
+    """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline)."""
+    source = RUNNER_SOURCE.read_text()
+    args = [python, "-I", "-c", source, mode, keyfile, "--", *test_ids]
+    return "COLUMNS=200 " + " ".join(shlex.quote(a) for a in args)
+
+
+def marked_test_command(test_cmd: str) -> str:
+    """A shell command printing the test run between SWE-bench's markers, its exit code after the end marker."""
+    start, end, exit_code = SWEBENCH_MARKERS
+    return (
+        f'echo {shlex.quote(start)}; {test_cmd}; code=$?; echo {shlex.quote(end)}; echo "{exit_code}: $code"'
+    )
+
+
+@dataclass(frozen=True)
+class SealedReport:
+    """What the sealed runner reported, authenticated: outcomes, the run's own exit code, tampering found."""
+
+    outcomes: dict[str, TestOutcome]
+    complete: bool
+    exit_code: int | None
+    tampered: tuple[str, ...]
+    forged_lines: int
+    """Lines shaped like the runner's records without a valid MAC: written by code under test."""
+
+
+def read_sealed(output: str, key: bytes) -> SealedReport:
+    """The authenticated records of a sealed run; anything else in the output is the tests' own printing."""
+    outcomes: dict[str, TestOutcome] = {}
+    forged = 0
+    end: dict[str, object] | None = None
+    expected_seq = 0
+    for line in output.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind not in ("@@swerl-result", "@@swerl-end"):
+            if "@@swerl" in line:
+                forged += 1
+            continue
+        mac, _, payload = rest.partition(" ")
+        good = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac, good) or end is not None:
+            forged += 1
+            continue
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            forged += 1
+            continue
+        if kind == "@@swerl-end":
+            end = data
+            continue
+        seq, status, node = data
+        if seq != expected_seq:  # a replayed or reordered record: the run's report is not intact
+            forged += 1
+            continue
+        expected_seq += 1
+        outcomes[node] = TestOutcome(TestStatus(status))
+    complete = end is not None and end.get("results") == expected_seq
+    code = end.get("exit_code") if end else None
+    listed = end.get("tampered") if end else None
+    tampered = tuple(str(t) for t in listed) if isinstance(listed, list) else ()
+    return SealedReport(outcomes, complete, code if isinstance(code, int) else None, tampered, forged)
+
+
+def resolution_status(
+    fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], outcomes: dict[str, TestOutcome]
+) -> str:
+    """SWE-bench's rule: FULL when every F2P and P2P passes; PARTIAL when P2P all pass and some F2P do; else NO."""
+    ok = {n for n, o in outcomes.items() if o.status in (TestStatus.PASSED, TestStatus.XPASS)}
+    f2p = sum(t in ok for t in fail_to_pass)
+    p2p_ok = all(t in ok for t in pass_to_pass)
+    if p2p_ok and f2p == len(fail_to_pass):
+        return RESOLVED_FULL
+    if p2p_ok and f2p > 0:
+        return RESOLVED_PARTIAL
+    return RESOLVED_NO
 
 
 @dataclass(frozen=True)
 class Grade:
-    """The outcome of grading: reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes."""
+    """The verdict on one attempt: reward 1.0 iff its status is RESOLVED_FULL."""
 
     reward: float
+    status: str
+    """RESOLVED_FULL / RESOLVED_PARTIAL / RESOLVED_NO, or why nothing could be graded: PATCH_APPLY_FAILED, TEST_PATCH_FAILED, TIMEOUT, INCOMPLETE (the run ended before its report), TAMPERED."""
     patch: str
     outcomes: dict[str, TestOutcome] = field(default_factory=dict)
-    restored_tests: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    """Paths the patch touched that grading took from the task instead (test files and test infrastructure)."""
     timed_out: bool = False
+    sealed: bool = True
+    tampered: tuple[str, ...] = ()
+    forged_lines: int = 0
+    introspection_lines: int = 0
+    """Added lines reaching into the interpreter (frames, gc, tracers, pytest internals): a signal, not a verdict."""
+    log: str = ""
     detail: str = ""
+
+    def to_record(self) -> dict[str, object]:
+        """The grade as a JSON-ready record (evaluation's grades file, metrics)."""
+        return {
+            "reward": self.reward, "status": self.status, "sealed": self.sealed, "timed_out": self.timed_out,
+            "dropped": list(self.dropped), "tampered": list(self.tampered), "forged_lines": self.forged_lines,
+            "introspection_lines": self.introspection_lines, "detail": self.detail,
+            "tests": {n: o.status.value for n, o in self.outcomes.items()},
+        }  # fmt: skip
 
 
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
@@ -65,50 +276,88 @@ async def workspace_patch(sandbox: Sandbox) -> str | None:
     return diff if code == 0 else None
 
 
-async def restore_test_files(sandbox: Sandbox) -> tuple[str, ...] | None:
-    """Put every changed test file back to the starting commit; returns the restored paths (None: git broken)."""
-    code, status = await _git(sandbox, "diff --cached --name-status --no-renames HEAD")
-    if code != 0:
-        return None
-    added: list[str] = []
-    changed: list[str] = []
-    for line in status.splitlines():
-        kind, _, path = line.partition("\t")
-        if path and is_test_file(Path(path)):
-            (added if kind.startswith("A") else changed).append(path)
-    commands = []
-    if added:
-        commands.append(f"{_GIT} rm -q -f --cached -- " + " ".join(shlex.quote(p) for p in added))
-        commands.append("rm -f -- " + " ".join(shlex.quote(p) for p in added))
-    if changed:
-        commands.append(f"{_GIT} checkout -q HEAD -- " + " ".join(shlex.quote(p) for p in changed))
-    if commands:
-        result = await sandbox.exec(" && ".join(commands), timeout=_GIT_TIMEOUT_S)
-        if result.exit_code != 0:
-            return None
-    return tuple(sorted(added + changed))
+async def _apply(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
+    await sandbox.write_file(_PATCH_FILE, patch)
+    result = await sandbox.exec(
+        f"{_GIT} apply --whitespace=nowarn {_PATCH_FILE}; code=$?; rm -f {_PATCH_FILE}; exit $code",
+        timeout=_GIT_TIMEOUT_S,
+    )
+    return result.exit_code == 0, result.output
 
 
-async def grade(sandbox: Sandbox, task: TaskInstance, test_timeout_s: float, python: str = "python") -> Grade:
-    """Grade the workspace: the agent's patch, pristine tests, FAIL_TO_PASS + PASS_TO_PASS must all pass.
+def _introspection_lines(patch: str) -> int:
+    return sum(
+        1
+        for line in patch.splitlines()
+        if line.startswith("+") and not line.startswith("+++") and _INTROSPECTION.search(line)
+    )
 
-    A workspace whose git metadata the agent destroyed cannot be graded against pristine tests: reward 0.
-    """
-    patch = await workspace_patch(sandbox)
-    restored = await restore_test_files(sandbox) if patch is not None else None
-    if patch is None or restored is None:
-        return Grade(0.0, patch or "", detail="git metadata unusable: tests cannot be restored")
-    if task.test_patch:
-        await sandbox.write_file(_TEST_PATCH_FILE, task.test_patch)
-        result = await sandbox.exec(
-            f"{_GIT} apply --whitespace=nowarn {_TEST_PATCH_FILE}; code=$?; rm -f {_TEST_PATCH_FILE}; exit $code",
-            timeout=_GIT_TIMEOUT_S,
-        )
-        if result.exit_code != 0:
-            return Grade(0.0, patch, restored_tests=restored, detail="test_patch does not apply")
-    tests = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+
+async def grade_patch(
+    provider: SandboxProvider, task: TaskInstance, patch: str, test_timeout_s: float, python: str = "python"
+) -> Grade:
+    """Grade `patch` against `task` in a fresh sandbox with the sealed runner (see the module docstring).
+
+    A patch that does not apply is the policy's failure (reward 0); a sandbox failure raises InfraError."""
+    filtered = filter_patch(patch)
+    signal = _introspection_lines(filtered.kept)
     started = time.monotonic()
-    result, outcomes = await run_tests(sandbox, test_timeout_s, task.test_cmd, python, test_ids=tests)
-    resolved = not result.timed_out and is_resolved(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes)
-    detail = f"tests ran in {time.monotonic() - started:.1f}s" + (" (timed out)" if result.timed_out else "")
-    return Grade(float(resolved), patch, outcomes, restored, result.timed_out, detail)
+    sandbox = await start_task_sandbox(provider, task)
+    try:
+        # An empty patch is graded too: the tests decide, not an assumption about the task.
+        applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
+        if not applied:
+            return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, introspection_lines=signal,
+                         log=output, detail="the patch does not apply to the task's starting state")  # fmt: skip
+        if task.test_patch:
+            applied, output = await _apply(sandbox, task.test_patch)
+            if not applied:
+                raise InfraError(
+                    "start_failed", f"{task.instance_id}: test_patch does not apply: {output[-500:]}"
+                )
+        tests = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+        mode = runner_mode(task)
+        if mode is None:
+            result = await sandbox.exec(
+                marked_test_command(task_test_command(task.test_cmd, python, tests)), timeout=test_timeout_s
+            )
+            outcomes, report = parse_pytest_summary(result.output), None
+        else:
+            key = secrets.token_bytes(32)
+            keyfile = f".swerl-key-{secrets.token_hex(8)}"
+            await sandbox.write_file(keyfile, key.hex())
+            result = await sandbox.exec(sealed_command(mode, keyfile, tests, python), timeout=test_timeout_s)
+            report = read_sealed(result.output, key.hex().encode())
+            outcomes = report.outcomes
+    finally:
+        await sandbox.close()
+    forged = report.forged_lines if report else 0
+    base = Grade(0.0, "", patch, outcomes, filtered.dropped, result.timed_out, report is not None,
+                 forged_lines=forged, introspection_lines=signal, log=result.output,
+                 detail=f"graded in {time.monotonic() - started:.1f}s")  # fmt: skip
+    if result.timed_out:
+        return replace(base, status="TIMEOUT", detail=base.detail + " (timed out)")
+    if report is not None:
+        if not report.complete:
+            return replace(base, status="INCOMPLETE", outcomes={}, detail=base.detail + ": no intact report")
+        if report.exit_code != result.exit_code:
+            why = f": exit status {result.exit_code}, reported {report.exit_code}"
+            return replace(base, status="INCOMPLETE", outcomes={}, detail=base.detail + why)
+        if report.tampered:
+            return replace(base, status="TAMPERED", tampered=report.tampered)
+    status = resolution_status(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes)
+    return replace(base, status=status, reward=float(status == RESOLVED_FULL))
+
+
+async def grade_workspace(
+    sandbox: Sandbox,
+    provider: SandboxProvider,
+    task: TaskInstance,
+    test_timeout_s: float,
+    python: str = "python",
+) -> Grade:
+    """Grade what the agent left in `sandbox` (its patch only) in a fresh sandbox from `provider`."""
+    patch = await workspace_patch(sandbox)
+    if patch is None:
+        return Grade(0.0, "PATCH_APPLY_FAILED", "", detail="git metadata unusable: no patch could be taken")
+    return await grade_patch(provider, task, patch, test_timeout_s, python)

@@ -24,7 +24,7 @@ from typing import Any
 
 from swerl.agent.episode import EpisodeLimits, initial_messages
 from swerl.agent.fixplan import FixPlan, NoFixPlan, plan_fix, sed_substitution, wrong_edits
-from swerl.agent.grading import grade, start_task_sandbox
+from swerl.agent.grading import grade_patch, start_task_sandbox, workspace_patch
 from swerl.agent.tools import Tools
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
@@ -134,7 +134,9 @@ async def solve_task(
     test_command = test_command or task.test_cmd or TEST_COMMAND
     sandbox = await start_task_sandbox(provider, task)
     try:
-        session = _Session(task, Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars))
+        tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars, limits.max_command_bytes,
+                      limits.max_edit_bytes)  # fmt: skip
+        session = _Session(task, tools)
         if not tests_fail(await session.act("bash", {"command": test_command})):
             raise OracleSkip("tests_pass_at_start")
         plan = await _fix_plan(task, sandbox)
@@ -146,12 +148,13 @@ async def solve_task(
         if tests_fail(await session.act("bash", {"command": test_command})):
             raise OracleSkip("retest_fails")
         session.submit()
-        graded = await grade(sandbox, task, limits.test_timeout_s, python)
-        if graded.reward != 1.0:
-            raise OracleSkip("not_resolved")
-        return OracleTrace(task.instance_id, session.messages, plan.kind, did_recover, task.modifier)
+        patch = await workspace_patch(sandbox)
     finally:
         await sandbox.close()
+    graded = await grade_patch(provider, task, patch or "", limits.test_timeout_s, python)
+    if graded.reward != 1.0:
+        raise OracleSkip("not_resolved")
+    return OracleTrace(task.instance_id, session.messages, plan.kind, did_recover, task.modifier)
 
 
 async def _fix_plan(task: TaskInstance, sandbox: Sandbox) -> FixPlan:

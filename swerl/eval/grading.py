@@ -1,33 +1,29 @@
-"""Evaluation grading with the `swebench` package: its log parsers and its resolution status, on our test logs.
+"""Evaluation grading with the `swebench` package: its resolution status and its log parsers.
 
-An attempt is graded SWE-bench style: a fresh sandbox in the task's starting state, the agent's patch applied,
-every test file put back as it was, the task's test_patch applied, then the task's test command run between
-SWE-bench's output markers. The log is graded by swebench's `get_eval_report` (the parser of the task's repository
-from swebench's maps, else its pytest parser) and counts as resolved only when its status is RESOLVED_FULL: every
-FAIL_TO_PASS and PASS_TO_PASS test passes. SWE-bench, SWE-smith and swerl's own tasks all follow this one rule.
+An attempt is graded by swerl's one grader (swerl/agent/grading.py: a fresh sandbox in the task's starting state,
+the patch without its test-infrastructure sections, the task's test_patch, the sealed runner whose results code
+under test cannot forge); `swebench_verdict` then states the verdict with swebench's own `get_resolution_status`
+over those authenticated statuses, RESOLVED_FULL counting as resolved. Training reward and evaluation therefore
+share one grader. `grade_log` grades a log written by another harness (SWE-bench's or SWE-smith's own runs) with
+swebench's parsers; it trusts the log's text and is never used to score the policy.
 
-`swebench` is the optional extra `swerl[swebench]`, imported only when a log is graded (it imports its Modal
+`swebench` is the optional extra `swerl[swebench]`, imported only when a verdict is stated (it imports its Modal
 client on import, ~4 s).
 """
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.grading import restore_test_files, start_task_sandbox, workspace_patch
+from swerl.agent.grading import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, Grade, grade_patch
 from swerl.data.schema import TaskInstance
-from swerl.data.testrun import task_test_command
-from swerl.errors import InfraError
 from swerl.sandbox.base import SandboxProvider
 
 DEFAULT_PARSER = "parse_log_pytest"
-_GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false"
-_PATCH_FILE = ".swerl-eval.patch"
 
 
 def _swebench() -> Any:
@@ -109,64 +105,42 @@ def grade_log(task: TaskInstance, log: str, parser: str | None = None) -> LogGra
     return LogGrade(bool(entry["resolved"]), str(status), parser, True, kept)
 
 
-def marked_test_command(test_cmd: str) -> str:
-    """A shell command printing the test run between SWE-bench's markers, its exit code after the end marker."""
-    constants, _, _ = _swebench()
-    return (
-        f"echo {shlex.quote(constants.START_TEST_OUTPUT)}; {test_cmd}; code=$?; "
-        f'echo {shlex.quote(constants.END_TEST_OUTPUT)}; echo "{constants.TEST_EXIT_CODE}: $code"'
-    )
-
-
 @dataclass(frozen=True)
 class AttemptGrade:
-    """One attempt graded from its test log (log kept for the record)."""
+    """One attempt graded by the sealed grader, with swebench's verdict on its authenticated test statuses."""
 
     grade: LogGrade
     log: str
     detail: str = ""
+    sealed: Grade | None = None
+
+
+def swebench_verdict(task: TaskInstance, graded: Grade) -> LogGrade:
+    """swebench's resolution status over the sealed grader's test outcomes (never over text the tests printed)."""
+    if not graded.sealed and graded.status in (RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO):
+        return grade_log(task, graded.log)  # no sealed runner for this command: its log, by swebench's parser
+    parser = log_parser_for(task) if not graded.sealed else "sealed"
+    if graded.status not in (RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO):
+        return LogGrade(False, graded.status, parser, graded.status not in ("INCOMPLETE", "TIMEOUT"))
+    constants, grading, _ = _swebench()
+    passed = {n for n, o in graded.outcomes.items() if o.status.value in ("PASSED", "XPASS")}
+    tests = {
+        key: {"success": [t for t in ids if t in passed], "failure": [t for t in ids if t not in passed]}
+        for key, ids in (
+            (constants.FAIL_TO_PASS, task.FAIL_TO_PASS),
+            (constants.PASS_TO_PASS, task.PASS_TO_PASS),
+        )
+    }
+    status = str(grading.get_resolution_status(tests))
+    if status != graded.status:  # two statements of one rule: a disagreement is a grader bug, not a verdict
+        raise RuntimeError(f"{task.instance_id}: swebench says {status}, swerl's grader says {graded.status}")
+    return LogGrade(status == constants.ResolvedStatus.FULL.value, status, parser, True, tests)
 
 
 async def grade_attempt(
     provider: SandboxProvider, task: TaskInstance, patch: str, test_timeout_s: float, python: str = "python"
 ) -> AttemptGrade:
-    """Apply `patch` in a fresh sandbox of the task, restore the tests, run them, grade the log with swebench.
-
-    A patch that does not apply is unresolved (as in SWE-bench); a sandbox failure raises InfraError.
-    """
-    if not patch.strip():
-        return AttemptGrade(LogGrade(False, "EMPTY_PATCH", log_parser_for(task), True), "", "empty patch")
-    sandbox = await start_task_sandbox(provider, task)
-    try:
-        await sandbox.write_file(_PATCH_FILE, patch)
-        applied = await sandbox.exec(
-            f"{_GIT} apply --whitespace=nowarn {_PATCH_FILE}; code=$?; rm -f {_PATCH_FILE}; exit $code",
-            timeout=60,
-        )
-        if applied.exit_code != 0:
-            grade = LogGrade(False, "PATCH_APPLY_FAILED", log_parser_for(task), True)
-            return AttemptGrade(
-                grade, applied.output, "the agent's patch does not apply to the starting state"
-            )
-        if await workspace_patch(sandbox) is None or await restore_test_files(sandbox) is None:
-            raise InfraError(
-                "sandbox_died", f"{task.instance_id}: git unusable in a fresh evaluation sandbox"
-            )
-        if task.test_patch:
-            await sandbox.write_file(_PATCH_FILE, task.test_patch)
-            result = await sandbox.exec(
-                f"{_GIT} apply --whitespace=nowarn {_PATCH_FILE}; code=$?; rm -f {_PATCH_FILE}; exit $code",
-                timeout=60,
-            )
-            if result.exit_code != 0:
-                grade = LogGrade(False, "TEST_PATCH_FAILED", log_parser_for(task), True)
-                return AttemptGrade(grade, result.output, "test_patch does not apply over the agent's patch")
-        command = task_test_command(task.test_cmd, python, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS])
-        result = await sandbox.exec(marked_test_command(command), timeout=test_timeout_s)
-    finally:
-        await sandbox.close()
-    # swebench's environment-failure classification stays advisory (as in swebench): an out-of-memory kill can
-    # be the patch's doing, and a retry must never turn a policy failure into a missing task.
-    return AttemptGrade(
-        grade_log(task, result.output), result.output, "timed out" if result.timed_out else ""
-    )
+    """Grade `patch` with the one grader (swerl/agent/grading.py: a fresh sandbox, test infrastructure from the
+    task, the sealed runner), then state the verdict as swebench does. A sandbox failure raises InfraError."""
+    graded = await grade_patch(provider, task, patch, test_timeout_s, python)
+    return AttemptGrade(swebench_verdict(task, graded), graded.log, graded.detail, graded)

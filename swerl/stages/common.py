@@ -141,6 +141,8 @@ def episode_limits(agent: AgentConfig) -> EpisodeLimits:
         test_timeout_s=agent.test_timeout_s,
         episode_timeout_s=agent.episode_timeout_s,
         max_malformed_calls=agent.max_malformed_calls,
+        max_command_bytes=agent.max_command_bytes,
+        max_edit_bytes=agent.max_edit_bytes,
     )
 
 
