@@ -161,7 +161,8 @@ async def async_steps(trainer: Trainer, engine: EmulatedEngine, episode: Episode
                              journal=RolloutJournal(None, "bench"))  # fmt: skip
     settings = AsyncSettings(steps=trainer.step + steps, tasks_per_step=b, max_staleness=4,
                              staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=False,
-                             max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None)  # fmt: skip
+                             max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None,
+                             max_empty_steps=3)  # fmt: skip
 
     def on_step(stats: dict[str, float], batch: Batch) -> None:
         history.append(stats)

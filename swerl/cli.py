@@ -73,8 +73,28 @@ def _warm_tracking(cfg: PipelineConfig) -> None:
         log.debug("tracking warm-up failed: %s", exc)
 
 
+def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
+    """`swerl doctor` before a run: the refusal (failed checks named, with their numbers) that stops it, or None
+    (it passed, or --ignore-doctor was given: then it is only a warning)."""
+    from swerl.doctor import diagnose
+
+    report = diagnose(cfg)
+    if report.ok:
+        return None
+    failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.ok]
+    message = "swerl doctor refuses this config on this machine:\n  " + "\n  ".join(failed)
+    if ignore:
+        log.warning("%s\n(--ignore-doctor: running anyway; the run may hit a cap)", message)
+        return None
+    return message + "\nfix the config (see `swerl doctor`) or pass --ignore-doctor to run anyway"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    refusal = doctor_refusal(cfg, args.ignore_doctor)
+    if refusal is not None:
+        print(f"swerl run: {refusal}", file=sys.stderr)
+        return 1
     _prefect_env()
     t0 = time.monotonic()
     # Open the MLflow store while Prefect imports and starts its API (both take seconds; there are 2 cores).
@@ -220,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run the pipeline (finished stages are skipped)")
     with_config(p_run)
     p_run.add_argument("--force", action="append", choices=STAGES, help="rerun this stage and all after it")
+    p_run.add_argument("--ignore-doctor", action="store_true",
+                       help="run even when `swerl doctor` refuses the config on this machine")  # fmt: skip
     p_run.set_defaults(func=cmd_run)
 
     p_up = sub.add_parser("up", help="start Prefect server, MLflow UI and SeaweedFS on loopback until Ctrl-C")

@@ -9,11 +9,19 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from swerl.data.micro import GENERATOR_VERSION
 from swerl.errors import INFRA_CAUSES
@@ -37,10 +45,32 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the offending key."""
 
 
-class StrictModel(BaseModel):
-    """Base for every config section: unknown keys and wrong types are errors."""
+def _numeric_annotation(annotation: Any) -> bool:
+    """Whether a field's type is a number (int or float, maybe optional), not a boolean."""
+    if annotation is bool:
+        return False
+    if annotation in (int, float):
+        return True
+    return any(_numeric_annotation(arg) for arg in get_args(annotation) if arg is not type(None))
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys and wrong types are errors.
+
+    Numbers are strict where YAML would let a mistake through: a float must be finite (`.inf`, `.nan` are
+    refused: a budget or a rate of infinity is written as the field's None, where it has one), and a boolean is
+    not a number (`workers: true` is an error, not 1)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric_annotation(field.annotation):
+                raise ValueError(f"must be a number, not the boolean {v}")
+        return v
 
 
 class RunConfig(StrictModel):
@@ -65,6 +95,8 @@ class StorageConfig(StrictModel):
     """Retries (total attempts) for a failing object-storage request before it is an InfraError(storage)."""
     max_pool_connections: int = Field(16, ge=1, le=4096)
     """HTTP connection pool size of the S3 client (named here so no library default decides it)."""
+    keep_checkpoints: int = Field(3, ge=1, le=1000)
+    """Training checkpoints kept in the store per stage key (the newest N, plus any a published result uses)."""
 
     @field_validator("root")
     @classmethod
@@ -269,6 +301,13 @@ class AgentConfig(StrictModel):
     """Wall clock of one command the agent runs; a timeout is an observation, not an infra error."""
     max_observation_chars: int = Field(2000, ge=100, le=10_000_000)
     """A tool output longer than this is cut in the middle (head and tail kept)."""
+    max_command_bytes: int = Field(65_536, ge=256, le=126_976)
+    """A bash command longer than this (UTF-8 bytes) is refused with an error observation, not run: one argv
+    string cannot exceed Linux's 128 KiB (MAX_ARG_STRLEN), so a longer one would fail to start as if the sandbox
+    had broken."""
+    max_edit_bytes: int = Field(1_048_576, ge=1024, le=1 << 30)
+    """str_replace's `old` and `new` together, and the file it edits, at most this many UTF-8 bytes; more is an
+    error observation."""
     test_timeout_s: float = Field(60.0, gt=0, le=86400)
     """Wall clock of the grading test run after the episode."""
     episode_timeout_s: float = Field(600.0, gt=0, le=7 * 86400)
@@ -406,7 +445,8 @@ class SFTConfig(StrictModel):
     max_steps: int = Field(300, ge=1, le=10_000_000)
     """Optimizer steps (the cosine schedule ends here)."""
     time_budget_s: float | None = Field(None, gt=0)
-    """Wall-clock budget: when set, max_steps is lowered to what a measured step time allows."""
+    """Wall-clock guard only (max_steps decides what is trained): a run past it ends early, with a warning, the
+    report's `budget` and an MLflow tag; the time of earlier attempts counts (saved in each checkpoint)."""
     lr: float = Field(1e-3, gt=0, le=10)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(20, ge=0, le=10_000_000)
@@ -431,9 +471,13 @@ class GRPOScheduleConfig(StrictModel):
     time_budget_s: float | None = Field(None, gt=0)
     """Wall-clock budget for training. async: no step starts after it, a batch still being collected when it runs
     out is given back untrained (its groups stay journaled), and an update the previous one's duration says would
-    end past it is not started; sync: stops after the step during which it ran out."""
+    end past it is not started; sync: stops after the step during which it ran out. A guard only (steps decide
+    what is trained): ending early is a warning and a report field; earlier attempts' time counts (checkpointed)."""
     checkpoint_every: int = Field(5, ge=0, le=10_000_000)
     """Steps between checkpoints; 0: only at the end."""
+    max_empty_steps: int = Field(3, ge=1, le=1_000_000)
+    """Consecutive batches with nothing trainable (every group dropped: fewer than two valid attempts) before the
+    stage fails; such a batch is never counted as a step."""
     task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
     """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
 
@@ -640,6 +684,8 @@ class EvaluateConfig(StrictModel):
     confidence: float = Field(0.95, gt=0, lt=1)
     threads: int = Field(1, ge=1, le=1024)
     """torch intra-op threads of the engine."""
+    max_missing_share: float = Field(0.2, ge=0, le=1)
+    """A model with more than this share of its tasks missing (no valid attempt) fails the stage, naming them."""
 
 
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$|^[A-Za-z]{3}(-[A-Za-z]{3})?$")
@@ -774,6 +820,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {source} is not valid YAML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {source} is not UTF-8 text: {exc}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

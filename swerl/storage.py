@@ -12,13 +12,33 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 
 from swerl.errors import InfraError
+
+T = TypeVar("T")
+
+
+class CorruptStoreFile(ValueError):
+    """A store object that exists but cannot be read as what it should be (truncated, not JSON, wrong shape)."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri = uri
+        self.reason = reason
+        super().__init__(f"damaged store file {uri}: {reason}")
+
+
+class StoreFileMissing(FileNotFoundError):
+    """A store object that is not there; the message names its URI."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(f"store file {uri} does not exist")
 
 
 @dataclass(frozen=True)
@@ -116,13 +136,32 @@ class Store:
     def read_bytes(self, rel: str) -> bytes:
         try:
             return bytes(self.fs.cat_file(self._path(rel)))
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as exc:
+            raise StoreFileMissing(self.uri(rel)) from exc
         except Exception as exc:  # noqa: BLE001
             raise InfraError("storage", f"reading {self.uri(rel)} failed: {exc}") from exc
 
+    def read_parsed(self, rel: str, parse: Callable[[bytes], T], what: str = "") -> T:
+        """Read an object and parse it; a parse failure raises CorruptStoreFile naming the object's URI."""
+        data = self.read_bytes(rel)
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - whatever the parser raises, the file is what is wrong
+            detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            kind = f"not a valid {what} " if what else ""
+            raise CorruptStoreFile(self.uri(rel), f"{kind}({len(data)} bytes; {detail})") from exc
+
     def read_json(self, rel: str) -> Any:
-        return json.loads(self.read_bytes(rel))
+        return self.read_parsed(rel, json.loads, "JSON document")
+
+    def remove(self, rel: str, recursive: bool = False) -> None:
+        """Delete an object (or, recursive, everything under a prefix); absent is not an error."""
+        try:
+            self.fs.rm(self._path(rel), recursive=recursive)
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # noqa: BLE001
+            raise InfraError("storage", f"removing {self.uri(rel)} failed: {exc}") from exc
 
     def get_file(self, rel: str, local: Path) -> Path:
         """Download an object to a local path (atomically on the local side)."""
@@ -132,8 +171,8 @@ class Store:
         try:
             self.fs.get_file(self._path(rel), str(tmp))
             os.replace(tmp, local)
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as exc:
+            raise StoreFileMissing(self.uri(rel)) from exc
         except Exception as exc:  # noqa: BLE001
             raise InfraError("storage", f"downloading {self.uri(rel)} failed: {exc}") from exc
         finally:
@@ -141,11 +180,32 @@ class Store:
         return local
 
     def rel_of(self, uri: str) -> str:
-        """The store-relative path of a URI inside this store."""
+        """The store-relative path of a URI inside this store, or of a path already relative to its root.
+
+        Manifests record store-relative paths, so a store copied or synced elsewhere (another directory, file
+        <-> S3) still resolves them; absolute URIs (older manifests) are accepted when inside this store.
+        """
+        if "://" not in uri:
+            self._path(uri)  # validates it
+            return uri.strip("/")
         prefix = self.root_uri + "/"
         if not uri.startswith(prefix):
-            raise ValueError(f"{uri} is not inside store {self.root_uri}")
+            raise ValueError(
+                f"{uri} is not inside store {self.root_uri} (an absolute URI written by a store that was "
+                "since moved; manifests written now hold store-relative paths)"
+            )
         return uri[len(prefix) :]
+
+    def relative(self, uri: str) -> str:
+        """What a manifest records for a URI: store-relative when inside this store, else unchanged."""
+        try:
+            return self.rel_of(uri)
+        except ValueError:
+            return uri
+
+    def resolve(self, uri: str) -> str:
+        """The full URI in this store of a store-relative path (an absolute URI is returned unchanged)."""
+        return uri if "://" in uri else self.uri(uri)
 
     def list(self, rel: str) -> list[str]:
         """Store-relative paths directly under a prefix (empty if none)."""

@@ -7,7 +7,10 @@ Prefect's task engine log to the right run.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -23,6 +26,48 @@ SECRET_KEY_PATTERN = re.compile(
     r"(secret|password|passwd|api[_-]?key|access[_-]?key|credential|(^|[._-])token$)", re.I
 )
 MLFLOW_PARAM_VALUE_MAX = 6000
+
+OWNER_PID_TAG = "swerl.owner.pid"
+OWNER_HOST_TAG = "swerl.owner.host"
+OWNER_START_TAG = "swerl.owner.start"
+
+_log = logging.getLogger("swerl.tracking")
+
+
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for its owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def process_owner() -> dict[str, str]:
+    """Who this process is: pid, host and start time (what a run or a workdir records as its owner)."""
+    pid = os.getpid()
+    return {"pid": str(pid), "host": socket.gethostname(), "start": _process_start(pid)}
+
+
+def owner_is_dead(owner: Mapping[str, str]) -> bool:
+    """True when the recorded owner is a process of this host that no longer runs (unknown hosts: False)."""
+    if owner.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(owner.get("pid", ""))
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    start = owner.get("start", "")
+    return bool(start) and _process_start(pid) not in ("", start)
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -114,8 +159,54 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001 - an unreachable tracking server is infrastructure
             raise InfraError("storage", f"MLflow at {self.uri} unavailable: {exc}") from exc
 
+    def mark_dead_runs(self) -> list[str]:
+        """Mark KILLED this experiment's runs left RUNNING by a process of this host that is gone; their ids.
+
+        Each run records its owner (pid, host, process start time) in tags; a run whose owner no longer runs was
+        killed (SIGKILL, power loss) before it could end itself. Runs of other hosts, or without owner tags, are
+        left alone: nothing here can tell whether they still run.
+        """
+        try:
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed clean-up must not stop a run from starting
+            _log.warning("could not look for runs left RUNNING in MLflow at %s: %s", self.uri, exc)
+            return []
+        killed = []
+        for found in runs:
+            tags = found.data.tags
+            owner = {
+                "pid": tags.get(OWNER_PID_TAG, ""),
+                "host": tags.get(OWNER_HOST_TAG, ""),
+                "start": tags.get(OWNER_START_TAG, ""),
+            }
+            if not owner["pid"] or not owner_is_dead(owner):
+                continue
+            run_id = found.info.run_id
+            try:
+                self.client.set_tag(run_id, "swerl.killed", "owner process gone; marked by a later run")
+                self.client.set_terminated(run_id, status="KILLED")
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("could not mark MLflow run %s KILLED: %s", run_id, exc)
+                continue
+            _log.warning(
+                "MLflow run %s (%s) was left RUNNING by process %s on %s, which is gone: marked KILLED",
+                run_id, tags.get("mlflow.runName", "?"), owner["pid"], owner["host"],
+            )  # fmt: skip
+            killed.append(run_id)
+        return killed
+
     def _start(self, name: str, tags: Mapping[str, Any], parent: StageRun | None) -> StageRun:
-        all_tags = {"mlflow.runName": name, **{k: str(v) for k, v in tags.items()}}
+        self.mark_dead_runs()
+        owner = process_owner()
+        all_tags = {
+            "mlflow.runName": name,
+            OWNER_PID_TAG: owner["pid"],
+            OWNER_HOST_TAG: owner["host"],
+            OWNER_START_TAG: owner["start"],
+            **{k: str(v) for k, v in tags.items()},
+        }
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name)

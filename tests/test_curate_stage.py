@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+
+import pytest
 
 from swerl.config import CurateConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
-from swerl.stages.curate import run_curate, split_by_repo
+from swerl.stages.curate import NoTasksError, run_curate, split_by_repo
 from swerl.stages.runner import run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
@@ -60,3 +63,38 @@ def test_run_curate_writes_split_task_files(tmp_path: Path):
 
     again = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=3)
     assert again.skipped and again.manifest.key == manifest.key
+
+
+def _repo(root: Path, test_body: str) -> Path:
+    """A one-module repository with one test file."""
+    root.mkdir(parents=True)
+    (root / "calc.py").write_text("def add(a, b):\n    if a < b:\n        return a + b\n    return b + a\n")
+    (root / "test_calc.py").write_text(f"from calc import add\n\n\ndef test_add():\n    {test_body}\n")
+    return root
+
+
+def test_a_repository_that_yields_no_task_fails_with_the_clean_runs_output(tmp_path: Path):
+    broken = _repo(tmp_path / "broken", "assert add(1, 2) == 4, 'CLEAN-RUN-MARKER'")  # fails on clean code
+    cfg = CurateConfig(
+        repos=[str(broken)], max_candidates_per_repo=2, validation_workers=1, decontaminate=False
+    )
+    store = Store(str(tmp_path / "store"))
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-test")
+    with pytest.raises(NoTasksError, match="none of the 1 repositories yielded a task") as caught:
+        run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0)
+    message = str(caught.value)
+    assert "broken: skipped: clean_suite_fails" in message and "CLEAN-RUN-MARKER" in message, message
+
+
+def test_several_repositories_warn_per_repository_without_a_task(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    broken = _repo(tmp_path / "broken", "assert add(1, 2) == 4")
+    cfg = CurateConfig(repos=[str(broken), "builtin:intervals"], max_candidates_per_repo=3, validation_workers=2,
+                       decontaminate=False)  # fmt: skip
+    store = Store(str(tmp_path / "store"))
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-test")
+    with caplog.at_level(logging.WARNING):
+        outcome = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0)
+    assert outcome.result is not None and outcome.result.metrics["valid"] > 0
+    assert "repository broken yielded no task (skipped: clean_suite_fails)" in caplog.text

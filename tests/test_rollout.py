@@ -53,7 +53,8 @@ LIMITS = EpisodeLimits(max_turns=4, max_trajectory_tokens=2048, max_new_tokens_p
 def async_settings(**knobs: Any) -> AsyncSettings:
     """The async loop's settings with the values these tests were written for, changed by knobs."""
     base: dict[str, Any] = dict(staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=True,
-                                max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None)  # fmt: skip
+                                max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None,
+                                max_empty_steps=3)  # fmt: skip
     return AsyncSettings(**(base | knobs))
 
 
@@ -644,3 +645,103 @@ def test_histograms_are_written_as_an_image_and_raw_values(tmp_path: Path) -> No
     image, raw = write_histograms([1.5, 2.0, 30.0], [3, 8, 30], tmp_path)
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 1000
     assert json.loads(raw.read_text()) == {"duration_s": [1.5, 2.0, 30.0], "turns": [3, 8, 30]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batches with nothing trainable are not steps
+
+
+class CountingTrainer:
+    """A PolicyTrainer that counts its updates (what matters here is whether the loop calls it)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.trained: list[list[list[Trajectory]]] = []
+
+    def train_step(self, groups: Any) -> dict[str, float]:
+        self.trained.append([list(group) for group in groups])
+        self.step += 1
+        return {
+            "groups_dropped": 0.0,
+            "time_update_s": 0.0,
+            "time_logprob_recompute_s": 0.0,
+            "reward_mean": 0.0,
+        }
+
+    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
+        path = Path(out_dir) / f"v{self.step}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+class VersionEngine:
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        self.versions.append(version)
+
+
+def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_stage(tmp_path: Path) -> None:
+    """Groups with fewer than two valid attempts fill the slots once dynamic sampling's extras are spent: such a
+    batch is never trained and never counts as a step (the ledger says few_valid); max_empty_steps of them in a
+    row fail the stage, saying why."""
+    from swerl.rollout.sync_loop import NothingTrainable
+
+    rewards: list[list[float | None]] = [[1, 0], [0, None], [None, None], [0, None], [None, 1], [1, 0]]
+    state = JournalState(
+        {seq: (0, finished_group(seq, r, float(seq))) for seq, r in enumerate(rewards)}, len(rewards) - 1
+    )
+    trainer, ledger = CountingTrainer(), Ledger()
+
+    async def run(steps: int, max_empty_steps: int) -> None:
+        manager = RolloutManager(None, never_finishes, lambda seq: seq,  # type: ignore[arg-type]
+                                 n_attempts=2, max_in_flight=1, max_buffered_groups=100,
+                                 journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager.restore(state, Ledger())
+        settings = async_settings(steps=steps, tasks_per_step=1, max_staleness=10, max_extra_groups_per_step=0,
+                                  max_empty_steps=max_empty_steps)  # fmt: skip
+        await train_async(trainer, VersionEngine(), manager, settings, ledger, export_dir=tmp_path / "exports",  # type: ignore[arg-type]
+                          on_step=lambda stats, batch: None, save=lambda ledger: None)  # fmt: skip
+
+    asyncio.run(run(steps=2, max_empty_steps=5))
+    # seq 0 trains step 1; 1, 2, 3, 4 have under two valid attempts each: not steps; seq 5 trains step 2
+    assert trainer.step == 2 and [len(batch) for batch in trainer.trained] == [1, 1]
+    assert [reason for _, _, reason in ledger.entries] == ["trained", *["few_valid"] * 4, "trained"]
+    assert {step for _, step, _ in ledger.entries} == {1, 2}
+
+    trainer, ledger = CountingTrainer(), Ledger()
+    with pytest.raises(
+        NothingTrainable, match=r"3 batches in a row had nothing to train on .*max_empty_steps = 3"
+    ):
+        asyncio.run(run(steps=5, max_empty_steps=3))
+    assert trainer.step == 1
+
+
+def test_sync_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_stage(tmp_path: Path) -> None:
+    from swerl.rollout.sync_loop import NothingTrainable, SyncProgress, SyncSettings, train_sync
+
+    # Task t's attempts: valid unless t is in `broken` (every attempt an infrastructure error).
+    broken = {1, 2}
+
+    async def episode(engine: Any, task: int, *, attempt: int, group_id: str) -> Trajectory:
+        reward = None if task in broken else float(attempt % 2)
+        return trajectory([0], reward, attempt, group_id).model_copy(update={"task_id": str(task)})
+
+    async def run(steps: int, max_empty: int, progress: SyncProgress) -> CountingTrainer:
+        trainer = CountingTrainer()
+        settings = SyncSettings(steps=steps, tasks_per_step=1, attempts_per_task=2, concurrency=2,
+                                checkpoint_every=0, deadline=None, max_empty_steps=max_empty)  # fmt: skip
+        await train_sync(trainer, VersionEngine(), list(range(6)), episode, settings, export_dir=tmp_path,  # type: ignore[arg-type]
+                         on_step=lambda stats, groups: None, save=lambda: None, progress=progress)  # fmt: skip
+        return trainer
+
+    progress = SyncProgress()
+    trainer = asyncio.run(run(steps=3, max_empty=5, progress=progress))
+    assert trainer.step == 3 and progress.skipped_batches == 2  # tasks 0, 3, 4 trained; 1 and 2 skipped
+    assert [[int(t.task_id) for t in batch[0]] for batch in trainer.trained] == [[0, 0], [3, 3], [4, 4]]
+    assert "every one with fewer than two valid attempts" in progress.skipped_reasons[0]
+
+    broken = {1, 2, 3}
+    with pytest.raises(NothingTrainable, match="3 batches in a row"):
+        asyncio.run(run(steps=3, max_empty=3, progress=SyncProgress()))

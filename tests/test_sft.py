@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,6 @@ from swerl.train.sft import (
     pack_rows,
     packed_logits,
     prepare_examples,
-    replan_after,
     shifted_labels,
     summed_target_nll,
     train_sft,
@@ -295,22 +297,57 @@ def test_overfits_four_conversations_and_reports_metrics(tokenizer, examples) ->
     assert all(m.num_tokens <= 4 * 96 and 0 <= m.padding_fraction < 1 for m in metrics)
 
 
-def test_replan_at_the_end_of_warmup_sets_the_schedule_for_the_rest(tokenizer, examples) -> None:
-    """A time budget is planned on the real steps: replan gets the warm-up's step times once, and the cosine
-    schedule from there on ends at the step count it returns (the warm-up's rates do not depend on it)."""
-    seen: list[list[float]] = []
+def test_stop_ends_the_run_early_on_the_schedule_of_max_steps(tokenizer, examples, tmp_path: Path) -> None:
+    """The stage's time guard: stop ends a run where it says, the cosine still ends at max_steps (the rates of the
+    steps taken are those of the full run), and the final checkpoint holds the step it ended at."""
+    asked: list[int] = []
 
-    def replan(step_seconds: list[float]) -> int:
-        seen.append(list(step_seconds))
-        return 9
+    def stop(step: int) -> bool:
+        asked.append(step)
+        return step == 4
 
     metrics: list[StepMetrics] = []
-    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, warmup_steps=6, lr=1e-3,
-                       min_lr_ratio=0.1, on_step=metrics.append, replan=replan)  # fmt: skip
-    assert len(seen) == 1 and len(seen[0]) == replan_after(6) == 6 and all(t > 0 for t in seen[0])
-    assert result.state.step == 9 and [m.step for m in metrics] == list(range(1, 10))
-    assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 1e-3, 6, 9, 0.1) for s in range(9)])
-    assert metrics[-1].lr == pytest.approx(1e-4)
+    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, warmup_steps=2, lr=1e-3,
+                       min_lr_ratio=0.1, on_step=metrics.append, stop=stop, checkpoint_dir=tmp_path)  # fmt: skip
+    assert asked == [0, 1, 2, 3, 4] and result.state.step == 4 and [m.step for m in metrics] == [1, 2, 3, 4]
+    assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 1e-3, 2, 1000, 0.1) for s in range(4)])
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004"]
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(i * i for i in range(10_000))
+
+
+def _train_a_few_steps(tokenizer: Any, examples: Any) -> dict[str, torch.Tensor]:
+    model = tiny_model(tokenizer, seed=3)
+    train_sft(model, examples, seq_len=64, max_steps=8, rows_per_micro_batch=2, grad_accum_steps=2, lr=3e-3,
+              warmup_steps=2, seed=11)  # fmt: skip
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_the_same_seed_gives_bit_identical_weights_on_a_loaded_machine(tokenizer, examples) -> None:
+    """Step counts, not time, decide what is trained: the same SFT run beside CPU burners (one per core) gives the
+    same weights bit for bit as on the idle machine."""
+    idle = _train_a_few_steps(tokenizer, examples)
+    context = multiprocessing.get_context("spawn")
+    burners = [context.Process(target=_burn, args=(120.0,), daemon=True) for _ in range(os.cpu_count() or 2)]
+    for burner in burners:
+        burner.start()
+    try:
+        time.sleep(0.5)  # the burners are running
+        assert all(burner.is_alive() for burner in burners)
+        loaded = _train_a_few_steps(tokenizer, examples)
+        assert all(burner.is_alive() for burner in burners)  # they were beside it the whole time
+    finally:
+        for burner in burners:
+            burner.terminate()
+            burner.join()
+    assert idle.keys() == loaded.keys()
+    assert all(torch.equal(idle[k], loaded[k]) for k in idle), [
+        k for k in idle if not torch.equal(idle[k], loaded[k])
+    ]
 
 
 def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, examples) -> None:

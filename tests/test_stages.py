@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from swerl.config import (
     TinyModelConfig,
     TracesConfig,
 )
+from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.model.loading import load_model_and_tokenizer
 from swerl.model.toolcall import ToolCall, parse_tool_call
@@ -40,7 +42,14 @@ from swerl.stages import grpo as grpo_module
 from swerl.stages import sft as sft_module
 from swerl.stages.common import COMPLETE_MARKER, DurableCheckpoints, get_dir
 from swerl.stages.curate import run_curate
-from swerl.stages.evaluate import EvaluateStage, run_evaluate
+from swerl.stages.evaluate import (
+    EvaluateStage,
+    TooManyMissingError,
+    check_missing,
+    publish,
+    run_evaluate,
+    summarize,
+)
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import (
     Manifest,
@@ -55,7 +64,8 @@ from swerl.stages.sft import SFTStage, run_sft
 from swerl.stages.traces import TracesStage, run_traces
 from swerl.storage import Store
 from swerl.tracking import Tracker
-from swerl.train.sft import replan_after
+from swerl.train import sft as train_sft_module
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
 
@@ -273,20 +283,82 @@ def test_sft_publishes_loadable_base_and_model_and_the_loss_falls(
     assert env.store.exists(f"{checkpoints}/step_00000006/{COMPLETE_MARKER}")
 
 
-def test_sft_time_budget_plans_the_steps_on_the_real_warmup_steps(
-    env: Env, curate: Manifest, traces: Manifest
+def test_sft_trains_max_steps_whatever_the_warmup_took_and_the_same_weights(
+    env: Env,
+    curate: Manifest,
+    traces: Manifest,
+    sft: Manifest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    """With a time budget the step count comes from the warm-up's measured step times (kept in plan.json for a
-    resumed run), and the cosine schedule ends on the last planned step."""
-    sft = SFT.model_copy(update={"max_steps": 10_000, "time_budget_s": 4.0, "warmup_steps": 1})
-    manifest = env.run(
-        "sft-budget", run_sft, SFTStage.build(sft=sft, agent=AGENT, engine=ENGINE), [curate, traces]
-    ).manifest
+    """A loaded machine's slow warm-up (5 steps of 0.6 s here) once planned fewer steps from a time budget; now
+    max_steps decides: the budget only guards, and the weights equal the unbudgeted run's bit for bit."""
+    original = train_sft_module.train_step
+    calls: list[int] = []
+
+    def slow_warmup(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= 5:
+            time.sleep(0.6)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_sft_module, "train_step", slow_warmup)
+    cfg = SFTStage.build(sft=SFT.model_copy(update={"time_budget_s": 3.6}), agent=AGENT, engine=ENGINE)
+    manifest = env.run("sft-loaded", run_sft, cfg, [curate, traces]).manifest
     report = env.json(manifest, "sft_report.json")
-    plan = report["plan"]
-    assert plan["seconds_per_step"] > 0 and replan_after(1) <= plan["max_steps"] < 10_000
-    assert report["steps"] == plan["max_steps"]
-    assert report["train_s"] < 4.0 + 10 * plan["seconds_per_step"]  # the budget, give or take a few steps
+    assert report["steps"] == SFT.max_steps and not report["budget"]["ended_by_budget"], report["budget"]
+    assert manifest.metrics["ended_by_budget"] == 0.0 and manifest.metrics["max_steps"] == SFT.max_steps
+    reference = state_dict(get_dir(env.store, sft, "model", tmp_path / "reference"))
+    weights = state_dict(get_dir(env.store, manifest, "model", tmp_path / "loaded"))
+    assert all(torch.equal(reference[k], weights[k]) for k in reference)
+
+
+def test_sft_time_budget_ends_the_stage_loudly_and_counts_across_resumes(
+    env: Env,
+    curate: Manifest,
+    traces: Manifest,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Steps of 0.5 s against a 1.2 s guard: the stage ends early, said in the log, the report, the manifest's
+    metrics and an MLflow tag; the elapsed time is saved in each checkpoint, so a rerun of a crashed stage does
+    not start its budget afresh."""
+    original = train_sft_module.train_step
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_sft_module, "train_step", slow)
+    sft_cfg = SFT.model_copy(update={"max_steps": 20, "time_budget_s": 1.2, "checkpoint_every": 1})
+    cfg = SFTStage.build(sft=sft_cfg, agent=AGENT, engine=ENGINE)
+    with caplog.at_level(logging.WARNING):
+        manifest = env.run("sft-guard", run_sft, cfg, [curate, traces]).manifest
+    report = env.json(manifest, "sft_report.json")
+    ended = report["budget"]["ended_at_step"]
+    assert report["budget"]["ended_by_budget"] and 1 <= ended < 20 and report["steps"] == ended
+    assert manifest.metrics["ended_by_budget"] == 1.0
+    assert f"ended the stage at step {ended} of 20" in caplog.text
+    tags = env.tracker.client.get_run(manifest.mlflow_run_id).data.tags
+    assert tags["swerl.sft.ended_by_budget"] == f"step {ended} of 20"
+
+    # The same config again under another name, crashed after its first checkpoint: the rerun resumes with the
+    # first attempt's time counted, so the guard ends it at once instead of granting a fresh 1.2 s.
+    original_sync = DurableCheckpoints.sync
+
+    def crash_after_the_first(self: DurableCheckpoints) -> list[str]:
+        done = original_sync(self)
+        if done:  # step_00000001, holding the ~1 s the first attempt had spent by then
+            raise RuntimeError("injected crash")
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", crash_after_the_first)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        env.run("sft-guard-crash", run_sft, cfg, [curate, traces])
+    monkeypatch.setattr(DurableCheckpoints, "sync", original_sync)
+    resumed = env.run("sft-guard-crash", run_sft, cfg, [curate, traces])
+    budget = env.json(resumed.manifest, "sft_report.json")["budget"]
+    assert budget["elapsed_before_s"] > 0.5 and budget["ended_by_budget"], budget
 
 
 def test_sft_refuses_a_model_path_without_a_model(
@@ -411,6 +483,85 @@ def test_grpo_takes_its_steps_and_publishes_the_model(env: Env, grpo: Manifest, 
     assert env.store.exists(f"stages/grpo/{grpo.key}/checkpoints/step_00000002/{COMPLETE_MARKER}")
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_grpo_that_trained_no_step_does_not_publish_the_sft_weights(
+    env: Env, curate: Manifest, sft: Manifest, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A time budget spent before the first step: the stage fails saying so (it once published the SFT model as
+    GRPO's result), the budget's end is a warning, and no manifest is written."""
+    schedule = GRPO.schedule.model_copy(update={"time_budget_s": 1e-3})
+    cfg = GRPOStage(
+        grpo=GRPO.model_copy(update={"mode": mode, "schedule": schedule}), agent=AGENT, engine=ENGINE
+    )
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(RuntimeError, match=r"trained 0 of 2 steps .*not published"),
+    ):
+        env.run(f"grpo-no-step-{mode}", run_grpo, cfg, [curate, sft])
+    assert "ended the stage at step 0 of 2" in caplog.text
+    assert (
+        load_manifest(
+            env.store, f"grpo-no-step-{mode}", stage_key_of(f"grpo-no-step-{mode}", cfg, [curate, sft])
+        )
+        is None
+    )
+
+
+def test_grpo_time_budget_ends_the_stage_loudly_and_counts_across_resumes(
+    env: Env,
+    curate: Manifest,
+    sft: Manifest,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Step 1's checkpoint upload takes past the 20 s guard: the stage ends at step 1 of 2, said in the log, the
+    report, the manifest's metrics and an MLflow tag. Then a crash after step 1's checkpoint: the rerun resumes with
+    the first attempt's seconds (saved in the checkpoint) counted against its budget."""
+    schedule = GRPO.schedule.model_copy(update={"time_budget_s": 20.0})
+    cfg = GRPOStage(grpo=GRPO.model_copy(update={"schedule": schedule}), agent=AGENT, engine=ENGINE)
+    original = DurableCheckpoints.sync
+
+    def slow_after_step_1(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if "step_00000001" in done:
+            time.sleep(20.0)
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", slow_after_step_1)
+    with caplog.at_level(logging.WARNING):
+        manifest = env.run("grpo-guard", run_grpo, cfg, [curate, sft]).manifest
+    report = env.json(manifest, "grpo_report.json")
+    assert (
+        report["steps"] == 1
+        and report["budget"]["ended_by_budget"]
+        and report["budget"]["ended_at_step"] == 1
+    )
+    assert manifest.metrics["ended_by_budget"] == 1.0 and manifest.metrics["max_steps"] == 2
+    assert "ended the stage at step 1 of 2" in caplog.text
+    assert (
+        env.tracker.client.get_run(manifest.mlflow_run_id).data.tags["swerl.grpo.ended_by_budget"]
+        == "step 1 of 2"
+    )
+
+    def crash_after_step_1(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if "step_00000001" in done:
+            raise RuntimeError("injected crash")
+        return done
+
+    cfg = GRPOStage(grpo=GRPO.model_copy(update={"schedule": schedule.model_copy(update={"time_budget_s": 600.0})}),
+                    agent=AGENT, engine=ENGINE)  # fmt: skip
+    monkeypatch.setattr(DurableCheckpoints, "sync", crash_after_step_1)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        env.run("grpo-guard-crash", run_grpo, cfg, [curate, sft])
+    monkeypatch.setattr(DurableCheckpoints, "sync", original)
+    report = env.json(env.run("grpo-guard-crash", run_grpo, cfg, [curate, sft]).manifest, "grpo_report.json")
+    assert (report["steps"], report["steps_this_attempt"]) == (2, 1)
+    assert report["budget"]["elapsed_before_s"] > 0 and not report["budget"]["ended_by_budget"], report[
+        "budget"
+    ]
+
+
 def test_grpo_refuses_an_agent_cap_beyond_the_engine_context(
     env: Env, curate: Manifest, sft: Manifest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -476,3 +627,33 @@ def test_evaluate_refuses_a_curation_without_held_out_tasks(scratch_env: Env) ->
     cfg = EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE)
     with pytest.raises(ValueError, match="no held-out tasks"):
         scratch_env.run("evaluate", run_evaluate, cfg, [empty])
+
+
+def test_evaluate_fails_naming_the_missing_tasks_instead_of_publishing_nan() -> None:
+    """A model whose tasks were lost to the infrastructure: over evaluate.max_missing_share missing fails the
+    stage before anything is published, naming the tasks; every task missing (pass@1 NaN) always fails."""
+    tasks = [TaskInstance(instance_id=f"micro__t{i}", repo="swerl-micro/eval-0", base_commit="c", problem_statement="p",
+                          patch="d", patch_kind="bug", FAIL_TO_PASS=["t::a"], source="test") for i in (1, 2)]  # fmt: skip
+    ok, lost = tasks
+
+    def attempt(task_id: str, reward: float | None) -> Trajectory:
+        status = EpisodeStatus.INFRA_ERROR if reward is None else EpisodeStatus.RESOLVED
+        return Trajectory(task_id=task_id, status=status, reward=reward,
+                          infra_cause="engine_http" if reward is None else None)  # fmt: skip
+
+    half = summarize([attempt(ok.instance_id, 1.0), attempt(lost.instance_id, None)], tasks, EVALUATE, 0)
+    none = summarize([attempt(ok.instance_id, None), attempt(lost.instance_id, None)], tasks, EVALUATE, 0)
+    assert math.isnan(none["pass@1"])
+    ctx: Any = None  # the check comes before any artifact: publish never reaches the context
+    with pytest.raises(TooManyMissingError, match=rf"sft: 1 of 2 tasks missing \(50%\): {lost.instance_id}"):
+        publish(EVALUATE, ctx, {"sft": half}, {}, cast(Any, None), "")
+    with pytest.raises(TooManyMissingError, match="base: 2 of 2 tasks missing"):
+        publish(
+            EVALUATE.model_copy(update={"max_missing_share": 1.0}),
+            ctx,
+            {"base": none},
+            {},
+            cast(Any, None),
+            "",
+        )
+    check_missing(EVALUATE.model_copy(update={"max_missing_share": 0.5}), {"sft": half})  # within the share

@@ -29,6 +29,7 @@ from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
 from swerl.rollout.step import PolicyTrainer, train_and_sync
+from swerl.rollout.sync_loop import NothingTrainable, nothing_trainable_reason, trainable
 from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class AsyncSettings:
     max_extra_groups_per_step: int
     checkpoint_every: int
     time_budget_s: float | None
+    max_empty_steps: int
+    """Consecutive batches with nothing trainable (every group dropped) before NothingTrainable is raised."""
 
 
 @dataclass
@@ -78,6 +81,16 @@ def give_back(batch: Batch, manager: RolloutManager[Any], ledger: Ledger, step: 
     count = len(batch.trained_groups)
     batch.groups, batch.trained_groups = [], []
     return count
+
+
+def discard_untrainable(batch: Batch, ledger: Ledger, step: int) -> None:
+    """A batch none of whose groups can be trained (each has fewer than two valid attempts) is not a step: its
+    groups' 'trained' marks become 'few_valid' discards, and nothing goes to the trainer."""
+    for group in batch.trained_groups:
+        ledger.remove(group.seq, step, "trained")
+        ledger.add(group.seq, step, "few_valid")
+        batch.discarded["few_valid"] += 1
+    batch.groups, batch.trained_groups = [], []
 
 
 def no_gradient_reason(trajectories: list[Trajectory]) -> str | None:
@@ -150,8 +163,12 @@ async def train_async(
     save: Callable[[Ledger], None],
     infra_counts: dict[str, int] | None = None,
     on_export: Callable[[Path, int], None] | None = None,
-) -> None:
-    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent).
+) -> bool:
+    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent); returns
+    whether the time budget ended it (said as a warning).
+
+    A batch whose groups were all dropped is not a step (discard_untrainable); settings.max_empty_steps of them
+    in a row raise NothingTrainable.
 
     on_export(path, step) sees every exported checkpoint once the engine has loaded it; it must not block (it
     runs on the event loop; an evaluation it starts runs as its own task).
@@ -160,25 +177,43 @@ async def train_async(
     deadline = None if settings.time_budget_s is None else started + settings.time_budget_s
     last_update_s: float | None = None  # the previous step's update: what the next one is expected to take
     totals: collections.Counter[str] = collections.Counter()
+    empty_in_a_row = 0
+    of = f"of {settings.steps}"
     manager.start()
     try:
         while trainer.step < settings.steps:
             if deadline is not None and time.monotonic() >= deadline:
-                logger.info("grpo async: time budget spent after %d steps", trainer.step)
-                break
+                logger.warning("grpo async: the time budget ended the stage at step %d %s", trainer.step, of)
+                return True
             step_started = time.monotonic()
             version = trainer.step
             try:
                 batch = await collect_batch(manager, version, settings, ledger, deadline)
             except BudgetSpent as spent:
-                logger.info("grpo async: time budget spent after %d steps, waiting for the next batch (%s; given "
-                            "back untrained)", trainer.step, spent)  # fmt: skip
-                break
+                logger.warning("grpo async: the time budget ended the stage at step %d %s, waiting for the next "
+                               "batch (%s; given back untrained)", trainer.step, of, spent)  # fmt: skip
+                return True
+            if not any(trainable(group) for group in batch.groups):
+                reason = nothing_trainable_reason(batch.groups)
+                discard_untrainable(batch, ledger, version + 1)
+                empty_in_a_row += 1
+                logger.warning("grpo async: nothing trainable in the batch for step %d (%s): not a step (%d in a "
+                               "row, at most %d)", version + 1, reason, empty_in_a_row,
+                               settings.max_empty_steps)  # fmt: skip
+                if empty_in_a_row >= settings.max_empty_steps:
+                    raise NothingTrainable(
+                        f"grpo async: {empty_in_a_row} batches in a row had nothing to train on (grpo.schedule."
+                        f"max_empty_steps = {settings.max_empty_steps}) at step {trainer.step} {of}; the last: "
+                        f"{reason}"
+                    )
+                continue
+            empty_in_a_row = 0
             if _update_would_overrun(deadline, last_update_s):
                 returned = give_back(batch, manager, ledger, version + 1)
-                logger.info("grpo async: time budget spent after %d steps: an update (~%.0f s) would end past it; "
-                            "%d groups given back untrained", trainer.step, last_update_s, returned)  # fmt: skip
-                break
+                logger.warning("grpo async: the time budget ended the stage at step %d %s: an update (~%.0f s) "
+                               "would end past it; %d groups given back untrained", trainer.step, of, last_update_s,
+                               returned)  # fmt: skip
+                return True
             waited = time.monotonic() - step_started
             outcome = await train_and_sync(trainer, engine, batch.groups, export_dir)
             last_update_s = outcome.update_s
@@ -194,6 +229,7 @@ async def train_async(
                 save(ledger)
     finally:
         await manager.close()
+    return False
 
 
 def _update_would_overrun(deadline: float | None, last_update_s: float | None) -> bool:

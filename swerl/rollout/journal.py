@@ -12,14 +12,19 @@ or absent (rerun). So nothing finished is lost and nothing is trained twice, wha
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.storage import Store
+from swerl.storage import CorruptStoreFile, Store
 from swerl.trajectory import Trajectory
+
+_log = logging.getLogger("swerl.journal")
 
 LEDGER_FILE = "rollout_ledger.json"
 _ATTEMPT_NAME = re.compile(r"^r(\d+)-a(\d+)\.json$")
@@ -93,15 +98,24 @@ class Ledger:
 
     def save(self, directory: Path) -> Path:
         path = directory / LEDGER_FILE
-        path.write_text(json.dumps({"entries": self.entries, "written_at": time.time()}))
+        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps({"entries": self.entries, "written_at": time.time()}))
+        os.replace(tmp, path)  # atomic: a crash leaves the old ledger or the new one, never half of one
         return path
 
     @classmethod
     def load(cls, directory: Path | None) -> Ledger:
+        """The ledger saved in a checkpoint directory (empty if none); CorruptStoreFile naming it if damaged."""
         if directory is None or not (directory / LEDGER_FILE).is_file():
             return cls()
-        body: dict[str, Any] = json.loads((directory / LEDGER_FILE).read_text())
-        return cls([(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]])
+        path = directory / LEDGER_FILE
+        try:
+            body: dict[str, Any] = json.loads(path.read_text())
+            return cls([(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]])
+        except Exception as exc:  # noqa: BLE001 - whatever fails, the file is what is wrong
+            raise CorruptStoreFile(
+                str(path), f"not a valid rollout ledger ({type(exc).__name__}: {exc})"
+            ) from exc
 
 
 @dataclass
@@ -110,6 +124,8 @@ class JournalState:
 
     groups: dict[int, tuple[int, dict[int, FinishedAttempt]]]
     max_seq: int  # -1 when empty
+    damaged: list[str] = field(default_factory=list)
+    """URIs of journal entries that could not be read: skipped (their attempts rerun), logged and counted."""
 
 
 class RolloutJournal:
@@ -131,6 +147,7 @@ class RolloutJournal:
     def load(self, skip: set[int]) -> JournalState:
         """Read the journal; groups in `skip` (consumed) are only counted for the data position, not read."""
         groups: dict[int, tuple[int, dict[int, FinishedAttempt]]] = {}
+        damaged: list[str] = []
         max_seq = -1
         if self.store is None:
             return JournalState(groups, max_seq)
@@ -150,9 +167,15 @@ class RolloutJournal:
             if not files:
                 continue
             generation = max(files)
-            attempts = {
-                index: FinishedAttempt.from_json(self.store.read_bytes(rel))
-                for index, rel in files[generation].items()
-            }
+            attempts = {}
+            for index, rel in files[generation].items():
+                try:
+                    attempts[index] = self.store.read_parsed(rel, FinishedAttempt.from_json, "journal entry")
+                except CorruptStoreFile as exc:
+                    damaged.append(exc.uri)
+                    _log.warning("%s: skipped, its attempt reruns", exc)
             groups[seq] = (generation, attempts)
-        return JournalState(groups, max_seq)
+        if damaged:
+            _log.warning("rollout journal %s: %d damaged entries skipped (their attempts rerun)",
+                         self.store.uri(self.prefix), len(damaged))  # fmt: skip
+        return JournalState(groups, max_seq, damaged)

@@ -4,6 +4,10 @@ Artifacts: train.parquet and eval.parquet (TaskInstance rows) and curate_report.
 modifier, rejection reasons, dataset row rejections, decontamination counts). Micro repositories (`micro`) are
 synthesized like the others; their tasks keep their generator split (eval vocabulary -> eval.parquet) and the
 report counts them as two repositories, 'micro-train' and 'micro-eval'.
+
+A repository that yields no task is loud: a warning per repository (with why: skipped, every candidate rejected),
+and the stage fails when none of the configured repositories yields a task, with the test runner's output of a
+clean run of the first few of them (rerun for the message).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from swerl.data.repos import RepoSpec, resolve_repos
 from swerl.data.schema import TaskInstance, normalize_repo
 from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
+from swerl.data.testrun import run_tests
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider
@@ -32,6 +37,65 @@ def micro_specs(micro: MicroSource) -> list[RepoSpec]:
     """The configured micro repositories, materialized (train ones first), as repositories to synthesize from."""
     counts = {"train": micro.train_repos, "eval": micro.eval_repos}
     return [micro_repo_spec(split, micro.seed, index) for split in SPLITS for index in range(counts[split])]
+
+
+class NoTasksError(RuntimeError):
+    """No configured repository yielded a task."""
+
+
+CLEAN_OUTPUT_CHARS = 3000
+"""The tail of each clean run's output a failing stage quotes."""
+DIAGNOSED_REPOS = 3
+"""Repositories whose clean suite is rerun for the failure message."""
+
+
+def _why_no_task(report: RepoReport) -> str:
+    if report.skipped:
+        return f"skipped: {report.skipped}"
+    if not sum(report.candidates.values()):
+        return f"no bug candidate (sites by modifier: {dict(report.sites) or 'none'})"
+    return f"every candidate rejected: {dict(report.rejections)}"
+
+
+async def _clean_output(spec: RepoSpec, provider: SandboxProvider, timeout_s: float) -> str:
+    """One clean run of a repository's test suite in a fresh sandbox: the runner's exit, output tail."""
+    try:
+        sandbox = await provider.start(spec.path)
+        try:
+            result, outcomes = await run_tests(sandbox, timeout_s, spec.test_cmd)
+        finally:
+            await sandbox.close()
+    except Exception as exc:  # noqa: BLE001 - the message must say what the sandbox did, whatever it was
+        return f"(the clean run could not run: {type(exc).__name__}: {exc})"
+    tail = result.output[-CLEAN_OUTPUT_CHARS:]
+    return (f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''} in {result.duration_s:.1f} s, "
+            f"{len(outcomes)} test outcomes parsed; output{' (tail)' if len(result.output) > len(tail) else ''}:"
+            f"\n{tail}")  # fmt: skip
+
+
+def _check_yield(
+    ctx: StageContext, specs: Sequence[RepoSpec], reports: Sequence[RepoReport], provider: SandboxProvider,
+    timeout_s: float,
+) -> None:  # fmt: skip
+    """Warn per repository without a task; fail, with clean runs' output, when no repository yields one."""
+    empty = [
+        (spec, report) for spec, report in zip(specs, reports, strict=True) if not sum(report.valid.values())
+    ]
+    for spec, report in empty:
+        ctx.log.warning("curate: repository %s yielded no task (%s)", spec.name, _why_no_task(report))
+    if not specs or len(empty) < len(specs):
+        return
+    diagnosed = [
+        f"--- {spec.name}: {_why_no_task(report)}; clean run of `{spec.test_cmd or 'pytest'}`: "
+        + run_async(_clean_output(spec, provider, timeout_s))
+        for spec, report in empty[:DIAGNOSED_REPOS]
+    ]
+    raise NoTasksError(
+        f"curate: none of the {len(specs)} repositories yielded a task"
+        + (f" (the first {DIAGNOSED_REPOS} below)" if len(empty) > DIAGNOSED_REPOS else "")
+        + ":\n"
+        + "\n".join(diagnosed)
+    )
 
 
 async def _synthesize_all(
@@ -209,9 +273,11 @@ def _synthesize_logged(
     try:
         if not all_specs:
             return [], []
-        return run_async(
+        tasks, reports = run_async(
             _synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro))
         )
+        _check_yield(ctx, all_specs, reports, provider, cfg.sandbox.timeout_s)
+        return tasks, reports
     finally:
         release_provider(provider)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -32,7 +33,7 @@ from swerl.data.schema import TaskInstance
 from swerl.engine.base import SamplingParams
 from swerl.engine.factory import open_engine
 from swerl.errors import InfraError
-from swerl.eval.grading import grade_attempt
+from swerl.eval.grading import AttemptGrade, grade_attempt
 from swerl.eval.metrics import pass_at_1, pass_at_k, stratum_table
 from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_report, plot_strata
 from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
@@ -174,7 +175,8 @@ async def evaluate_model(
                 grades.append({"task_id": task.instance_id, "attempt": attempt, "retry": retry,
                                "episode_reward": trajectory.reward, "reward": reward, "status": graded.grade.status,
                                "parser": graded.grade.parser, "tests": graded.grade.tests,
-                               "infra_reason": graded.grade.infra_reason, "detail": graded.detail})  # fmt: skip
+                               "infra_reason": graded.grade.infra_reason, "detail": graded.detail,
+                               **_sealed_fields(graded)})  # fmt: skip
                 status = trajectory.status
                 if status in (EpisodeStatus.RESOLVED, EpisodeStatus.UNRESOLVED):
                     status = EpisodeStatus.RESOLVED if reward == 1.0 else EpisodeStatus.UNRESOLVED
@@ -185,6 +187,15 @@ async def evaluate_model(
 
         trajectories = await asyncio.gather(*(one(t, k) for t in tasks for k in range(cfg.evaluate.attempts)))
     return list(trajectories), grades
+
+
+def _sealed_fields(graded: AttemptGrade) -> dict[str, Any]:
+    """What the grader took from the task instead of the patch, and any forgery or tampering it saw."""
+    sealed = graded.sealed
+    if sealed is None:
+        return {}
+    return {"sealed": sealed.sealed, "dropped": list(sealed.dropped), "tampered": list(sealed.tampered),
+            "forged_lines": sealed.forged_lines, "introspection_lines": sealed.introspection_lines}  # fmt: skip
 
 
 def pass_at_ks(attempts: int) -> list[int]:
@@ -319,11 +330,42 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
                        summary=f"pass@1: {summary_line}")  # fmt: skip
 
 
+class TooManyMissingError(RuntimeError):
+    """An evaluation missing more than evaluate.max_missing_share of its tasks (or with no scored task)."""
+
+
+def missing_tasks(summary: dict[str, Any]) -> list[str]:
+    """The tasks of a model's summary without one scored attempt (every attempt lost to the infrastructure)."""
+    return sorted(t for t, rewards in summary["per_task"].items() if all(r is None for r in rewards))
+
+
+def check_missing(ev: EvaluateConfig, results: dict[str, Any]) -> None:
+    """Fail, naming the missing tasks, when a model misses more than ev.max_missing_share of its tasks or has no
+    scored task at all: a published pass@1 is never NaN and never silently over a fraction of the subset."""
+    problems = []
+    for name, summary in results.items():
+        missing, total = missing_tasks(summary), len(summary["per_task"])
+        share = len(missing) / total if total else 1.0
+        if share > ev.max_missing_share or not summary["tasks"] or math.isnan(summary["pass@1"]):
+            more = f", ... ({len(missing) - 20} more)" if len(missing) > 20 else ""
+            shown = ", ".join(missing[:20]) + more
+            problems.append(f"{name}: {len(missing)} of {total} tasks missing ({share:.0%}): {shown}")
+    if problems:
+        raise TooManyMissingError(
+            f"evaluate: more than evaluate.max_missing_share = {ev.max_missing_share:.0%} of the tasks have no "
+            "scored attempt (every attempt an infrastructure error; see the log and failures/*), nothing "
+            "published:\n" + "\n".join(problems)
+        )
+
+
 def publish(
     ev: EvaluateConfig, ctx: StageContext, results: dict[str, Any], episodes: dict[str, bytes], subset: Subset,
     subset_uri: str,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
-    """Comparisons, report, plot; then (every model evaluated) the artifacts and one MLflow eval run per model."""
+    """Comparisons, report, plot; then (every model evaluated) the artifacts and one MLflow eval run per model.
+
+    Nothing is published for an evaluation that lost too many tasks (check_missing)."""
+    check_missing(ev, results)
     per_task = {name: r["per_task"] for name, r in results.items()}
     comparisons = compare_consecutive(per_task, ev.comparison_samples, ev.confidence, ctx.seed)
     markdown = markdown_report(results, comparisons, attempts=ev.attempts, temperature=ev.temperature,

@@ -33,7 +33,7 @@ from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
 from swerl.model.loading import context_length, load_model_and_tokenizer, load_tokenizer
 from swerl.rollout.environments import EnvironmentPlanner, ProviderEnvironments
-from swerl.rollout.sync_loop import SyncSettings, train_sync
+from swerl.rollout.sync_loop import SyncProgress, SyncSettings, train_sync
 from swerl.sandbox.pool import SandboxPool
 from swerl.stages.common import (
     DurableCheckpoints,
@@ -56,6 +56,9 @@ from swerl.trajectory import Trajectory
 
 FAILURES_FILE = "failure_counts.json"
 """Infrastructure failures by cause so far, saved inside every trainer checkpoint (a resumed stage continues them)."""
+SCHEDULE_FILE = "schedule_state.json"
+"""The stage's seconds spent so far and (sync) the batches skipped for having nothing trainable, saved inside every
+trainer checkpoint: a resumed stage continues its time budget and data position from there."""
 
 
 class GRPOStage(StrictModel):
@@ -139,12 +142,19 @@ class _GRPORun:
     counts: dict[str, int]  # infrastructure failures by cause, continued from the checkpoint's
     asynchronous: AsyncGRPO | None
     evaluator: CheckpointEvaluator | None
+    started: float = field(default_factory=time.monotonic)
+    elapsed_before_s: float = 0.0  # spent by earlier attempts, up to the resumed checkpoint
+    progress: SyncProgress = field(default_factory=SyncProgress)
     history: list[dict[str, float]] = field(default_factory=list)
 
+    @property
+    def elapsed_s(self) -> float:
+        return self.elapsed_before_s + time.monotonic() - self.started
+
     def save(self) -> Path:
-        return save(
-            self.trainer, self.durable, self.cfg.grpo, len(self.order), self.counts, self.asynchronous
-        )
+        path = save(self.trainer, self.durable, self.cfg.grpo, len(self.order), self.counts, self.asynchronous,
+                    skipped_batches=self.progress.skipped_batches, elapsed_s=self.elapsed_s)  # fmt: skip
+        return path
 
     def on_sync_step(self, stats: dict[str, float], groups: list[list[Trajectory]]) -> None:
         g, step = self.cfg.grpo, self.trainer.step
@@ -176,19 +186,53 @@ def _run_grpo(
         trainer.load(resume)
         serve_dir = resume
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
-    asynchronous = AsyncGRPO(ctx, g, order, resume) if g.mode == "async" else None
+    state = load_schedule_state(resume)
+    before_s = float(state.get("elapsed_s", 0.0))
+    budget = g.schedule.time_budget_s
+    if budget is not None and before_s > 0:
+        ctx.log.info("grpo: %.0f s of the %.0f s time budget spent by earlier attempts", before_s, budget)
+    # The async loop measures its budget from its own start: it gets what earlier attempts left.
+    g_async = g if budget is None else g.model_copy(update={"schedule": g.schedule.model_copy(
+        update={"time_budget_s": max(1e-6, budget - before_s)})})  # fmt: skip
+    asynchronous = AsyncGRPO(ctx, g_async, order, resume) if g.mode == "async" else None
     run = _GRPORun(
         cfg, ctx, trainer, durable, order, sandbox_pool(cfg.agent.sandbox, git_baseline=True),
         load_failure_counts(resume), asynchronous,
         checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None,
+        started=started, elapsed_before_s=before_s,
+        progress=SyncProgress(skipped_batches=int(state.get("skipped_batches", 0))),
     )  # fmt: skip
     run_async(_sample_and_train(run, tokenizer, sampling, serve_dir, started))
     if run.history:  # the final state, whatever the checkpoint interval
         run.save()
     if asynchronous is not None:
         asynchronous.log_histograms()
+    _check_trained(run)
     put_dir(ctx, "model", trainer.save_model(ctx.workdir / "model"))
     return _result(run, resume, started)
+
+
+def _check_trained(run: _GRPORun) -> None:
+    """Say loudly when the time budget ended the stage early; refuse to publish the SFT weights as GRPO's result
+    when no step was trained although some were asked for."""
+    g, ctx, step = run.cfg.grpo, run.ctx, run.trainer.step
+    steps = g.schedule.steps
+    if steps == 0:
+        ctx.log.warning("grpo: grpo.schedule.steps is 0: the GRPO model is the SFT model, unchanged")
+        return
+    if step >= steps:
+        return
+    run.progress.ended_by_budget = True  # the loops return early only when the budget is spent
+    ctx.run.set_tags({"swerl.grpo.ended_by_budget": f"step {step} of {steps}"})
+    ctx.log.warning("grpo: the time budget of %s s ended the stage at step %d of %d (%.0f s spent): raise "
+                    "grpo.schedule.time_budget_s or lower grpo.schedule.steps", g.schedule.time_budget_s, step,
+                    steps, run.elapsed_s)  # fmt: skip
+    if step == 0:
+        raise RuntimeError(
+            f"grpo: trained 0 of {steps} steps before the time budget of {g.schedule.time_budget_s} s ran out "
+            f"({run.elapsed_s:.0f} s spent, {run.elapsed_before_s:.0f} s of them by earlier attempts); the SFT "
+            "weights are not published as GRPO's result (set grpo.schedule.steps: 0 to pass them on on purpose)"
+        )
 
 
 async def _sample_and_train(
@@ -224,12 +268,14 @@ async def _sample_and_train(
             return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.rollout.attempts_per_task)
 
         if run.asynchronous is None:
-            deadline = None if g.schedule.time_budget_s is None else started + g.schedule.time_budget_s
+            budget = g.schedule.time_budget_s
+            deadline = None if budget is None else started + budget - run.elapsed_before_s
             settings = SyncSettings(steps=g.schedule.steps, tasks_per_step=g.schedule.tasks_per_step,
                                     attempts_per_task=g.rollout.attempts_per_task, concurrency=g.rollout.concurrency,
-                                    checkpoint_every=g.schedule.checkpoint_every, deadline=deadline)  # fmt: skip
+                                    checkpoint_every=g.schedule.checkpoint_every, deadline=deadline,
+                                    max_empty_steps=g.schedule.max_empty_steps)  # fmt: skip
             await train_sync(trainer, engine, run.order, episode, settings, export_dir=ctx.workdir / "exports",
-                             on_step=run.on_sync_step, save=run.save)  # fmt: skip
+                             on_step=run.on_sync_step, save=run.save, progress=run.progress)  # fmt: skip
             return
         trained = False
         try:
@@ -256,6 +302,17 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         "history": history,
         "wall_s": time.monotonic() - started,
         "mode": g.mode,
+        "max_steps": g.schedule.steps,
+        "budget": {
+            "time_budget_s": g.schedule.time_budget_s,
+            "elapsed_s": run.elapsed_s,
+            "elapsed_before_s": run.elapsed_before_s,
+            "ended_by_budget": run.progress.ended_by_budget,
+            "ended_at_step": trainer.step if run.progress.ended_by_budget else None,
+        },
+        "skipped_batches": run.progress.skipped_batches,
+        "skipped_reasons": run.progress.skipped_reasons,
+        "sft_passed_on": g.schedule.steps == 0,
     }
     if run.asynchronous is not None:
         report |= {"data_position": run.asynchronous.next_seq, "ledger": run.asynchronous.ledger.entries,
@@ -263,7 +320,9 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
     if run.evaluator is not None:
         report["evaluations"] = run.evaluator.report()
     run.ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
-    metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"]}
+    metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"], "max_steps": float(g.schedule.steps),
+               "ended_by_budget": float(run.progress.ended_by_budget),
+               "skipped_batches": float(run.progress.skipped_batches)}  # fmt: skip
     if rewards:
         third = max(1, len(rewards) // 3)
         metrics |= {"reward_first_third": sum(rewards[:third]) / third,
@@ -271,6 +330,8 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
     lines = ["# GRPO", "", f"- {trainer.step} steps of {g.schedule.tasks_per_step} tasks x {g.rollout.attempts_per_task} attempts",
              f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
              f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
+    if run.progress.ended_by_budget:
+        lines.append(f"- **ended by the time budget** at step {trainer.step} of {g.schedule.steps}")
     if run.evaluator is not None:
         lines.append(f"- evaluations beside training: {run.evaluator.summary_line()}")
     return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
@@ -285,12 +346,23 @@ def save(
     num_tasks: int,
     counts: dict[str, int],
     asynchronous: AsyncGRPO | None = None,
+    *,
+    skipped_batches: int = 0,
+    elapsed_s: float = 0.0,
 ) -> Path:
     # Async: the data position is the manager's (groups opened); the ledger of consumed groups joins the checkpoint.
-    position = asynchronous.next_seq if asynchronous else trainer.step * g.schedule.tasks_per_step
+    # Sync: steps and skipped batches (nothing trainable) both took B tasks.
+    position = (
+        asynchronous.next_seq
+        if asynchronous
+        else (trainer.step + skipped_batches) * g.schedule.tasks_per_step
+    )
     path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
                         num_examples=num_tasks, keep_last=2)  # fmt: skip
     save_failure_counts(path, counts)
+    (path / SCHEDULE_FILE).write_text(
+        json.dumps({"elapsed_s": elapsed_s, "skipped_batches": skipped_batches})
+    )
     if asynchronous is not None:
         asynchronous.write_state(path)
     durable.sync()
@@ -302,6 +374,13 @@ def save_failure_counts(checkpoint_dir: Path, counts: dict[str, int]) -> Path:
     path = checkpoint_dir / FAILURES_FILE
     path.write_text(json.dumps(dict(sorted(counts.items()))))
     return path
+
+
+def load_schedule_state(checkpoint_dir: Path | None) -> dict[str, Any]:
+    """The elapsed time and skipped batches saved in a restored checkpoint; empty without one."""
+    if checkpoint_dir is None or not (checkpoint_dir / SCHEDULE_FILE).is_file():
+        return {}
+    return dict(json.loads((checkpoint_dir / SCHEDULE_FILE).read_text()))
 
 
 def load_failure_counts(checkpoint_dir: Path | None) -> dict[str, int]:
@@ -327,4 +406,9 @@ def episode_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
             for name in ("env_install_s", "sandbox_start_s", "tools_s", "tests_s", "sandbox_s")
         },
         "submitted_rate": (statuses["resolved"] + statuses["unresolved"]) / len(flat),
+        # what the grader refused (swerl/agent/grading.py): a policy learning to game it shows here first
+        "grader_tampered": float(sum(bool(t.tampered) for t in flat)),
+        "grader_incomplete": float(sum(t.grade_status == "INCOMPLETE" for t in flat)),
+        "grader_timeout": float(sum(t.grade_status == "TIMEOUT" for t in flat)),
+        "grader_test_edits_dropped": float(sum(bool(t.dropped_paths) for t in flat)),
     }

@@ -29,6 +29,7 @@ def settings_from_config(g: GRPOConfig) -> AsyncSettings:
         staleness_policy=StalenessPolicy(g.rollout.staleness_policy), max_requeues=g.rollout.max_requeues,
         dynamic_sampling=g.rollout.dynamic_sampling, max_extra_groups_per_step=g.rollout.max_extra_groups_per_step,
         checkpoint_every=g.schedule.checkpoint_every, time_budget_s=g.schedule.time_budget_s,
+        max_empty_steps=g.schedule.max_empty_steps,
     )  # fmt: skip
 
 

@@ -5,6 +5,13 @@ config hash, the fingerprints of its input manifests and the run seed; if `stage
 the stage is skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced rerun never
 overwrites the artifacts a published manifest points to, and the manifest is written last, atomically. A failed
 stage leaves no manifest, and the next run resumes there.
+
+Manifests record store-relative paths (artifacts, inputs, their own), so a store copied or synced elsewhere is
+reused as it is; `load_manifest` resolves them against the store it reads from. A damaged manifest (truncated,
+not a manifest) means the stage is not done: it is logged and the stage reruns.
+
+Each attempt's scratch workdir lives under `WORK_ROOT` beside an owner file (pid, host, process start); the next
+run of the same stage removes the workdirs of owners that are gone (a killed stage), never a live one's.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -25,8 +33,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from swerl.config import config_hash
-from swerl.storage import Artifact, Store
-from swerl.tracking import StageRun, Tracker
+from swerl.storage import Artifact, CorruptStoreFile, Store
+from swerl.tracking import StageRun, Tracker, owner_is_dead, process_owner
 
 MANIFEST_VERSION = 1
 
@@ -152,11 +160,104 @@ def manifest_path(stage: str, key: str) -> str:
     return f"stages/{stage}/{key}/manifest.json"
 
 
-def load_manifest(store: Store, stage: str, key: str) -> Manifest | None:
+def _rebase(store: Store, uri: str) -> str:
+    """A URI recorded in a manifest, as a full URI of `store`.
+
+    Store-relative paths (what manifests record now) resolve against the store; an absolute URI inside the store
+    is kept; an absolute URI of a store since moved (an older manifest in a copied store) is rebased by its
+    `stages/...` part when that is present.
+    """
+    if "://" not in uri:
+        return store.uri(uri)
+    try:
+        store.rel_of(uri)
+        return uri
+    except ValueError:
+        pass
+    marker = uri.find("/stages/")
+    return store.uri(uri[marker + 1 :]) if marker >= 0 else uri
+
+
+def manifest_bytes(store: Store, manifest: Manifest) -> bytes:
+    """A manifest as stored: its URIs relative to the store root."""
+    body = manifest.model_copy(deep=True)
+    body.uri = store.relative(body.uri)
+    for record in body.artifacts.values():
+        record.uri = store.relative(record.uri)
+    for ref in body.inputs:
+        ref.uri = store.relative(ref.uri)
+    return body.model_dump_json(indent=2).encode()
+
+
+def read_manifest(store: Store, rel: str) -> Manifest:
+    """Read a stored manifest, its URIs resolved against `store`; CorruptStoreFile (naming it) if damaged."""
+    manifest = store.read_parsed(rel, Manifest.model_validate_json, "stage manifest")
+    manifest.uri = _rebase(store, manifest.uri) if manifest.uri else store.uri(rel)
+    for record in manifest.artifacts.values():
+        record.uri = _rebase(store, record.uri)
+    for ref in manifest.inputs:
+        ref.uri = _rebase(store, ref.uri)
+    return manifest
+
+
+def load_manifest(store: Store, stage: str, key: str, log: logging.Logger | None = None) -> Manifest | None:
+    """The stage's manifest, or None when it is absent or damaged (then the stage is not done and reruns)."""
     rel = manifest_path(stage, key)
     if not store.exists(rel):
         return None
-    return Manifest.model_validate_json(store.read_bytes(rel))
+    try:
+        return read_manifest(store, rel)
+    except CorruptStoreFile as exc:
+        (log or logging.getLogger(f"swerl.{stage}")).warning(
+            "stage %s: %s; the stage counts as not done and reruns", stage, exc
+        )
+        return None
+
+
+WORK_ROOT = Path(tempfile.gettempdir()) / "swerl-work"
+"""Where stages' scratch workdirs live (one per attempt, with an owner file beside it)."""
+
+
+def _owner_file(workdir: Path) -> Path:
+    return workdir.with_name(workdir.name + ".owner")
+
+
+def _make_workdir(stage: str, key: str, attempt: str) -> Path:
+    WORK_ROOT.mkdir(parents=True, exist_ok=True)
+    workdir = WORK_ROOT / f"{stage}-{key}-{attempt}"
+    owner = _owner_file(workdir)
+    tmp = owner.with_name(owner.name + f".tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps({**process_owner(), "stage": stage}))
+    os.replace(tmp, owner)  # the owner file exists before its workdir does
+    workdir.mkdir()
+    return workdir
+
+
+def _remove_workdir(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    _owner_file(workdir).unlink(missing_ok=True)
+
+
+def remove_dead_workdirs(stage: str, log: logging.Logger | None = None) -> list[Path]:
+    """Remove this stage's workdirs whose owning process is gone (killed); a live owner's are kept."""
+    removed: list[Path] = []
+    if not WORK_ROOT.is_dir():
+        return removed
+    for owner_path in sorted(WORK_ROOT.glob(f"{stage}-*.owner")):
+        try:
+            owner = json.loads(owner_path.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or unreadable: not ours to judge
+        if not isinstance(owner, dict) or owner.get("stage") != stage or not owner_is_dead(owner):
+            continue
+        workdir = owner_path.with_name(owner_path.name[: -len(".owner")])
+        _remove_workdir(workdir)
+        removed.append(workdir)
+        (log or logging.getLogger(f"swerl.{stage}")).warning(
+            "stage %s: removed workdir %s left by process %s, which is gone (a killed run)",
+            stage, workdir, owner.get("pid"),
+        )  # fmt: skip
+    return removed
 
 
 def _now() -> str:
@@ -197,7 +298,7 @@ def _publish(
     for title, text in result.markdown.items():
         run.log_text(text, f"{title}.md")
     # Written last: the stage counts as done only once this object exists.
-    store.write_bytes(manifest_path(stage, key), manifest.model_dump_json(indent=2).encode())
+    store.write_bytes(manifest_path(stage, key), manifest_bytes(store, manifest))
     return manifest
 
 
@@ -219,7 +320,7 @@ def run_stage(
     inputs = inputs or []
     key = stage_key(stage, cfg, inputs, seed)
     if not force:
-        existing = load_manifest(store, stage, key)
+        existing = load_manifest(store, stage, key, log)
         if existing is not None:
             log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
             return StageOutcome(manifest=existing, skipped=True)
@@ -228,7 +329,8 @@ def run_stage(
     prefix = f"stages/{stage}/{key}/{attempt}"
     started, t0 = _now(), time.monotonic()
     log.info("stage %s: running (key %s%s) -> %s", stage, key, ", forced" if force else "", store.uri(prefix))
-    workdir = Path(tempfile.mkdtemp(prefix=f"swerl-{stage}-"))
+    remove_dead_workdirs(stage, log)
+    workdir = _make_workdir(stage, key, attempt)
     try:
         with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
@@ -245,6 +347,6 @@ def run_stage(
             result = fn(cfg, ctx)
             manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_workdir(workdir)
     log.info("stage %s: done in %.1fs (%s)", stage, manifest.duration_s, result.summary or "no summary")
     return StageOutcome(manifest=manifest, skipped=False, result=result)

@@ -3,7 +3,9 @@ supervised fine-tuning on the traces with packing and assistant-only loss.
 
 Artifacts: base/ (the starting model and tokenizer, evaluated as "base"), model/ (the fine-tuned one), and
 sft_report.json. Checkpoints are mirrored to the store under the stage key: a crashed stage resumes from the
-newest one, with the same step plan, and loses at most `checkpoint_every` steps.
+newest one and loses at most `checkpoint_every` steps. sft.max_steps decides what is trained; sft.time_budget_s
+only guards (it ends the stage early with a warning, the report's `budget` and an MLflow tag, and counts the
+time of earlier attempts, saved in each checkpoint).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from swerl.model.tokenizer import train_tokenizer
 from swerl.stages.common import DurableCheckpoints, input_manifest, load_tasks, put_dir, read_input
 from swerl.stages.runner import StageContext, StageResult
 from swerl.train.checkpoint import latest_checkpoint
-from swerl.train.sft import StepMetrics, replan_after, train_sft
+from swerl.train.sft import StepMetrics, train_sft
 
 STDLIB_FILES = (
     "textwrap.py",
@@ -133,22 +135,26 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     lengths = [len(ids) for ids, _ in examples]
     targets = [sum(mask) for _, mask in examples]
     s = cfg.sft
-    plan = _StepPlan(ctx, f"{durable.prefix}/plan.json", s)
-    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %s", len(examples), statistics.fmean(lengths),
-                 statistics.fmean(targets), plan.describe())  # fmt: skip
+    budget = _Budget(ctx, s, durable.local_root, resume)
+    guard = "" if s.time_budget_s is None else f" (time budget {s.time_budget_s:.0f} s as a guard)"
+    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %d steps%s", len(examples),
+                 statistics.fmean(lengths), statistics.fmean(targets), s.max_steps, guard)  # fmt: skip
 
     curve: list[StepMetrics] = []
     result = train_sft(
-        model, examples, seq_len=s.seq_len, max_steps=plan.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
-        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=plan.warmup,
+        model, examples, seq_len=s.seq_len, max_steps=s.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
+        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=_warmup(s),
         weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, bf16=s.bf16, seed=ctx.seed,
         truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
         checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints,
         tokenizer=tokenizer, resume_from=latest_checkpoint(durable.local_root) if resume else None,
-        on_step=_step_logger(ctx, durable, plan, curve), replan=plan.replan if plan.pending else None,
+        on_step=_step_logger(ctx, durable, budget, s.max_steps, curve), stop=budget.stop,
     )  # fmt: skip
+    budget.stamp()
     durable.sync()
-    train_s = time.monotonic() - plan.train_started
+    train_s = time.monotonic() - budget.train_started
+    if budget.ended_at is not None:
+        ctx.run.set_tags({"swerl.sft.ended_by_budget": f"step {budget.ended_at} of {s.max_steps}"})
     out = ctx.workdir / "model"
     save_model_and_tokenizer(model, tokenizer, out)
     put_dir(ctx, "model", out)
@@ -168,7 +174,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         "tokens_per_second": tokens / train_s if train_s > 0 else 0.0,
         "train_s": train_s,
         "wall_s": time.monotonic() - started,
-        "plan": plan.plan,
+        "budget": budget.report(),
     }
     ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     return _stage_result(cfg, report, curve)
@@ -201,60 +207,59 @@ def _starting_model(
     return model, tokenizer
 
 
-class _StepPlan:
-    """How many steps the run takes: max_steps, or what the time budget allows.
+BUDGET_FILE = "budget.json"
+"""The stage's wall-clock seconds spent training up to a checkpoint, saved inside it: a resumed stage continues the
+time budget from there instead of starting it afresh."""
 
-    With a time budget, the step count is planned at the end of the warm-up from the real steps' median time, so
-    that the cosine schedule ends when the budget does (a guess up front was 10x off on a busy machine). The plan
-    is kept in the store: a resumed run follows it.
-    """
 
-    def __init__(self, ctx: StageContext, rel: str, sft: SFTConfig) -> None:
-        self.ctx, self.rel, self.sft = ctx, rel, sft
-        self.plan: dict[str, Any] = {"max_steps": sft.max_steps, "seconds_per_step": None}
-        if ctx.store.exists(rel):
-            self.plan = json.loads(ctx.store.read_bytes(rel))
-        self.warmup = min(sft.warmup_steps, sft.max_steps - 1)
+class _Budget:
+    """sft.time_budget_s as an upper guard only: max_steps decides what is trained (the same steps, the same
+    weights, on an idle or a loaded machine); the budget ends a run early, loudly, and counts across resumes."""
+
+    def __init__(self, ctx: StageContext, sft: SFTConfig, local_root: Path, resume: Path | None) -> None:
+        self.ctx, self.sft, self.local_root = ctx, sft, local_root
+        self.before_s = 0.0  # spent by earlier attempts, up to the resumed checkpoint
+        if resume is not None and (resume / BUDGET_FILE).is_file():
+            self.before_s = float(json.loads((resume / BUDGET_FILE).read_text())["elapsed_s"])
         self.train_started = time.monotonic()
+        self.ended_at: int | None = None
 
     @property
-    def max_steps(self) -> int:
-        return int(self.plan["max_steps"])
+    def elapsed_s(self) -> float:
+        return self.before_s + time.monotonic() - self.train_started
 
-    @property
-    def pending(self) -> bool:
-        """Whether train_sft should plan the steps (a time budget, and no plan from an earlier attempt)."""
-        return self.sft.time_budget_s is not None and self.plan["seconds_per_step"] is None
-
-    def describe(self) -> str:
-        if self.plan["seconds_per_step"] or self.sft.time_budget_s is None:
-            return f"{self.plan['max_steps']} steps"
-        return f"time budget {self.sft.time_budget_s:.0f} s"
-
-    def replan(self, step_seconds: list[float]) -> int:
-        """train_sft's replan hook: the steps the budget left allows at the measured step time, stored."""
-        per_step = statistics.median(step_seconds[1:] or step_seconds)  # the first step pays for allocation
-        budget_s = self.sft.time_budget_s
-        assert budget_s is not None
-        left = budget_s - (time.monotonic() - self.train_started)
-        steps = replan_after(self.warmup) + max(0, int(left / per_step))
-        self.plan.update(max_steps=min(self.sft.max_steps, steps), seconds_per_step=per_step)
-        self.ctx.store.write_bytes(self.rel, json.dumps(self.plan).encode())
-        self.ctx.log.info(
-            "sft: %d steps planned (%.2f s/step measured over %d steps, %.0f s of %.0f s left)",
-            self.plan["max_steps"], per_step, len(step_seconds), max(0.0, left), budget_s,
+    def stop(self, step: int) -> bool:
+        """train_sft's stop hook: True once the budget is spent (said in the log and, by the stage, in MLflow)."""
+        budget = self.sft.time_budget_s
+        if budget is None or self.elapsed_s < budget:
+            return False
+        self.ended_at = step
+        self.ctx.log.warning(
+            "sft: the time budget of %.0f s ended the stage at step %d of %d (%.0f s spent, %.0f s of them before "
+            "this attempt): the model is NOT the configured one; raise sft.time_budget_s or lower sft.max_steps",
+            budget, step, self.sft.max_steps, self.elapsed_s, self.before_s,
         )  # fmt: skip
-        return self.max_steps
+        return True
+
+    def stamp(self) -> None:
+        """Write the elapsed time into every local checkpoint that has none yet (before it is uploaded)."""
+        for folder in self.local_root.glob("step_*"):
+            if folder.is_dir() and not (folder / BUDGET_FILE).exists():
+                (folder / BUDGET_FILE).write_text(json.dumps({"elapsed_s": self.elapsed_s}))
+
+    def report(self) -> dict[str, Any]:
+        return {"time_budget_s": self.sft.time_budget_s, "elapsed_s": self.elapsed_s,
+                "elapsed_before_s": self.before_s, "ended_by_budget": self.ended_at is not None,
+                "ended_at_step": self.ended_at, "max_steps": self.sft.max_steps}  # fmt: skip
 
 
 def _step_logger(
-    ctx: StageContext, durable: DurableCheckpoints, plan: _StepPlan, curve: list[StepMetrics]
+    ctx: StageContext, durable: DurableCheckpoints, budget: _Budget, max_steps: int, curve: list[StepMetrics]
 ) -> Callable[[StepMetrics], None]:
     """train_sft's on_step hook: keep the curve, log ~100 metric points and ~10 lines, sync checkpoints."""
 
     def on_step(metrics: StepMetrics) -> None:
         curve.append(metrics)
-        max_steps = plan.max_steps
         if metrics.step % max(1, max_steps // 100) == 0 or metrics.step == max_steps:
             ctx.log_metrics(
                 {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
@@ -265,9 +270,14 @@ def _step_logger(
         if metrics.step % max(1, max_steps // 10) == 0:
             ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
                          metrics.tokens_per_second)  # fmt: skip
+        budget.stamp()
         durable.sync()  # checkpoints written after the previous step reach the store now
 
     return on_step
+
+
+def _warmup(s: SFTConfig) -> int:
+    return min(s.warmup_steps, s.max_steps - 1)
 
 
 def _stage_result(cfg: SFTStage, report: dict[str, Any], curve: list[StepMetrics]) -> StageResult:
@@ -277,6 +287,8 @@ def _stage_result(cfg: SFTStage, report: dict[str, Any], curve: list[StepMetrics
         "steps": float(report["steps"]),
         "tokens_per_second": float(report["tokens_per_second"]),
         "final_loss": float(statistics.fmean(m.loss for m in curve[-10:])) if curve else float("nan"),
+        "max_steps": float(cfg.sft.max_steps),
+        "ended_by_budget": float(report["budget"]["ended_by_budget"]),
     }
     markdown = "\n".join(
         [
@@ -288,6 +300,11 @@ def _stage_result(cfg: SFTStage, report: dict[str, Any], curve: list[StepMetrics
             f"({report['targets_per_example']:.0f} trained)",
             f"- {report['steps']} steps, {report['epochs']} epochs, final loss {metrics['final_loss']:.3f}, "
             f"{report['tokens_per_second']:.0f} tokens/s",
+            *(
+                [f"- **ended by the time budget** at step {report['steps']} of {cfg.sft.max_steps}"]
+                if report["budget"]["ended_by_budget"]
+                else []
+            ),
         ]
     )
     return StageResult(metrics=metrics, markdown={"sft": markdown + "\n"},

@@ -9,15 +9,25 @@ Layout of one checkpoint, `<checkpoint_dir>/step_00000040/`:
 A checkpoint is written into a temporary sibling directory and renamed into place, so a directory named
 `step_*` is always complete: a crash mid-write leaves only a `.tmp-*` directory, which is ignored and removed by
 the next save. Only the newest `keep_last` checkpoints are kept.
+
+A checkpoint damaged after the fact (a truncated weights or state file, a disk error) is found by
+`verify_checkpoint`; `latest_intact_checkpoint` then falls back to the newest intact one, saying so in the log, and
+`load_checkpoint` raises CheckpointCorrupt naming the directory instead of a raw unpickling error.
+`CheckpointMirror` keeps checkpoints in a store (COMPLETE marker last), restores the newest intact one and keeps
+only the newest N plus those a published result references.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
+import struct
 import uuid
+import zipfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +37,21 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.model.tokenizer import save_tokenizer
+from swerl.storage import CorruptStoreFile, Store
+
+_log = logging.getLogger("swerl.checkpoint")
+COMPLETE_MARKER = "COMPLETE"
+LEDGER_FILE = "rollout_ledger.json"
+
+
+class CheckpointCorrupt(ValueError):
+    """A checkpoint directory that exists but cannot be loaded; names the directory and what is wrong."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"damaged checkpoint {path}: {reason}")
+
 
 STATE_FILE = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
@@ -81,9 +106,8 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under checkpoint_dir, or None."""
-    found = list_checkpoints(checkpoint_dir)
-    return found[-1] if found else None
+    """The newest complete and intact checkpoint under checkpoint_dir (damaged newer ones are logged), or None."""
+    return latest_intact_checkpoint(checkpoint_dir)
 
 
 def save_checkpoint(
@@ -136,7 +160,74 @@ def check_checkpoint_dir(path: str | Path) -> Path:
     return directory
 
 
+def _check_safetensors(path: Path) -> None:
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path.name} is truncated (no header)")
+        (length,) = struct.unpack("<Q", head)
+        header = json.loads(fh.read(length))
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if path.stat().st_size < 8 + length + end:
+        raise ValueError(f"{path.name} is truncated ({path.stat().st_size} bytes, needs {8 + length + end})")
+
+
+def verify_checkpoint(path: str | Path) -> Path:
+    """Raise CheckpointCorrupt unless the checkpoint's files are whole (weights, trainer state, ledger)."""
+    directory = Path(path)
+    try:
+        check_checkpoint_dir(directory)
+        json.loads((directory / "config.json").read_text())
+        json.loads((directory / STATE_JSON).read_text()) if (directory / STATE_JSON).exists() else None
+        for weights in sorted(directory.glob("*.safetensors")):
+            _check_safetensors(weights)
+        with zipfile.ZipFile(directory / STATE_FILE) as archive:  # torch.save writes a zip archive
+            bad = archive.testzip()
+            if bad is not None:
+                raise ValueError(f"{STATE_FILE} member {bad} fails its CRC")
+        if (directory / LEDGER_FILE).exists():
+            json.loads((directory / LEDGER_FILE).read_text())
+    except CheckpointCorrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint is damaged
+        raise CheckpointCorrupt(directory, f"{type(exc).__name__}: {exc}") from exc
+    return directory
+
+
+def latest_intact_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The newest checkpoint that verifies; damaged newer ones are logged (which one, and which is used)."""
+    damaged: list[str] = []
+    for candidate in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointCorrupt as exc:
+            damaged.append(str(exc))
+            continue
+        if damaged:
+            _log.warning("%s; resuming from the newest intact checkpoint %s", "; ".join(damaged), candidate)
+        return candidate
+    if damaged:
+        _log.warning("%s; no intact checkpoint is left, starting afresh", "; ".join(damaged))
+    return None
+
+
 def load_checkpoint(
+    path: str | Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer | None = None
+) -> TrainerState:
+    """Load a checkpoint (see _load_checkpoint); CheckpointCorrupt naming the directory if it is damaged."""
+    try:
+        return _load_checkpoint(path, model, optimizer)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        try:
+            verify_checkpoint(path)
+        except CheckpointCorrupt as corrupt:
+            raise corrupt from exc
+        raise
+
+
+def _load_checkpoint(
     path: str | Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer | None = None
 ) -> TrainerState:
     """Load weights into model, state into optimizer, restore the global RNGs; returns the TrainerState.
@@ -155,3 +246,102 @@ def load_checkpoint(
         optimizer.load_state_dict(payload["optimizer"])
     restore_rng_state(payload["rng"])
     return TrainerState(**payload["trainer_state"])
+
+
+class CheckpointMirror:
+    """Checkpoints mirrored to a store under `prefix/step_N/`, a COMPLETE marker (the file list) written last.
+
+    `restore_latest` downloads the newest checkpoint that is complete and intact, falling back past damaged ones
+    (a marker that is not a file list, a missing or truncated file) with a warning naming each; `sync` uploads
+    new local checkpoints and then keeps only the newest `keep` in the store, plus the names in `protect` (what a
+    published result references). A pruned folder loses its marker first, so it never counts as complete.
+    """
+
+    def __init__(
+        self, store: Store, prefix: str, local_root: Path, keep: int = 2, protect: Iterable[str] = ()
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.local_root = Path(local_root)
+        self.keep = keep
+        self.protect = set(protect)
+        self.uploaded: set[str] = set()
+        self.damaged: list[str] = []
+
+    def _names(self) -> list[str]:
+        names = [rel.rsplit("/", 1)[-1] for rel in self.store.list(self.prefix)]
+        return sorted(n for n in names if _STEP_DIR.match(n))
+
+    def complete(self) -> list[str]:
+        """Names of the folders whose COMPLETE marker exists, oldest first."""
+        return [n for n in self._names() if self.store.exists(f"{self.prefix}/{n}/{COMPLETE_MARKER}")]
+
+    def _files(self, name: str) -> list[str]:
+        def parse(data: bytes) -> list[str]:
+            files = json.loads(data)
+            if not isinstance(files, list) or not all(isinstance(f, str) for f in files) or not files:
+                raise ValueError("not a non-empty list of file names")
+            return files
+
+        return self.store.read_parsed(f"{self.prefix}/{name}/{COMPLETE_MARKER}", parse, "COMPLETE marker")
+
+    def restore_latest(self) -> Path | None:
+        """Download the newest intact complete checkpoint into local_root; None when there is none."""
+        for name in reversed(self.complete()):
+            target = self.local_root / name
+            try:
+                for rel in self._files(name):
+                    self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
+                verify_checkpoint(target)
+            except (CorruptStoreFile, CheckpointCorrupt, FileNotFoundError) as exc:
+                shutil.rmtree(target, ignore_errors=True)
+                self.damaged.append(self.store.uri(f"{self.prefix}/{name}"))
+                _log.warning("checkpoint %s is damaged (%s); trying an older one",
+                             self.store.uri(f"{self.prefix}/{name}"), exc)  # fmt: skip
+                continue
+            if self.damaged:
+                _log.warning("resuming from checkpoint %s instead of the damaged %s",
+                             self.store.uri(f"{self.prefix}/{name}"), ", ".join(self.damaged))  # fmt: skip
+            self.uploaded.add(name)
+            return target
+        if self.damaged:
+            _log.warning("no intact checkpoint under %s (damaged: %s): starting afresh",
+                         self.store.uri(self.prefix), ", ".join(self.damaged))  # fmt: skip
+        return None
+
+    def sync(self) -> list[str]:
+        """Upload local checkpoint folders not uploaded yet (marker last), then prune; returns the new names."""
+        done = []
+        for folder in sorted(
+            p for p in self.local_root.glob("step_*") if p.is_dir() and _STEP_DIR.match(p.name)
+        ):
+            if folder.name in self.uploaded:
+                continue
+            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+            for rel in files:
+                self.store.put_file(folder / rel, f"{self.prefix}/{folder.name}/{rel}")
+            self.store.write_bytes(
+                f"{self.prefix}/{folder.name}/{COMPLETE_MARKER}", json.dumps(files).encode()
+            )
+            self.uploaded.add(folder.name)
+            done.append(folder.name)
+        self.prune()
+        return done
+
+    def prune(self) -> list[str]:
+        """Remove store checkpoints beyond the newest `keep` complete ones, except protected ones."""
+        complete = self.complete()
+        keep = set(complete[-self.keep :]) | self.protect
+        newest = complete[-1] if complete else ""
+        removed = []
+        for name in self._names():
+            # an incomplete folder newer than every complete one may be an upload in progress: left alone
+            if name in keep or (name not in complete and name > newest):
+                continue
+            self.store.remove(f"{self.prefix}/{name}/{COMPLETE_MARKER}")
+            self.store.remove(f"{self.prefix}/{name}", recursive=True)
+            self.uploaded.discard(name)
+            removed.append(name)
+        return removed

@@ -330,8 +330,9 @@ class GRPOTrainer:
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """One GRPO step on groups of attempts (one group per task); returns its statistics.
 
-        A step whose groups were all dropped makes no update but still counts (self.step, the weight version,
-        advances), so versions stay in step with the caller's loop. Rollout statistics (reward_mean,
+        The loops (rollout/sync_loop.py, async_loop.py) never send a batch whose groups would all be dropped: such
+        a batch is not a step, and `grpo.schedule.max_empty_steps` of them in a row fail the stage. Called with one
+        anyway, it makes no update but still counts (self.step, the weight version, advances). Rollout statistics (reward_mean,
         resolved_rate, response_tokens_mean, turns_mean) are over every valid attempt, dropped groups included.
         """
         started = time.perf_counter()

@@ -368,7 +368,7 @@ def train_sft(
     bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, keep_last: int = 2,
     tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
-    on_step: Callable[[StepMetrics], None] | None = None, replan: Callable[[list[float]], int] | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None, stop: Callable[[int], bool] | None = None,
 ) -> SFTResult:  # fmt: skip
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
@@ -378,10 +378,9 @@ def train_sft(
     keep_last; tokenizer, when given, is saved with each. resume_from is a checkpoint directory of a run with the
     same data and seed (checkpoint.latest_checkpoint finds the newest); the run continues from its step.
 
-    replan, when given, is called once, after step `replan_after(warmup_steps)` (the warm-up's learning rates do
-    not depend on max_steps), with the seconds of the steps this call ran, and returns the run's max_steps from
-    there on (a time budget measured on the real steps instead of guessed up front). A run resumed past that step
-    is not re-planned: pass the max_steps the plan chose.
+    stop, when given, is called with the number of steps done before every step; True ends the run there (the
+    final checkpoint is still written). It is the stage's wall-clock guard: the step count, and so the schedule
+    (the cosine ends at max_steps whatever stop does), never depends on time, only where a guarded run ends.
     """
     _check_arguments(seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio)
     if pad_token_id is None:
@@ -392,10 +391,10 @@ def train_sft(
 
     metrics: StepMetrics | None = None
     position = DataPosition(state.epoch, state.example_index)
-    step_seconds: list[float] = []
-    plan_at = replan_after(warmup_steps)  # a run resumed at or past it is never there again: not re-planned
     slots = rows_per_micro_batch * seq_len  # per micro-batch
     while state.step < max_steps:
+        if stop is not None and stop(state.step):
+            break
         step, started = state.step, time.perf_counter()
         micro_batches, position = next_micro_batches(
             data, position, state.shuffle_seed, seq_len, rows_per_micro_batch, grad_accum_steps, pad_token_id
@@ -405,10 +404,7 @@ def train_sft(
         metrics = _step_metrics(step + 1, position, loss, step_lr, grad_norm, micro_batches, slots, started)
         if on_step is not None:
             on_step(metrics)
-        step_seconds.append(metrics.seconds)
         state = replace(state, step=step + 1, epoch=position.epoch, example_index=position.index)
-        if replan is not None and state.step == plan_at:
-            max_steps = max(state.step, replan(step_seconds))
         due = checkpoint_every > 0 and state.step % checkpoint_every == 0 and state.step < max_steps
         if checkpoint_dir is not None and due:
             save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
@@ -463,11 +459,6 @@ def _step_metrics(
         tokens_per_second=num_tokens / seconds,
         seconds=seconds,
     )
-
-
-def replan_after(warmup_steps: int) -> int:
-    """The step after which train_sft's replan is called: the end of the warm-up, and at least 5 steps in."""
-    return max(warmup_steps, 5)
 
 
 def _check_arguments(
