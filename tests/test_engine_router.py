@@ -196,3 +196,20 @@ def test_a_killed_engine_is_taken_out_and_put_back_at_the_current_version(
     assert result["back"], "the restarted engine was not put back"
     assert engine_stats(engines.urls[1])["weight_version"] == 4  # brought to the router's version on return
     assert result["served_after"] > 0 and all(r.weight_version == 4 for r in result["after"])
+
+
+def test_a_weight_update_with_every_engine_out_waits_for_them_instead_of_failing() -> None:
+    """Found by benchmarks/chaos.py: one dropped connection took the only engine out and the next weight update
+    killed the stage. With a health loop the update becomes the router's version, which each engine gets on return;
+    without one it is still an InfraError."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def scenario(router: Router) -> int:
+        router.slots[0].healthy = False
+        await router.update_weights_from_disk("/nonexistent/weights", 7)
+        return router.weight_version
+
+    assert with_router([dead], scenario, health_interval_s=30.0) == 7
+    with pytest.raises(InfraError) as caught:
+        with_router([dead], scenario)
+    assert caught.value.cause == "engine_unreachable"

@@ -191,8 +191,17 @@ class Router:
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         """Load new weights on every healthy engine; raises WeightUpdateError if an engine refuses them (the
         engines that refused keep their previous version; the router's version moves only when all succeed)."""
+        if not any(slot.healthy for slot in self.slots):
+            await self.check_health()  # one dropped connection must not decide a weight update: probe first
         async with self._update_lock:
             healthy = [slot for slot in self.slots if slot.healthy]
+            if not healthy and self.health_interval_s > 0:
+                # The health loop brings every engine back at the router's version: make this update that version.
+                log.warning("no engine in rotation for weight version %d: each gets it when it answers again",
+                            weight_version)  # fmt: skip
+                self.weight_version = weight_version
+                self._weights_path = model_path
+                return
             if not healthy:
                 raise InfraError("engine_unreachable", "no healthy engine to update")
             if self.weight_update_mode == "drain":
