@@ -263,8 +263,9 @@ def grading_summary(grades: list[dict[str, Any]], grader: str) -> str:
     statuses = Counter(g["status"] for g in grades)
     disagree = sum(g["episode_reward"] is not None and g["episode_reward"] != g["reward"] for g in grades)
     parsers = sorted({g["parser"] for g in grades})
-    return (f"swebench log grading of {len(grades)} attempt(s) ({dict(statuses)}; parsers {parsers}); "
-            f"{disagree} disagree with the episode's in-workspace grade")  # fmt: skip
+    sealed = sum(bool(g.get("sealed")) for g in grades)
+    return (f"swebench verdicts on {len(grades)} regraded attempt(s), {sealed} by the sealed runner "
+            f"({dict(statuses)}; parsers {parsers}); {disagree} disagree with the episode's grade")  # fmt: skip
 
 
 def episodes_jsonl(trajectories: list[Trajectory], grades: list[dict[str, Any]]) -> bytes:

@@ -9,10 +9,13 @@ was trained from (its `curate` input), so a checkpoint is always evaluated on th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from swerl.stages.runner import Manifest
-from swerl.storage import Store
+from swerl.stages.runner import Manifest, read_manifest
+from swerl.storage import CorruptStoreFile, Store
+
+log = logging.getLogger("swerl.schedule")
 
 CHECKPOINT_STAGES = ("sft", "grpo")
 
@@ -31,8 +34,12 @@ def _manifests(store: Store, stage: str) -> list[Manifest]:
     out = []
     for key_dir in store.list(f"stages/{stage}"):
         rel = f"{key_dir}/manifest.json"
-        if store.exists(rel):
-            out.append(Manifest.model_validate_json(store.read_bytes(rel)))
+        if not store.exists(rel):
+            continue
+        try:
+            out.append(read_manifest(store, rel))  # URIs resolved against this store (manifests are relative)
+        except CorruptStoreFile as exc:
+            log.warning("%s; that stage counts as not done", exc)
     return out
 
 
@@ -58,7 +65,11 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
             if not store.exists(rel):
                 problems.append(f"{manifest.uri}: its curate manifest {ref.uri} is gone")
                 continue
-            curate = Manifest.model_validate_json(store.read_bytes(rel))
+            try:
+                curate = read_manifest(store, rel)
+            except CorruptStoreFile as exc:
+                problems.append(f"{manifest.uri}: {exc}")
+                continue
             if curate.fingerprint != ref.fingerprint:
                 problems.append(
                     f"{manifest.uri}: its curate manifest {ref.uri} was rerun since (other tasks)"
