@@ -341,7 +341,9 @@ def test_new_namespaces_mounts_and_ptrace_are_refused(backend: Backend, env_dir:
         mount = await sandbox.exec("mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED", 10)
         assert "MOUNTED" not in mount.output
         traced = await sandbox.exec(ptrace, 10)
-        if backend.name != "docker":  # Docker's default seccomp profile allows ptrace (kernel >= 4.8): not ours yet
+        if (
+            backend.name != "docker"
+        ):  # Docker's default seccomp profile allows ptrace (kernel >= 4.8): not ours yet
             assert "-1 Operation not permitted" in traced.output, traced.output
         python_threads = await sandbox.exec(
             "python -c 'import threading; t = threading.Thread(target=print, args=(\"t\",)); t.start(); t.join()'",
