@@ -400,8 +400,8 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
             generation = int(name.split("-a")[0].rsplit("/r", 1)[1])
             journal.setdefault(seq, {}).setdefault(generation, []).append(name)
     lost = 0
-    infra_in_loss = 0
     trained_attempts = 0
+    infra_consumed = 0  # infra_error attempts in groups a step consumed (the trainer leaves them out)
     statuses: Counter[str] = Counter()
     for seq, _, reason in ledger:
         complete = [g for g, names in journal.get(seq, {}).items() if len(names) == n]
@@ -411,12 +411,23 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
         if reason != "trained":
             continue
         for name in journal[seq][max(complete)]:
-            body = json.loads(store.read_bytes(name))
-            trajectory = body["trajectory"]
+            trajectory = json.loads(store.read_bytes(name))["trajectory"]
             trained_attempts += 1
             statuses[trajectory["status"]] += 1
-            if trajectory["status"] == "infra_error" or trajectory.get("reward") is None:
-                infra_in_loss += 1
+            infra_consumed += trajectory["status"] == "infra_error" or trajectory.get("reward") is None
+    # The trainer's own account of what it scored (in a baseline and the loss), per step, against the journal.
+    prefix = f"stages/{stage}/{key}/rollouts"
+    infra_in_loss = scored_total = scored_unknown = 0
+    for pairs in report.get("scored_attempts", {}).values():
+        for group, attempt in pairs:
+            scored_total += 1
+            seq_text, _, generation_text = group[1:].partition("r")
+            name = f"{prefix}/g{int(seq_text):08d}/r{int(generation_text or 0):03d}-a{attempt:04d}.json"
+            if not store.exists(name):
+                scored_unknown += 1
+                continue
+            trajectory = json.loads(store.read_bytes(name))["trajectory"]
+            infra_in_loss += trajectory["status"] == "infra_error" or trajectory.get("reward") is None
     beyond_position = sum(1 for seq in journal if seq >= report["data_position"])
     model = {name: info["uri"] for name, info in manifest["artifacts"].items()
              if name.startswith("model/") and name.endswith(".safetensors")}  # fmt: skip
@@ -431,6 +442,9 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
         "journal_beyond_data_position": beyond_position,
         "trained_attempts": trained_attempts,
         "trained_statuses": dict(statuses),
+        "infra_consumed_not_scored": infra_consumed,
+        "scored_attempts": scored_total,
+        "scored_not_in_journal": scored_unknown,
         "infra_in_loss": infra_in_loss,
         "resume": report.get("resume"),
         "infra_counts": report.get("infra_failures") or report.get("counts"),
@@ -531,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         "trainer_crashes": chaos["crashes"], "finished": chaos["books"].get("finished", False),
         "trajectories_lost": chaos["books"].get("lost"), "groups_trained_twice": chaos["books"].get("trained_twice"),
         "infra_errors_in_loss": chaos["books"].get("infra_in_loss"),
+        "scored_attempts": chaos["books"].get("scored_attempts"),
+        "scored_not_in_journal": chaos["books"].get("scored_not_in_journal"),
         "steps_without_b_groups": chaos["books"].get("steps_without_b_groups"),
     }  # fmt: skip
     if "undisturbed" in runs and runs["undisturbed"]["books"].get("finished") and summary["finished"]:

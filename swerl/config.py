@@ -95,8 +95,6 @@ class StorageConfig(StrictModel):
     """Retries (total attempts) for a failing object-storage request before it is an InfraError(storage)."""
     max_pool_connections: int = Field(16, ge=1, le=4096)
     """HTTP connection pool size of the S3 client (named here so no library default decides it)."""
-    keep_checkpoints: int = Field(3, ge=1, le=1000)
-    """Training checkpoints kept in the store per stage key (the newest N, plus any a published result uses)."""
 
     @field_validator("root")
     @classmethod
@@ -457,6 +455,7 @@ class SFTConfig(StrictModel):
     checkpoint_every: int = Field(100, ge=0, le=10_000_000)
     """Steps between checkpoints (model, optimizer, RNG, step, data position); 0: only at the end."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)
+    """Checkpoints kept, locally and in the store (the newest N; older ones are removed as new ones land)."""
     threads: int = Field(2, ge=1, le=1024)
     """torch intra-op threads for training."""
 
@@ -475,6 +474,8 @@ class GRPOScheduleConfig(StrictModel):
     what is trained): ending early is a warning and a report field; earlier attempts' time counts (checkpointed)."""
     checkpoint_every: int = Field(5, ge=0, le=10_000_000)
     """Steps between checkpoints; 0: only at the end."""
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    """Checkpoints kept, locally and in the store (the newest N; older ones are removed as new ones land)."""
     max_empty_steps: int = Field(3, ge=1, le=1_000_000)
     """Consecutive batches with nothing trainable (every group dropped: fewer than two valid attempts) before the
     stage fails; such a batch is never counted as a step."""

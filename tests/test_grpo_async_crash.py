@@ -131,6 +131,15 @@ def check_books(root: Path, stage: str) -> dict[str, Any]:
         generations = Counter(generation for generation, _ in journal.get(seq, set()))
         assert N in generations.values(), (seq, journal.get(seq))
     assert max(journal) < report["data_position"]
+    # The trainer's account of what it scored survives the crashes too: every step's, only its trained groups'
+    # attempts, each one journaled.
+    scored = report["scored_attempts"]
+    assert sorted(map(int, scored)) == list(range(1, STEPS + 1)), sorted(scored)
+    for step, pairs in scored.items():
+        steps_groups = {seq for seq, at, reason in ledger if at == int(step) and reason == "trained"}
+        for group, attempt in pairs:
+            seq = int(group[1:].partition("r")[0])
+            assert seq in steps_groups and attempt in {a for _, a in journal[seq]}, (step, group, attempt)
     return report
 
 

@@ -198,6 +198,9 @@ def test_infra_error_attempt_never_reaches_the_loss(tokenizer: PreTrainedTokeniz
         stats = trainer.train_step(batch)
         gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
         results.append((stats, gradients, [parameter.detach().clone() for parameter in model.parameters()]))
+        # The trainer's own account (kept in the async ledger, audited by benchmarks/chaos.py): every valid
+        # attempt, the infra_error one not among them.
+        assert trainer.scored_attempts() == [(f"g{g}", a) for g in range(3) for a in range(4)]
 
     (clean_stats, clean_grads, clean_params), (infra_stats, infra_grads, infra_params) = results
     assert len(clean_grads) == len(infra_grads) > 0
@@ -256,6 +259,7 @@ def test_a_step_with_every_group_dropped_makes_no_update(tokenizer: PreTrainedTo
         1.0,
         1,
     )
+    assert trainer.scored_attempts() == []  # a dropped group's valid attempt is in no baseline and no loss
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 

@@ -270,7 +270,7 @@ def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(
         return counts, buffered, position
 
     counts, buffered, next_seq = asyncio.run(run())
-    assert counts == {"reloaded_groups": 2, "partial_groups": 1, "rerun_groups": 1}
+    assert counts == {"reloaded_groups": 2, "partial_groups": 1, "rerun_groups": 1, "damaged_entries": 0}
     assert buffered == [3, 0]  # finished, untrained: back in the buffer in finishing order
     # Only the missing attempt of group 1, all of group 2, then the data stream continues at 5 (not 0, not 4).
     assert started == ["g00000001/0", "g00000002/0", "g00000002/1", "g00000005/0"]
@@ -679,6 +679,9 @@ class CountingTrainer:
             "time_logprob_recompute_s": 0.0,
             "reward_mean": 0.0,
         }
+
+    def scored_attempts(self) -> list[tuple[str, int]]:
+        return [(t.group_id, t.attempt) for group in self.trained[-1] for t in group if t.reward is not None]
 
     def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
         path = Path(out_dir) / f"v{self.step}"

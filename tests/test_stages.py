@@ -40,7 +40,7 @@ from swerl.model.loading import load_model_and_tokenizer
 from swerl.model.toolcall import ToolCall, parse_tool_call
 from swerl.stages import grpo as grpo_module
 from swerl.stages import sft as sft_module
-from swerl.stages.common import COMPLETE_MARKER, DurableCheckpoints, get_dir
+from swerl.stages.common import DurableCheckpoints, get_dir
 from swerl.stages.curate import run_curate
 from swerl.stages.evaluate import (
     EvaluateStage,
@@ -65,6 +65,7 @@ from swerl.stages.traces import TracesStage, run_traces
 from swerl.storage import Store
 from swerl.tracking import Tracker
 from swerl.train import sft as train_sft_module
+from swerl.train.checkpoint import COMPLETE_MARKER
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
@@ -281,6 +282,9 @@ def test_sft_publishes_loadable_base_and_model_and_the_loss_falls(
     assert report["final_loss"] == pytest.approx(losses[-1][1])
     checkpoints = f"stages/sft/{sft.key}/checkpoints"
     assert env.store.exists(f"{checkpoints}/step_00000006/{COMPLETE_MARKER}")
+    # retention: checkpoints at steps 2, 4, 6 were uploaded; the store keeps sft.keep_checkpoints = 2 of them
+    kept = sorted(rel.rsplit("/", 1)[-1] for rel in env.store.list(checkpoints))
+    assert kept == ["step_00000004", "step_00000006"], kept
 
 
 def test_sft_trains_max_steps_whatever_the_warmup_took_and_the_same_weights(
@@ -291,19 +295,20 @@ def test_sft_trains_max_steps_whatever_the_warmup_took_and_the_same_weights(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """A loaded machine's slow warm-up (5 steps of 0.6 s here) once planned fewer steps from a time budget; now
-    max_steps decides: the budget only guards, and the weights equal the unbudgeted run's bit for bit."""
+    """A loaded machine's slow warm-up (3 steps of 2 s here) once planned fewer steps from a time budget (12 s /
+    2 s < 6); now max_steps decides: the budget only guards, and the weights equal the unbudgeted run's bit for
+    bit. (The 3 fast steps have ~6 s of margin, so a busy machine does not trip the guard.)"""
     original = train_sft_module.train_step
     calls: list[int] = []
 
     def slow_warmup(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
-        if len(calls) <= 5:
-            time.sleep(0.6)
+        if len(calls) <= 3:
+            time.sleep(2.0)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(train_sft_module, "train_step", slow_warmup)
-    cfg = SFTStage.build(sft=SFT.model_copy(update={"time_budget_s": 3.6}), agent=AGENT, engine=ENGINE)
+    cfg = SFTStage.build(sft=SFT.model_copy(update={"time_budget_s": 12.0}), agent=AGENT, engine=ENGINE)
     manifest = env.run("sft-loaded", run_sft, cfg, [curate, traces]).manifest
     report = env.json(manifest, "sft_report.json")
     assert report["steps"] == SFT.max_steps and not report["budget"]["ended_by_budget"], report["budget"]

@@ -216,6 +216,7 @@ async def train_async(
                 return True
             waited = time.monotonic() - step_started
             outcome = await train_and_sync(trainer, engine, batch.groups, export_dir)
+            ledger.record_scored(trainer.step, outcome.scored)
             last_update_s = outcome.update_s
             if on_export is not None:
                 on_export(outcome.export, trainer.step)

@@ -81,9 +81,15 @@ class FinishedGroup:
 
 @dataclass
 class Ledger:
-    """Groups consumed by the trainer, in order: (seq, step, reason); reason 'trained' or why it was discarded."""
+    """Groups consumed by the trainer, in order: (seq, step, reason); reason 'trained' or why it was discarded.
+
+    'trained' means consumed by a step's batch. Which of a trained group's attempts the trainer really scored (in
+    the group's baseline and the loss: its valid attempts, none if the trainer dropped the group for having fewer
+    than two) is the trainer's own account, kept per step in `scored` as (group_id, attempt) pairs.
+    """
 
     entries: list[tuple[int, int, str]] = field(default_factory=list)
+    scored: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
 
     def add(self, seq: int, step: int, reason: str) -> None:
         self.entries.append((seq, step, reason))
@@ -92,6 +98,9 @@ class Ledger:
         """Take back an entry (a batch that was not trained after all); ValueError if it is not there."""
         self.entries.remove((seq, step, reason))
 
+    def record_scored(self, step: int, scored: list[tuple[str, int]]) -> None:
+        self.scored[step] = list(scored)
+
     @property
     def consumed(self) -> set[int]:
         return {seq for seq, _, _ in self.entries}
@@ -99,19 +108,25 @@ class Ledger:
     def save(self, directory: Path) -> Path:
         path = directory / LEDGER_FILE
         tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        tmp.write_text(json.dumps({"entries": self.entries, "written_at": time.time()}))
+        body = {"entries": self.entries, "scored": {str(step): pairs for step, pairs in self.scored.items()},
+                "written_at": time.time()}  # fmt: skip
+        tmp.write_text(json.dumps(body))
         os.replace(tmp, path)  # atomic: a crash leaves the old ledger or the new one, never half of one
         return path
 
     @classmethod
     def load(cls, directory: Path | None) -> Ledger:
-        """The ledger saved in a checkpoint directory (empty if none); CorruptStoreFile naming it if damaged."""
+        """The ledger saved in a checkpoint directory (empty if none); CorruptStoreFile naming it if damaged.
+        A ledger written before `scored` existed loads with none."""
         if directory is None or not (directory / LEDGER_FILE).is_file():
             return cls()
         path = directory / LEDGER_FILE
         try:
             body: dict[str, Any] = json.loads(path.read_text())
-            return cls([(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]])
+            entries = [(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]]
+            scored = {int(step): [(str(group), int(attempt)) for group, attempt in pairs]
+                      for step, pairs in body.get("scored", {}).items()}  # fmt: skip
+            return cls(entries, scored)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the file is what is wrong
             raise CorruptStoreFile(
                 str(path), f"not a valid rollout ledger ({type(exc).__name__}: {exc})"

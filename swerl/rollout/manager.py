@@ -104,9 +104,15 @@ class RolloutManager(Generic[TaskT]):
     # -- resume -------------------------------------------------------------------------------------------------
 
     def restore(self, state: JournalState, ledger: Ledger) -> dict[str, int]:
-        """Rebuild from the journal and the restored checkpoint's ledger (before `start`); returns counts."""
+        """Rebuild from the journal and the restored checkpoint's ledger (before `start`); returns counts (groups
+        reloaded whole, partial, rerun; journal entries skipped as damaged)."""
         consumed = ledger.consumed
-        counts = {"reloaded_groups": 0, "partial_groups": 0, "rerun_groups": 0}
+        counts = {
+            "reloaded_groups": 0,
+            "partial_groups": 0,
+            "rerun_groups": 0,
+            "damaged_entries": len(state.damaged),
+        }
         reloaded = []
         for seq in range(state.max_seq + 1):
             if seq in consumed:

@@ -23,6 +23,10 @@ class PolicyTrainer(Protocol):
 
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]: ...
 
+    def scored_attempts(self) -> list[tuple[str, int]]:
+        """(group_id, attempt) of the trajectories the last train_step scored: in a baseline and the loss."""
+        ...
+
     def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path: ...
 
 
@@ -31,6 +35,8 @@ class StepOutcome:
     """The trainer's statistics of one update, where its weights went, and how long the two parts took."""
 
     stats: dict[str, float]
+    scored: list[tuple[str, int]]
+    """(group_id, attempt) of the trajectories the update put in a baseline and the loss (the trainer's word)."""
     export: Path
     update_s: float
     """Wall-clock seconds of train_step."""
@@ -44,8 +50,9 @@ async def train_and_sync(
     """Update on `groups` in a thread (the event loop keeps serving episodes), export, load into the engine."""
     update_started = time.monotonic()
     stats = await asyncio.to_thread(trainer.train_step, groups)
+    scored = await asyncio.to_thread(trainer.scored_attempts)
     update_s = time.monotonic() - update_started
     sync_started = time.monotonic()
     export = await asyncio.to_thread(trainer.export_weights, export_dir)
     await engine.update_weights_from_disk(str(export), trainer.step)
-    return StepOutcome(stats, export, update_s, time.monotonic() - sync_started)
+    return StepOutcome(stats, scored, export, update_s, time.monotonic() - sync_started)

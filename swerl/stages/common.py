@@ -6,7 +6,6 @@ durable checkpoint folder a crashed stage resumes from.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
 import threading
@@ -25,12 +24,10 @@ from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import PoolLimits, SandboxPool
 from swerl.stages.runner import Manifest, StageContext
 from swerl.storage import Store
+from swerl.train.checkpoint import CheckpointMirror
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 T = TypeVar("T")
-
-COMPLETE_MARKER = "COMPLETE"
-"""Written last into a checkpoint folder in the store: a folder without it was cut by a crash."""
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -187,48 +184,13 @@ def get_dir(store: Store, manifest: Manifest, name: str, local: Path) -> Path:
     return local
 
 
-class DurableCheckpoints:
+class DurableCheckpoints(CheckpointMirror):
     """Training checkpoints mirrored to the store under the stage's key (not its attempt), so a rerun of a
-    crashed stage resumes from the newest complete one. A folder counts once its COMPLETE marker is written."""
+    crashed stage resumes from the newest intact complete one (a damaged newest one is skipped, said in the log);
+    the store keeps the newest `keep` (the stage's keep_checkpoints), like the trainer's local folder."""
 
-    def __init__(self, ctx: StageContext, local_root: Path) -> None:
-        self.store = ctx.store
-        self.prefix = ctx.prefix.rsplit("/", 1)[0] + "/checkpoints"
-        self.local_root = local_root
-        self.uploaded: set[str] = set()
-
-    def _complete(self) -> list[str]:
-        names = [rel.rsplit("/", 1)[-1] for rel in self.store.list(self.prefix)]
-        return sorted(n for n in names if self.store.exists(f"{self.prefix}/{n}/{COMPLETE_MARKER}"))
-
-    def restore_latest(self) -> Path | None:
-        """Download the newest complete checkpoint into local_root; None when there is none."""
-        complete = self._complete()
-        if not complete:
-            return None
-        name = complete[-1]
-        target = self.local_root / name
-        files = json.loads(self.store.read_bytes(f"{self.prefix}/{name}/{COMPLETE_MARKER}"))
-        for rel in files:
-            self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
-        self.uploaded.add(name)
-        return target
-
-    def sync(self) -> list[str]:
-        """Upload local checkpoint folders not uploaded yet (marker with the file list last); returns names."""
-        done = []
-        for folder in sorted(p for p in self.local_root.glob("step_*") if p.is_dir()):
-            if folder.name in self.uploaded:
-                continue
-            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-            for rel in files:
-                self.store.put_file(folder / rel, f"{self.prefix}/{folder.name}/{rel}")
-            self.store.write_bytes(
-                f"{self.prefix}/{folder.name}/{COMPLETE_MARKER}", json.dumps(files).encode()
-            )
-            self.uploaded.add(folder.name)
-            done.append(folder.name)
-        return done
+    def __init__(self, ctx: StageContext, local_root: Path, keep: int) -> None:
+        super().__init__(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/checkpoints", local_root, keep=keep)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         raise ValueError("the curate stage produced no training tasks for GRPO")
     order = seeded_sample(tasks, len(tasks), f"grpo:{ctx.seed}:{g.schedule.task_seed_offset}")
     start_dir = get_dir(ctx.store, sft, "model", ctx.workdir / "sft_model")
-    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
+    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints", keep=cfg.grpo.schedule.keep_checkpoints)
     resume = durable.restore_latest()
     tokenizer = load_tokenizer(start_dir)
     check_config(cfg, context_length(start_dir))
@@ -315,7 +315,9 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         "sft_passed_on": g.schedule.steps == 0,
     }
     if run.asynchronous is not None:
-        report |= {"data_position": run.asynchronous.next_seq, "ledger": run.asynchronous.ledger.entries,
+        ledger = run.asynchronous.ledger
+        report |= {"data_position": run.asynchronous.next_seq, "ledger": ledger.entries,
+                   "scored_attempts": {str(step): pairs for step, pairs in sorted(ledger.scored.items())},
                    "resume": run.asynchronous.resumed}  # fmt: skip
     if run.evaluator is not None:
         report["evaluations"] = run.evaluator.report()
@@ -358,7 +360,7 @@ def save(
         else (trainer.step + skipped_batches) * g.schedule.tasks_per_step
     )
     path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
-                        num_examples=num_tasks, keep_last=2)  # fmt: skip
+                        num_examples=num_tasks, keep_last=durable.keep)  # fmt: skip
     save_failure_counts(path, counts)
     (path / SCHEDULE_FILE).write_text(
         json.dumps({"elapsed_s": elapsed_s, "skipped_batches": skipped_batches})

@@ -126,7 +126,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     started = time.monotonic()
     torch.set_num_threads(cfg.sft.threads)
     rows = _trace_rows(ctx)
-    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints")
+    durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints", keep=cfg.sft.keep_checkpoints)
     resume = durable.restore_latest()
     model, tokenizer = _starting_model(cfg, ctx, rows, resume)
     examples = traces_to_examples(tokenizer, rows)

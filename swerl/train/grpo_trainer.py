@@ -324,6 +324,7 @@ class GRPOTrainer:
         self.pad_token_id = pad_token_id
         self.keep_exports = keep_exports
         self.step = 0  # train_step calls done; the version of the weights they produced
+        self._scored: list[tuple[str, int]] = []
 
     # -- one step ---------------------------------------------------------------------------------------------
 
@@ -337,6 +338,7 @@ class GRPOTrainer:
         """
         started = time.perf_counter()
         scored = score_groups(groups, self.scale_adv_by_std)
+        self._scored = [(trajectory.group_id, trajectory.attempt) for trajectory in scored.trajectories]
         stats = rollout_stats(groups, scored)
         minibatches = self._minibatches(scored)  # [minibatch][micro-batch]
         micro_batches = [micro for minibatch in minibatches for micro in minibatch]
@@ -369,6 +371,12 @@ class GRPOTrainer:
             time_step_s=time.perf_counter() - started,
         )
         return stats
+
+    def scored_attempts(self) -> list[tuple[str, int]]:
+        """(group_id, attempt) of every trajectory the last train_step put in a group baseline and the loss: the
+        trainer's own account, which the async loop keeps in the ledger so that a run can be audited against its
+        journal (benchmarks/chaos.py checks that no infra_error attempt is among them)."""
+        return list(self._scored)
 
     @property
     def _single_update(self) -> bool:

@@ -164,6 +164,9 @@ class TrainerProcess:
         result: dict[str, float] = self._call("train_step", lean)
         return result
 
+    def scored_attempts(self) -> list[tuple[str, int]]:
+        return [(str(group), int(attempt)) for group, attempt in self._call("scored_attempts")]
+
     def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
         return Path(self._call("export_weights", Path(out_dir), version))
 
