@@ -2,7 +2,8 @@
 
 The GRPO stage runs for real in a subprocess (as tests/test_grpo_async_crash.py does): a tiny Qwen3 served by the
 real HTTP engine server (swerl.engine.server, engine kind http_local) behind a fault proxy, real local sandboxes
-on clean micro repositories, real grading, a file:// store and a sqlite MLflow. The proxy speaks the engine's API
+on clean micro repositories, real grading, an S3 store (a SeaweedFS server this script starts on 127.0.0.1 with
+credentials it generates; --store file for a file:// one) and a sqlite MLflow. The proxy speaks the engine's API
 and takes emulated_server's POST /fault bodies ({"status": 503}, {"drop": true}, {"delay_s": s}, "count").
 
 Faults, drawn from a seeded RNG while the stage runs:
@@ -12,11 +13,14 @@ Faults, drawn from a seeded RNG while the stage runs:
   engine_drop     the next /generate has its connection dropped
   engine_hang     the next /generate sleeps past engine.request_timeout_s (or a shorter stall)
   disk_full       a live sandbox's workspace filesystem filled to ENOSPC (a big file written into it)
-Not injected: the S3 server stopped and restarted (the store is file://; see docs/benchmarks.md).
+  s3_restart      the S3 server (SeaweedFS on loopback, the store with --store s3, the default) stopped, left down
+                  for a moment and started again on the same data; the store's retries (storage.max_attempts)
+                  must carry the stage across it
 
 Printed: faults by kind, trainer crashes (stage exits that were not an injected SIGKILL), trajectories lost or
-trained twice (ledger vs journal), infra errors that reached a loss or a baseline (trained attempts with status
-infra_error or reward None) and whether the final model equals an undisturbed run's with the same seed.
+trained twice (ledger vs journal), infra errors that reached a loss or a baseline (the attempts the trainer says
+it scored, per step, in the ledger, looked up in the journal: status infra_error or reward None) and whether the
+final model equals an undisturbed run's with the same seed.
 
     nice -n 19 .venv/bin/python benchmarks/chaos.py [--steps 6] [--faults 200] [--out results.json]
 """
@@ -74,10 +78,31 @@ def settings(args: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 
 def stores(root: Path) -> tuple[Any, Any]:
-    from swerl.storage import Store
+    """The run's store (root/store.json says which: an S3 endpoint, credentials in the environment) and MLflow."""
+    from swerl.storage import open_store
     from swerl.tracking import Tracker
 
-    return Store(f"file://{root}/store"), Tracker(f"sqlite:///{root}/mlflow.db", "grpo-chaos")
+    where = json.loads((root / "store.json").read_text()) if (root / "store.json").exists() else {}
+    store = open_store(where.get("root", f"file://{root}/store"), s3_endpoint_url=where.get("endpoint"))
+    return store, Tracker(f"sqlite:///{root}/mlflow.db", "grpo-chaos")
+
+
+def start_s3(root: Path) -> Any:
+    """A SeaweedFS S3 server for the run's store; its credentials go into this process's environment (which the
+    stage's subprocesses inherit), never into a file or the results."""
+    import secrets
+
+    from swerl import services
+
+    access, secret = "chaos-" + secrets.token_hex(4), secrets.token_urlsafe(24)
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = access, secret
+    ports = services.SeaweedPorts.free()
+    server = services.seaweedfs(root / "s3", ports, bucket="swerl", access_key=access, secret_key=secret)
+    server.stop_timeout_s = 5.0
+    server.start()
+    endpoint = f"http://127.0.0.1:{ports.s3}"
+    (root / "store.json").write_text(json.dumps({"root": "s3://swerl/chaos", "endpoint": endpoint}))
+    return server
 
 
 def make_inputs(root: Path, tasks: int) -> None:
@@ -255,10 +280,13 @@ def reap_group(process: subprocess.Popen[bytes]) -> None:
 class Injector:
     """Non-SIGKILL faults on a seeded schedule while the stage runs."""
 
-    WEIGHTS = {"engine_5xx": 3, "engine_drop": 2, "engine_hang": 1, "sandbox_kill": 3, "disk_full": 1}
+    WEIGHTS = {"engine_5xx": 3, "engine_drop": 2, "engine_hang": 1, "sandbox_kill": 3, "disk_full": 1,
+               "s3_restart": 1}  # fmt: skip
 
-    def __init__(self, root: Path, rng: random.Random, interval_s: float, hang_s: float) -> None:
-        self.root, self.rng, self.interval_s, self.hang_s = root, rng, interval_s, hang_s
+    def __init__(
+        self, root: Path, rng: random.Random, interval_s: float, hang_s: float, s3: Any = None
+    ) -> None:
+        self.root, self.rng, self.interval_s, self.hang_s, self.s3 = root, rng, interval_s, hang_s, s3
         self.counts: Counter[str] = Counter()
         self.attempted: Counter[str] = Counter()
         self.pid: int | None = None
@@ -300,6 +328,15 @@ class Injector:
         if not pids:
             return False
         os.kill(self.rng.choice(pids), signal.SIGKILL)
+        return True
+
+    def s3_restart(self) -> bool:
+        """Stop the S3 server (SIGTERM, SIGKILL after its stop timeout), leave it down 0.5-3 s, start it again."""
+        if self.s3 is None or self.pid is None:
+            return False
+        self.s3.stop()
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        self.s3.start()
         return True
 
     def disk_full(self) -> bool:
@@ -493,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         help="engine.health_interval_s: how soon an engine taken out of rotation is probed back",
     )
     parser.add_argument("--runtime", default="bubblewrap", choices=["auto", "supervisor", "bubblewrap"])
+    parser.add_argument("--store", default="s3", choices=["s3", "file"],
+                        help="s3: a SeaweedFS server on loopback (restarted as a fault); file: file://")  # fmt: skip
     parser.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     parser.add_argument("--root", type=Path, default=None, help="work here (kept) instead of a temp dir")
     parser.add_argument("--out", type=Path, default=None)
@@ -508,6 +547,15 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "b": args.b, "n": args.n, "seed": args.seed, "runtime": args.runtime,
         "request_timeout_s": args.request_timeout_s, "health_interval_s": args.health_interval_s,
     }))  # fmt: skip
+    s3 = start_s3(root) if args.store == "s3" else None
+    try:
+        return run_all(args, root, s3)
+    finally:
+        if s3 is not None:
+            s3.stop()
+
+
+def run_all(args: argparse.Namespace, root: Path, s3: Any) -> int:
     make_inputs(root, args.tasks)
     rng = random.Random(args.seed)
     results: dict[str, Any] = {
@@ -517,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     for label in ([] if args.no_baseline else ["undisturbed"]) + ["chaos"]:
         stage = f"grpo-{label}"
         injector = (
-            Injector(root, rng, args.interval_s, args.request_timeout_s + 3) if label == "chaos" else None
+            Injector(root, rng, args.interval_s, args.request_timeout_s + 3, s3) if label == "chaos" else None
         )
         print(
             f"{label}: running {stage} ({args.steps} steps x {args.b} groups x {args.n} attempts)", flush=True

@@ -1,6 +1,7 @@
-"""Smoke run of benchmarks/chaos.py: a few faults of every kind against a short async GRPO stage, then the books.
+"""Smoke run of benchmarks/chaos.py: a few faults of every kind against a short async GRPO stage (its store on a
+real SeaweedFS S3 server that the faults restart), then the books.
 
-Tiny settings (2 steps, ~15 faults); the full run (>= 200 faults) and its figures are in docs/benchmarks.md.
+Tiny settings (3 steps, up to 15 faults); the full run (>= 200 faults) and its figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -23,3 +24,6 @@ def test_chaos_smoke_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> N
     assert summary["faults_total"] >= 1, summary
     assert summary["trajectories_lost"] == 0 and summary["groups_trained_twice"] == 0, summary
     assert summary["infra_errors_in_loss"] == 0 and not summary["steps_without_b_groups"], summary
+    # the trainer's account was there to audit: every step's scored attempts, each found in the journal
+    assert summary["scored_attempts"] > 0 and summary["scored_not_in_journal"] == 0, summary
+    assert summary["trainer_crashes"] == 0, summary
