@@ -148,3 +148,34 @@ def test_pause_holds_generation_until_continue(server: EngineLauncher) -> None:
 
     held, response = with_client(server, scenario)
     assert held and len(response.output_ids) == 4
+
+
+def test_an_engine_server_exits_when_the_process_that_launched_it_is_gone() -> None:
+    """A SIGKILLed stage must not leave its engine servers behind (the chaos run once found eight, 470 MB each):
+    the server's parent watch (--parent-pid, set by the launcher) ends it once it is re-parented."""
+    import subprocess
+    import sys
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        "code = 'import sys, time; from swerl.engine.server import _exit_with_parent; '"
+        " '_exit_with_parent(int(sys.argv[1]), 0.1)'\n"
+        "child = subprocess.Popen([sys.executable, '-c', code, str(os.getpid())], start_new_session=True)\n"
+        "print(child.pid, flush=True); time.sleep(120)\n"
+    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert launcher.stdout is not None
+    server = int(launcher.stdout.readline())
+    time.sleep(0.5)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the server {server} outlived its launcher")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ def local_server_command(spec: LocalServerSpec, host: str, port: int, index: int
         "--seed", str(spec.seed + index),  # engines sample independent streams
         "--weight-version", str(spec.weight_version),
         "--prefix-cache-size", str(spec.prefix_cache_size),
+        "--parent-pid", str(os.getpid()),  # the server exits when the process that launched it is gone
     ]  # fmt: skip
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -194,6 +197,14 @@ def _update_result(success: bool, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=200 if success else 400)
 
 
+def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
+    """Exit when `parent` is no longer this process's parent (it died: the server was re-parented)."""
+    while os.getppid() == parent:
+        time.sleep(interval_s)
+    log.warning("the process that launched this engine server (%d) is gone: exiting", parent)
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,8 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (pending connections)")
     parser.add_argument("--limit-concurrency", type=int, default=None, help="uvicorn's cap (None: none)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit once this process is gone (a SIGKILLed stage leaves no engine behind)")  # fmt: skip
     args = parser.parse_args(argv)
     import uvicorn
+
+    if args.parent_pid is not None:
+        threading.Thread(
+            target=_exit_with_parent, args=(args.parent_pid,), daemon=True, name="parent"
+        ).start()
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = str(Path(args.model).resolve())
