@@ -415,6 +415,9 @@ def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: ran
 
 def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
     """The ledger against the journal (tests/test_grpo_async_crash.py's checks, counted instead of asserted)."""
+    from swerl.rollout.journal import RolloutJournal
+    from swerl.rollout.manager import parse_group_id
+
     store, _ = stores(root)
     keys = [rel.rsplit("/", 1)[-1] for rel in store.list(f"stages/{stage}")]
     manifests = [json.loads(store.read_bytes(f"stages/{stage}/{k}/manifest.json")) for k in keys
@@ -453,13 +456,12 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
             statuses[trajectory["status"]] += 1
             infra_consumed += trajectory["status"] == "infra_error" or trajectory.get("reward") is None
     # The trainer's own account of what it scored (in a baseline and the loss), per step, against the journal.
-    prefix = f"stages/{stage}/{key}/rollouts"
+    entries = RolloutJournal(store, f"stages/{stage}/{key}/rollouts")
     infra_in_loss = scored_total = scored_unknown = 0
     for pairs in report.get("scored_attempts", {}).values():
         for group, attempt in pairs:
             scored_total += 1
-            seq_text, _, generation_text = group[1:].partition("r")
-            name = f"{prefix}/g{int(seq_text):08d}/r{int(generation_text or 0):03d}-a{attempt:04d}.json"
+            name = entries.entry_path(*parse_group_id(group), attempt)
             if not store.exists(name):
                 scored_unknown += 1
                 continue

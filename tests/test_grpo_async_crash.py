@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from swerl.config import AgentConfig, EngineConfig, GRPOConfig
+from swerl.rollout.manager import parse_group_id
 from swerl.stages.runner import Manifest, StageContext, StageResult, run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
@@ -138,7 +139,7 @@ def check_books(root: Path, stage: str) -> dict[str, Any]:
     for step, pairs in scored.items():
         steps_groups = {seq for seq, at, reason in ledger if at == int(step) and reason == "trained"}
         for group, attempt in pairs:
-            seq = int(group[1:].partition("r")[0])
+            seq, _ = parse_group_id(group)
             assert seq in steps_groups and attempt in {a for _, a in journal[seq]}, (step, group, attempt)
     return report
 

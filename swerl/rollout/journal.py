@@ -150,13 +150,14 @@ class RolloutJournal:
         self.store = store
         self.prefix = prefix.strip("/")
 
-    def _path(self, seq: int, generation: int, attempt: int) -> str:
+    def entry_path(self, seq: int, generation: int, attempt: int) -> str:
+        """The store path of one finished attempt's entry."""
         return f"{self.prefix}/g{seq:08d}/r{generation:03d}-a{attempt:04d}.json"
 
     def record(self, attempt: FinishedAttempt) -> None:
         """Write one finished attempt (atomically); blocking I/O, run it off the event loop."""
         if self.store is not None:
-            path = self._path(attempt.seq, attempt.generation, attempt.trajectory.attempt)
+            path = self.entry_path(attempt.seq, attempt.generation, attempt.trajectory.attempt)
             self.store.write_bytes(path, attempt.to_json())
 
     def load(self, skip: set[int]) -> JournalState:

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +33,17 @@ logger = logging.getLogger(__name__)
 
 def group_id(seq: int, generation: int) -> str:
     return f"g{seq:08d}" + (f"r{generation}" if generation else "")
+
+
+_GROUP_ID = re.compile(r"^g(\d+)(?:r(\d+))?$")
+
+
+def parse_group_id(text: str) -> tuple[int, int]:
+    """(seq, generation) of a group_id; ValueError naming it if it is not one."""
+    match = _GROUP_ID.match(text)
+    if match is None:
+        raise ValueError(f"not a rollout group id: {text!r}")
+    return int(match.group(1)), int(match.group(2) or 0)
 
 
 @dataclass

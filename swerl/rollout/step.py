@@ -44,13 +44,19 @@ class StepOutcome:
     """Wall-clock seconds of the export and the engine's load."""
 
 
+def _train_step(
+    trainer: PolicyTrainer, groups: Sequence[Sequence[Trajectory]]
+) -> tuple[dict[str, float], list[tuple[str, int]]]:
+    """The update and the trainer's account of what it scored, in one hop off the event loop."""
+    return trainer.train_step(groups), trainer.scored_attempts()
+
+
 async def train_and_sync(
     trainer: PolicyTrainer, engine: Engine, groups: Sequence[Sequence[Trajectory]], export_dir: Path
 ) -> StepOutcome:
     """Update on `groups` in a thread (the event loop keeps serving episodes), export, load into the engine."""
     update_started = time.monotonic()
-    stats = await asyncio.to_thread(trainer.train_step, groups)
-    scored = await asyncio.to_thread(trainer.scored_attempts)
+    stats, scored = await asyncio.to_thread(_train_step, trainer, groups)
     update_s = time.monotonic() - update_started
     sync_started = time.monotonic()
     export = await asyncio.to_thread(trainer.export_weights, export_dir)
