@@ -27,6 +27,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 """Columns a row must have (non-null) under each schema."""
 
+SCHEMA_NAMES: dict[str, str] = {"swesmith": "SWE-smith", "swebench": "SWE-bench"}
+
+TRACE_COLUMN = "messages"
+"""The column of an agent trace row (SWE-smith-trajectories: instance_id, traj_id, messages, resolved...)."""
+
 _LOCAL_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 
 
@@ -77,6 +82,27 @@ def swebench_image(instance_id: str) -> str:
     return f"swebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_').lower()}:latest"
 
 
+def _present(row: Mapping[str, Any], name: str) -> bool:
+    value = row.get(name)
+    return value is not None and not (isinstance(value, str) and not value.strip())
+
+
+def task_schema_of(row: Mapping[str, Any]) -> Schema | None:
+    """The task schema a row looks like (all its required columns present), or None: SWE-smith where the row
+    names a SWE-smith image or repository, else SWE-bench before the looser SWE-smith."""
+    smith = all(_present(row, name) for name in REQUIRED["swesmith"])
+    if smith and (_present(row, "image_name") or str(row.get("repo", "")).startswith("swesmith/")):
+        return "swesmith"
+    if all(_present(row, name) for name in REQUIRED["swebench"]):
+        return "swebench"
+    return "swesmith" if smith else None
+
+
+def is_trace_row(row: Mapping[str, Any]) -> bool:
+    """Whether a row is shaped like an agent trace (it has messages) rather than a task."""
+    return row.get(TRACE_COLUMN) is not None
+
+
 def _swesmith_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     repo = str(row["repo"])
     commit = row.get("base_commit")
@@ -112,9 +138,19 @@ def row_to_task(
         raise ValueError(f"unknown dataset schema {schema!r}; known: {sorted(REQUIRED)}")
     raw_id = row.get("instance_id")
     instance_id = str(raw_id) if raw_id else None
-    for name in REQUIRED[schema]:
-        if row.get(name) is None or (isinstance(row.get(name), str) and not row[name].strip()):
-            raise RowError(index, instance_id, name, f"missing or empty (required by the {schema} schema)")
+    missing = [name for name in REQUIRED[schema] if not _present(row, name)]
+    if missing and is_trace_row(row):
+        columns = ", ".join(c for c in (TRACE_COLUMN, "traj_id", "resolved") if c in row)
+        raise RowError(
+            index,
+            instance_id,
+            TRACE_COLUMN,
+            f"the row looks like an agent trace (SWE-smith-trajectories: it has {columns}), not a "
+            f"{SCHEMA_NAMES[schema]} task (it lacks {', '.join(missing)}): load it as traces "
+            "(traces.source=dataset), not as tasks",
+        )
+    if missing:
+        raise RowError(index, instance_id, missing[0], f"missing or empty (required by the {schema} schema)")
     fields = _swesmith_fields(row) if schema == "swesmith" else _swebench_fields(row)
     try:
         return TaskInstance(
@@ -164,6 +200,16 @@ def rows_to_tasks(
 def check_json_file(path: str | Path) -> None:
     """Raise ValueError naming the file and the line if a local .jsonl/.json file is not JSON objects, one per
     line (or, for .json, one JSON document): `datasets` would otherwise fail on it naming neither."""
+    read_json_rows(path)
+
+
+def read_json_rows(path: str | Path) -> list[tuple[int | None, dict[str, Any]]]:
+    """The rows of a local .jsonl/.json file read with the json module, each with the line it is on (None for
+    the rows of a .json document); a ValueError names the file and the line of anything that is not a row.
+
+    No Arrow type inference is involved, so a column whose values differ in type from row to row (a message's
+    content a string in one message and a list of parts in the next, as in published agent traces) is read as
+    written."""
     path = Path(path)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -176,13 +222,14 @@ def check_json_file(path: str | Path) -> None:
         try:
             document = json.loads(text)
         except (ValueError, RecursionError):
-            pass  # maybe JSON lines under a .json name: checked line by line below
+            pass  # maybe JSON lines under a .json name: read line by line below
         else:
             if isinstance(document, list) and all(isinstance(row, dict) for row in document):
-                return
+                return [(None, row) for row in document]
             if isinstance(document, dict):
-                return
+                return [(None, document)]
             raise ValueError(f"{path}: a .json dataset must be an object or a list of objects")
+    rows: list[tuple[int | None, dict[str, Any]]] = []
     for number, row_text in enumerate(text.split("\n"), start=1):
         if not row_text.strip():
             continue
@@ -195,6 +242,8 @@ def check_json_file(path: str | Path) -> None:
             raise ValueError(f"{path}:{number}: not valid JSON ({detail})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
+        rows.append((number, row))
+    return rows
 
 
 def _json_files(local: Path) -> list[Path]:

@@ -2,8 +2,9 @@
 
 source=oracle: the oracle agent solves the curated training tasks through the agent's own tools in real
 sandboxes (swerl.agent.oracle) and its traces are written as SWE-smith-trajectories rows; source=dataset: rows
-are loaded from a published trace dataset (hub id or local files) and checked. Either way the SFT stage reads
-traces.jsonl through the same `datasets` path.
+are loaded from a published trace dataset (hub id or local files; swerl.agent.traces.load_trace_rows checks every
+row, naming the file, row and message of one SFT would refuse). Either way the rows are written as they came to
+traces.jsonl (one JSON object a line), which the SFT stage reads through the same load_trace_rows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from collections import Counter
 from typing import Any
 
 from swerl.agent.oracle import generate_oracle_traces
-from swerl.agent.traces import load_trace_rows, normalize_messages, oracle_rows, write_traces
+from swerl.agent.traces import (
+    TraceRowError,
+    check_trace_row,
+    load_trace_rows,
+    oracle_rows,
+    trace_row_name,
+    write_traces,
+)
 from swerl.config import AgentConfig, StrictModel, TracesConfig
 from swerl.stages.common import (
     closing,
@@ -36,16 +44,14 @@ class TracesStage(StrictModel):
 
 
 def check_rows(rows: list[dict[str, Any]]) -> Counter[str]:
-    """Raise on rows SFT cannot use (no messages, no assistant turn); returns counts by role."""
+    """Raise on rows SFT cannot use (check_trace_row: no messages, a message the chat template cannot render, no
+    assistant turn), naming the row and the message; returns counts by role."""
     roles: Counter[str] = Counter()
     for index, row in enumerate(rows):
-        name = f"trace row {index} (traj_id={row.get('traj_id')!r})"
         try:
-            messages = normalize_messages(row["messages"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{name}: unreadable messages ({exc})") from exc
-        if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"{name} has no assistant turn: nothing to train on")
+            messages = check_trace_row(row)
+        except TraceRowError as exc:
+            raise ValueError(exc.named(trace_row_name(row, index))) from None
         roles.update(m["role"] for m in messages)
     return roles
 
