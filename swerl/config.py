@@ -126,6 +126,10 @@ class DockerSandboxConfig(StrictModel):
     """A container removes itself after this long even if close() never ran (a crashed run leaks nothing)."""
     kill_grace_s: float = Field(10.0, gt=0, le=600)
     """After a timed-out command is killed, how long it may take to end before InfraError(exec_unresponsive)."""
+    allow_pull: bool = False
+    """Pull a task image the engine does not have (SWE-smith, SWE-bench); off: a missing image is image_missing."""
+    pulls_per_hour: int = Field(100, ge=1, le=100_000)
+    """Image pulls in any hour (the registry's cap: 100/h in the recipe); past it a pull waits, and says so."""
 
 
 class SandboxLimits(StrictModel):
@@ -216,6 +220,8 @@ class E2BConfig(StrictModel):
     """Per-request timeout of the e2b API and file transfers."""
     exec_grace_s: float = Field(15.0, gt=0, le=3600)
     """Past a command's timeout plus this, a command that has not come back is InfraError(exec_unresponsive)."""
+    image_templates: dict[str, str] = Field(default_factory=dict)
+    """Image tasks: the template built from each task image (`e2b template build` on a Dockerfile `FROM` it)."""
 
 
 class DatasetSource(StrictModel):

@@ -13,11 +13,11 @@ from swerl.errors import InfraError
 from swerl.rollout.environments import (
     EnvironmentPlanner,
     LocalEnvironments,
-    TokenBucket,
     group_by_environment,
 )
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
+from swerl.sandbox.ratelimit import TokenBucket
 from tests.sandbox_helpers import local_provider, pool_around
 
 PATCH = (

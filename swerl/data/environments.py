@@ -3,8 +3,11 @@ at start (the bug, for bug-kind tasks). The one place this is done: episodes, gr
 planner and SFT's tokenizer corpus all call it.
 
 An environment reference (`TaskInstance.image`) is `local://repos/NAME` for a shipped repository,
-`local:///ABSOLUTE/PATH` for any other directory and `micro://SPLIT/SEED/INDEX` for a procedural micro repository
-(regenerated into a cache directory on first use).
+`local:///ABSOLUTE/PATH` for any other directory, `micro://SPLIT/SEED/INDEX` for a procedural micro repository
+(regenerated into a cache directory on first use), or a container image: `docker://NAME[:TAG]` (the repository at
+the image's WORKDIR), or a bare image name as SWE-smith's `image_name` and SWE-bench's per-instance images spell it
+(`swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest`): the repository at the image's WORKDIR (/testbed in
+both), their conda environment `testbed` first on PATH, as their own harnesses activate it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ from swerl.data.micro import GENERATOR_VERSION, materialize_micro_repo, parse_mi
 from swerl.data.repos import BUILTIN_ROOT, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.sandbox.base import Environment, ImageEnvironment
+
+DOCKER_SCHEME = "docker://"
+CONDA_TESTBED_PATH = ("/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin")
+"""Where SWE-bench's and SWE-smith's images keep the repository's interpreter (their scripts `conda activate
+testbed`); directories that do not exist in an image are simply not found on PATH."""
 
 
 def resolve_environment(image: str, base_commit: str | None = None) -> Path:
@@ -43,6 +52,25 @@ def resolve_environment(image: str, base_commit: str | None = None) -> Path:
     return path
 
 
+def is_image_reference(image: str) -> bool:
+    """Whether an environment reference names a container image (not a host directory)."""
+    return bool(image) and not image.startswith(("local://", "micro://"))
+
+
+def image_environment(image: str) -> ImageEnvironment:
+    """The ImageEnvironment behind an image reference (`docker://NAME` or a bare SWE-smith/SWE-bench name)."""
+    if image.startswith(DOCKER_SCHEME):
+        name = image[len(DOCKER_SCHEME) :]
+        if not name:
+            raise ValueError(f"environment {image!r} names no image")
+        return ImageEnvironment(name)
+    if "://" in image:
+        raise ValueError(
+            f"environment {image!r}: unknown scheme (local://, micro://, docker:// or a bare image name)"
+        )
+    return ImageEnvironment(image, path_prepend=CONDA_TESTBED_PATH)
+
+
 def setup_patch(task: TaskInstance) -> str | None:
     """The patch applied at sandbox start: the bug of a bug-kind task, nothing for a fix-kind one."""
     return task.patch if task.patch_kind == "bug" else None
@@ -56,6 +84,21 @@ def environment_dir(task: TaskInstance) -> Path:
         raise InfraError("image_missing", str(exc)) from exc
 
 
-def task_environment(task: TaskInstance) -> tuple[Path, str | None]:
-    """The task's environment directory and setup patch: what `SandboxProvider.start` takes."""
-    return environment_dir(task), setup_patch(task)
+def task_env(task: TaskInstance) -> Environment:
+    """Where the task's sandbox starts from: its directory, or its image; InfraError(image_missing) for a task
+    naming no environment or a directory that is not there."""
+    if not task.image:
+        raise InfraError(
+            "image_missing", f"task {task.instance_id} names no environment (its `image` is empty)"
+        )
+    if is_image_reference(task.image):
+        try:
+            return image_environment(task.image)
+        except ValueError as exc:
+            raise InfraError("image_missing", f"task {task.instance_id}: {exc}") from exc
+    return environment_dir(task)
+
+
+def task_environment(task: TaskInstance) -> tuple[Environment, str | None]:
+    """The task's environment and setup patch: what `SandboxProvider.start` takes."""
+    return task_env(task), setup_patch(task)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from swerl.data.environments import environment_dir
+from swerl.data.environments import task_env
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.sandbox.base import Environment
+from swerl.sandbox.ratelimit import TokenBucket
 
 
 @runtime_checkable
@@ -29,7 +30,7 @@ class EnvironmentBackend(Protocol):
         """The environment a task needs (tasks with equal keys share one preparation)."""
         ...
 
-    async def prepare(self, task: TaskInstance) -> Path:
+    async def prepare(self, task: TaskInstance) -> Environment:
         """Build, pull or materialize the task's environment; InfraError(image_missing) if it cannot exist."""
         ...
 
@@ -40,55 +41,24 @@ class LocalEnvironments:
     def key(self, task: TaskInstance) -> str:
         return task.image
 
-    async def prepare(self, task: TaskInstance) -> Path:
-        return await asyncio.to_thread(environment_dir, task)
+    async def prepare(self, task: TaskInstance) -> Environment:
+        return await asyncio.to_thread(task_env, task)
 
 
 class ProviderEnvironments(LocalEnvironments):
-    """Environments of a backend that builds something from the repository directory: the docker backend's
-    `environment_image(env_dir)` builds (or reuses) the repository's image; a backend without it needs none."""
+    """Environments of a backend that builds something from them: the docker backend's `environment_image(env)`
+    builds (or reuses) a repository's image, or checks (and within its pull budget pulls) a task's image and
+    builds the sandbox layer on it; a backend without it needs none."""
 
     def __init__(self, provider: object) -> None:
         self.provider = getattr(provider, "provider", provider)  # a SandboxPool's backend
 
-    async def prepare(self, task: TaskInstance) -> Path:
+    async def prepare(self, task: TaskInstance) -> Environment:
         env_dir = await super().prepare(task)
         build = getattr(self.provider, "environment_image", None)
         if build is not None:
             await build(env_dir)
         return env_dir
-
-
-class TokenBucket:
-    """At most `burst` acquisitions back to back, then `rate_per_s` per second on average."""
-
-    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError(f"TokenBucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
-        self.rate_per_s = rate_per_s
-        self.burst = burst
-        self.clock = clock
-        self._tokens = float(burst)
-        self._updated = clock()
-        self._lock = asyncio.Lock()
-
-    def _refill(self) -> None:
-        now = self.clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate_per_s)
-        self._updated = now
-
-    async def acquire(self) -> float:
-        """Take one token, waiting for it; returns the seconds waited."""
-        waited = 0.0
-        async with self._lock:  # first come, first served
-            self._refill()
-            while self._tokens < 1.0:
-                pause = (1.0 - self._tokens) / self.rate_per_s
-                await asyncio.sleep(pause)
-                waited += pause
-                self._refill()
-            self._tokens -= 1.0
-        return waited
 
 
 def group_by_environment(
@@ -111,7 +81,7 @@ class EnvironmentPlanner:
         self.backend = backend
         self.bucket = TokenBucket(pulls_per_minute / 60.0, burst)
         self._parallel = asyncio.Semaphore(parallel)
-        self._prepared: dict[str, asyncio.Task[Path]] = {}
+        self._prepared: dict[str, asyncio.Task[Environment]] = {}
         self.counters: Counter[str] = Counter()
         self.seconds: dict[str, float] = {}
         """Preparation wall clock per environment (rate-limit waits excluded)."""
@@ -125,15 +95,15 @@ class EnvironmentPlanner:
                 new.append(key)
         return new
 
-    async def environment(self, task: TaskInstance) -> Path:
+    async def environment(self, task: TaskInstance) -> Environment:
         """The task's prepared environment (InfraError(image_missing) if its preparation failed)."""
         self.prepare_ahead([task])
         return await asyncio.shield(self._prepared[self.backend.key(task)])
 
-    async def prepare_all(self, tasks: Iterable[TaskInstance]) -> dict[str, Path | InfraError]:
+    async def prepare_all(self, tasks: Iterable[TaskInstance]) -> dict[str, Environment | InfraError]:
         """Prepare every environment before a run; failures are returned by key, not raised."""
         self.prepare_ahead(tasks)
-        results: dict[str, Path | InfraError] = {}
+        results: dict[str, Environment | InfraError] = {}
         for key, task in list(self._prepared.items()):
             try:
                 results[key] = await asyncio.shield(task)
@@ -141,7 +111,7 @@ class EnvironmentPlanner:
                 results[key] = exc
         return results
 
-    async def _prepare(self, key: str, task: TaskInstance) -> Path:
+    async def _prepare(self, key: str, task: TaskInstance) -> Environment:
         async with self._parallel:
             waited = await self.bucket.acquire()
             self.counters["rate_limited_s"] += int(waited)

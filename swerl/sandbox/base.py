@@ -44,6 +44,38 @@ class SandboxResources:
 
 
 @dataclass(frozen=True)
+class ImageEnvironment:
+    """A container image that holds a task's repository (SWE-smith, SWE-bench and Harbor tasks).
+
+    Every backend shows the repository at WORKSPACE, a private copy per sandbox, and puts a symlink to WORKSPACE
+    where the image kept it (`repo_dir`), so the image's editable installs and scripts that `cd /testbed` see the
+    sandbox's copy. The copy carries no git history (history can hold the fix: SWE-bench images keep every
+    upstream commit, SWE-smith's bug is a commit on top of the clean one).
+    """
+
+    image: str
+    """The image as the local Docker engine names it (name:tag, or an id)."""
+    repo_dir: str | None = None
+    """Where the image holds the repository; None: the image's WORKDIR (SWE-bench and SWE-smith: /testbed)."""
+    path_prepend: tuple[str, ...] = ()
+    """Directories put before the image's PATH in every command (e.g. a conda environment's bin)."""
+
+    def __post_init__(self) -> None:
+        if not self.image or any(c.isspace() for c in self.image) or "\0" in self.image:
+            raise ValueError(f"ImageEnvironment: {self.image!r} is not an image reference")
+        if self.repo_dir is not None and (
+            not self.repo_dir.startswith("/") or self.repo_dir.rstrip("/") == ""
+        ):
+            raise ValueError(
+                f"ImageEnvironment({self.image}): repo_dir {self.repo_dir!r} must be an absolute path other than /"
+            )
+
+
+Environment = Path | ImageEnvironment
+"""What a sandbox starts from: a repository directory on the host, or a container image holding one."""
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The outcome of one command: exit code, merged stdout+stderr, whether the wall clock ran out."""
 
@@ -76,8 +108,11 @@ class Sandbox(Protocol):
 
 @runtime_checkable
 class SandboxProvider(Protocol):
-    """Starts sandboxes from an environment (a repository directory) with an optional setup patch applied."""
+    """Starts sandboxes from an environment (a repository directory, or an image holding one) with an optional
+    setup patch applied. A backend that cannot run an ImageEnvironment raises InfraError(image_missing) saying
+    why."""
 
-    async def start(self, env_dir: Path, setup_patch: str | None = None) -> Sandbox:
-        """A fresh sandbox whose /workspace is a private copy of env_dir with setup_patch applied."""
+    async def start(self, env_dir: Environment, setup_patch: str | None = None) -> Sandbox:
+        """A fresh sandbox whose /workspace is a private copy of the environment's repository, setup_patch
+        applied."""
         ...

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
-from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env
+from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
+from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env, build_task_layer
 from swerl.sandbox.process import BoundedOutput, refuse_nul, shell_command
+from swerl.sandbox.ratelimit import WindowLimit
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,15 @@ _WRAPPER = (
 # PID 1: sleeps, reaps orphans (bash waits for any child on SIGCHLD), leaves after the lifetime.
 _INIT = "trap 'exit 0' TERM; end=$((SECONDS + {lifetime})); while [ $SECONDS -lt $end ]; do sleep 60 & wait $!; done"
 _PATCH_FAILED = 91
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedImage:
+    """What a container of one environment runs: the image (with swerl's sandbox layer) and its PATH."""
+
+    tag: str
+    path: str
 
 
 class DockerSandbox:
@@ -181,12 +191,18 @@ class DockerSandboxProvider:
         max_lifetime_s: int,
         api_threads: int,
         api_timeout_s: float,
+        allow_pull: bool = False,
+        pulls_per_hour: int = 100,
         extra_env: Mapping[str, str] | None = None,
         git_baseline: bool = False,
         docker_host: str | None = None,
     ) -> None:
         """The backend's own arguments are DockerSandboxConfig's fields; docker_host (None: the environment's
         DOCKER_HOST, or the default socket) and extra_env are not config."""
+        self.allow_pull = allow_pull
+        self.pulls = WindowLimit(
+            pulls_per_hour, 3600.0, "docker image pulls (agent.sandbox.docker.pulls_per_hour)"
+        )
         self.resources = resources
         self.base_image = base_image
         self.cpus = cpus
@@ -201,8 +217,9 @@ class DockerSandboxProvider:
         self._executor = ThreadPoolExecutor(max_workers=api_threads, thread_name_prefix="swerl-docker")
         self._client: Any = None
         self._client_lock = threading.Lock()
-        self._images: dict[Path, str] = {}
-        self._image_locks: dict[Path, asyncio.Lock] = {}
+        self._images: dict[Path | ImageEnvironment, PreparedImage] = {}
+        self._image_locks: dict[Path | ImageEnvironment, asyncio.Lock] = {}
+        self.image_counters: dict[str, int] = {"pulled": 0, "built": 0, "reused": 0}
 
     def limits(self) -> dict[str, int | float]:
         """Every limit this provider enforces, for logging at start."""
@@ -211,13 +228,19 @@ class DockerSandboxProvider:
             **dataclasses.asdict(self.resources),
             "max_lifetime_s": self.max_lifetime_s,
             "api_threads": self.api_threads,
+            "pulls_per_hour": self.pulls.limit if self.allow_pull else 0,
         }
 
     async def start(
-        self, env_dir: Path, setup_patch: str | None = None, env: Mapping[str, str] | None = None
+        self, env_dir: Environment, setup_patch: str | None = None, env: Mapping[str, str] | None = None
     ) -> DockerSandbox:
-        """A container whose /workspace is a private copy of env_dir (its image) with `setup_patch` applied."""
-        image = await self.environment_image(Path(env_dir))
+        """A container whose /workspace is a private copy of the environment's repository (a directory's image,
+        or a task image with swerl's sandbox layer) with `setup_patch` applied."""
+        prepared = await self.environment_image(
+            env_dir if isinstance(env_dir, ImageEnvironment) else Path(env_dir)
+        )
+        image = prepared.tag
+        env = {"PATH": prepared.path, **(env or {})}
         name = f"swerl-{self.id}-{secrets.token_hex(6)}"
         abandoned = threading.Event()
         timeout_s = self.resources.start_timeout_s
@@ -257,26 +280,67 @@ class DockerSandboxProvider:
             )
         return sandbox
 
-    async def environment_image(self, env_dir: Path) -> str:
-        """The environment image of a repository directory, built on the base image the first time."""
-        if not env_dir.is_dir():
-            raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
-        env_dir = env_dir.resolve()
+    async def environment_image(self, env_dir: Path | ImageEnvironment) -> PreparedImage:
+        """The image a sandbox of this environment runs, prepared once: a repository directory's image built on
+        the base image, or a task image (pulled only where allowed, within pulls_per_hour) with swerl's sandbox
+        layer built on it (swerl.sandbox.images.build_task_layer)."""
+        if isinstance(env_dir, Path):
+            if not env_dir.is_dir():
+                raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
+            env_dir = env_dir.resolve()
         if env_dir in self._images:
             return self._images[env_dir]
         lock = self._image_locks.setdefault(env_dir, asyncio.Lock())
         async with lock:
             if env_dir not in self._images:
                 client = await self.call(self._docker)
+                if isinstance(env_dir, ImageEnvironment):
+                    self._images[env_dir] = await self._prepare_task_image(client, env_dir)
+                    return self._images[env_dir]
                 try:
-                    self._images[env_dir] = await self.call(build_env, client, env_dir, self.base_image)
+                    tag = await self.call(build_env, client, env_dir, self.base_image)
                 except Exception as exc:  # the SDK raises several types; all mean "no image to run"
                     raise InfraError(
                         "image_missing",
                         f"cannot build the environment image of {env_dir} on {self.base_image} ({exc}); "
                         "build the base with `python -m swerl.sandbox.images base`",
                     ) from exc
+                self._images[env_dir] = PreparedImage(tag, _DEFAULT_PATH)
         return self._images[env_dir]
+
+    async def _prepare_task_image(self, client: Any, env: ImageEnvironment) -> PreparedImage:
+        import docker.errors
+
+        try:
+            await self.call(client.images.get, env.image)
+        except docker.errors.ImageNotFound:
+            if not self.allow_pull:
+                raise InfraError(
+                    "image_missing",
+                    f"image {env.image} is not on this Docker engine and pulling is off "
+                    "(agent.sandbox.docker.allow_pull: false): build or load it first",
+                ) from None
+            await self._pull(client, env.image)
+        except docker.errors.APIError as exc:
+            raise InfraError("image_missing", f"cannot inspect image {env.image}: {exc}") from exc
+        try:
+            tag, path, reused = await self.call(build_task_layer, client, env.image, env.repo_dir)
+        except Exception as exc:  # the SDK raises several types; all mean "no image to run"
+            raise InfraError(
+                "image_missing", f"cannot build swerl's sandbox layer on {env.image}: {exc}"
+            ) from exc
+        self.image_counters["reused" if reused else "built"] += 1
+        return PreparedImage(tag, ":".join([*env.path_prepend, path or _DEFAULT_PATH]))
+
+    async def _pull(self, client: Any, image: str) -> None:
+        """Pull one image within the pulls_per_hour budget (a wait is logged); failures are image_missing."""
+        waited = await self.pulls.acquire()
+        log.info("pulling %s (waited %.1f s for the pull budget)", image, waited)
+        try:
+            await self.call(client.images.pull, image)
+        except Exception as exc:  # noqa: BLE001 - every failure means the same: no image to run
+            raise InfraError("image_missing", f"pulling {image} failed: {exc}") from exc
+        self.image_counters["pulled"] += 1
 
     async def remove(self, name: str) -> None:
         """Force-remove a container by name (gone already is fine); retried, then logged as a leak."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
+from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
 from swerl.sandbox.process import BoundedOutput
 
 SANDBOX_ENV: dict[str, str] = {
@@ -188,6 +188,7 @@ class E2BSandboxProvider:
         lifetime_s: int,
         request_timeout_s: float,
         exec_grace_s: float,
+        image_templates: Mapping[str, str] | None = None,
         git_baseline: bool = False,
         api_key: str | None = None,
         sdk: Any = None,
@@ -196,6 +197,7 @@ class E2BSandboxProvider:
         E2BConfig's fields. api_key: None reads E2B_API_KEY at start; sdk: a stand-in for e2b.AsyncSandbox."""
         self.resources = resources
         self.template = template
+        self.image_templates = dict(image_templates or {})
         self.lifetime_s = lifetime_s
         self.request_timeout_s = request_timeout_s
         self.exec_grace_s = exec_grace_s
@@ -225,25 +227,36 @@ class E2BSandboxProvider:
         return self._sdk
 
     async def start(
-        self, env_dir: Path, setup_patch: str | None = None, env: Mapping[str, str] | None = None
+        self, env_dir: Environment, setup_patch: str | None = None, env: Mapping[str, str] | None = None
     ) -> E2BSandbox:
-        """A fresh VM whose /workspace holds env_dir with setup_patch applied."""
-        env_dir = Path(env_dir)
-        if not env_dir.is_dir():
-            raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
+        """A fresh VM whose /workspace holds the environment's repository with setup_patch applied: env_dir
+        uploaded into the base template, or an image's repository copied within the template built from it."""
+        template, payload, name = self.template, None, ""
+        if isinstance(env_dir, ImageEnvironment):
+            template, name = self._image_template(env_dir), env_dir.image
+        else:
+            env_dir = Path(env_dir)
+            if not env_dir.is_dir():
+                raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
+            name = env_dir.name
         api_key = self._api_key or os.environ.get("E2B_API_KEY")
         if not api_key:
             raise InfraError("start_failed", "the e2b backend needs E2B_API_KEY in the environment")
         sdk = self._sdk_class()
-        payload = await asyncio.to_thread(pack_environment, env_dir)
+        if not isinstance(env_dir, ImageEnvironment):
+            payload = await asyncio.to_thread(pack_environment, env_dir)
         sandbox_env = {**SANDBOX_ENV, **(env or {})}
+        if isinstance(env_dir, ImageEnvironment) and env_dir.path_prepend:
+            sandbox_env["PATH"] = ":".join(
+                [*env_dir.path_prepend, sandbox_env.get("PATH", "/usr/local/bin:/usr/bin:/bin")]
+            )
         try:
             async with asyncio.timeout(self.resources.start_timeout_s):
                 sdk_sandbox = await sdk.create(
-                    template=self.template,
+                    template=template,
                     timeout=self.lifetime_s,
                     envs=dict(sandbox_env),
-                    metadata={"swerl.env": env_dir.name},
+                    metadata={"swerl.env": name},
                     allow_internet_access=False,
                     api_key=api_key,
                     request_timeout=self.request_timeout_s,
@@ -251,7 +264,7 @@ class E2BSandboxProvider:
         except InfraError:
             raise
         except Exception as exc:
-            raise InfraError(infra_cause(exc, "start"), f"e2b create ({self.template}): {exc}") from exc
+            raise InfraError(infra_cause(exc, "start"), f"e2b create ({template}): {exc}") from exc
         sandbox = E2BSandbox(
             sdk_sandbox,
             env=sandbox_env,
@@ -261,7 +274,8 @@ class E2BSandboxProvider:
         )
         try:
             async with asyncio.timeout(self.resources.start_timeout_s):
-                await self._populate(sandbox, payload, setup_patch)
+                repo_dir = env_dir.repo_dir if isinstance(env_dir, ImageEnvironment) else None
+                await self._populate(sandbox, payload, setup_patch, repo_dir)
         except BaseException as exc:
             await sandbox.close()
             if isinstance(exc, TimeoutError):
@@ -271,9 +285,32 @@ class E2BSandboxProvider:
             raise
         return sandbox
 
-    async def _populate(self, sandbox: E2BSandbox, payload: bytes, setup_patch: str | None) -> None:
+    def _image_template(self, env: ImageEnvironment) -> str:
+        template = self.image_templates.get(env.image)
+        if template is None:
+            raise InfraError(
+                "image_missing",
+                f"no e2b template for image {env.image}: build one from a Dockerfile `FROM {env.image}` "
+                "(images/e2b/README) and name it in agent.sandbox.e2b.image_templates",
+            )
+        if env.repo_dir is None:
+            raise InfraError(
+                "image_missing",
+                f"image {env.image} on e2b: the repository's place in the image must be given (repo_dir): an e2b "
+                "template does not keep the image's WORKDIR",
+            )
+        return template
+
+    async def _populate(
+        self, sandbox: E2BSandbox, payload: bytes | None, setup_patch: str | None, repo_dir: str | None = None
+    ) -> None:
+        """The workspace filled (the upload unpacked, or the image's repository copied without its history and
+        its old place linked to the workspace), the setup patch applied, the git baseline made."""
         try:
-            await sandbox.sdk_sandbox.files.write(_UPLOAD, payload, request_timeout=self.request_timeout_s)
+            if payload is not None:
+                await sandbox.sdk_sandbox.files.write(
+                    _UPLOAD, payload, request_timeout=self.request_timeout_s
+                )
             if setup_patch:
                 await sandbox.sdk_sandbox.files.write(
                     _PATCH, setup_patch, request_timeout=self.request_timeout_s
@@ -281,8 +318,16 @@ class E2BSandboxProvider:
         except Exception as exc:
             raise InfraError(infra_cause(exc, "exec"), f"e2b upload: {exc}") from exc
         git = "git -c user.name=swerl -c user.email=swerl@localhost -c init.defaultBranch=main"
+        if repo_dir is not None:
+            repo = shlex.quote(repo_dir.rstrip("/"))
+            fill = (
+                f"mkdir -p {WORKSPACE} && cp -a {repo}/. {WORKSPACE}/ && rm -rf {WORKSPACE}/.git && "
+                f"rm -rf {repo} && ln -s {WORKSPACE} {repo}"
+            )
+        else:
+            fill = f"mkdir -p {WORKSPACE} && tar -xf {_UPLOAD} -C {WORKSPACE} && rm -f {_UPLOAD}"
         steps = [
-            ("upload", f"mkdir -p {WORKSPACE} && tar -xf {_UPLOAD} -C {WORKSPACE} && rm -f {_UPLOAD}", "/"),
+            ("upload", fill, "/"),
             ("setup patch", f"git apply --whitespace=nowarn {_PATCH} && rm -f {_PATCH}", WORKSPACE),
             (
                 "git baseline",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,10 @@ BASE_IMAGE = "swerl-base:bookworm"
 """The default base image name (what `python -m swerl.sandbox.images base` builds)."""
 ENV_REPOSITORY = "swerl-env"
 """Environment images are tagged swerl-env:<content hash of the repository>."""
+TASK_LAYER_REPOSITORY = "swerl-task"
+"""A task image with swerl's sandbox layer on top is tagged swerl-task:<hash of the image id and layer recipe>."""
+TASK_LAYER_VERSION = 1
+"""Part of every task layer's tag: bump it when build_task_layer's recipe changes."""
 ENV_SOURCE = "/opt/swerl/env"
 """Where an environment image holds the repository, exactly as it must appear at /workspace."""
 SANDBOX_UID = 10001
@@ -184,6 +189,82 @@ def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
     if errors:
         raise RuntimeError(f"building {tag} from {env_dir} failed: {errors[-1].strip()}")
     return tag
+
+
+def task_layer_dockerfile(image: str, repo_dir: str) -> str:
+    """swerl's sandbox layer on a task image: the repository moved to ENV_SOURCE without its git history (which
+    can hold the fix), its old place a symlink to /workspace (where each sandbox gets its private copy, so the
+    image's editable installs and scripts see that copy), the sandbox user, /workspace."""
+    repo = repo_dir.rstrip("/")
+    uid = SANDBOX_UID
+    script = " && ".join(
+        [
+            f'test -d "{repo}" || {{ echo "swerl: no repository at {repo} in {image}" >&2; exit 3; }}',
+            f"mkdir -p {os.path.dirname(ENV_SOURCE)} /workspace",
+            f"rm -rf {ENV_SOURCE}",
+            f'mv "{repo}" {ENV_SOURCE}',
+            f"rm -rf {ENV_SOURCE}/.git",
+            f'ln -s /workspace "{repo}"',
+            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd || echo 'sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash' >> /etc/passwd)",
+            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/group || echo 'sandbox:x:{uid}:' >> /etc/group)",
+            f"chown -R {uid}:{uid} {ENV_SOURCE} /workspace",
+            "(command -v git >/dev/null || { echo 'swerl: the image has no git' >&2; exit 4; })",
+        ]
+    )
+    return f'FROM {image}\nUSER root\nRUN ["/bin/sh", "-c", {json.dumps(script)}]\nWORKDIR /workspace\n'
+
+
+def build_task_layer(client: Any, image: str, repo_dir: str | None = None) -> tuple[str, str, bool]:
+    """swerl's sandbox layer built (or reused) on a task image already on the engine (task_layer_dockerfile);
+    `repo_dir` None: the image's WORKDIR. Returns (tag, the image's PATH, reused).
+
+    `client` is a docker.DockerClient. The build runs with network "none" and never pulls."""
+    source = client.images.get(image)
+    config = source.attrs.get("Config") or {}
+    repo = repo_dir or (config.get("WorkingDir") or "")
+    if not repo.startswith("/") or repo.rstrip("/") == "":
+        raise RuntimeError(
+            f"image {image} has no WORKDIR naming its repository (got {repo!r}): give the repository's path "
+            "(ImageEnvironment.repo_dir)"
+        )
+    path = next((e[5:] for e in config.get("Env") or [] if e.startswith("PATH=")), "")
+    recipe = f"{TASK_LAYER_VERSION}\0{source.id}\0{repo}"
+    tag = f"{TASK_LAYER_REPOSITORY}:{hashlib.sha256(recipe.encode()).hexdigest()[:16]}"
+    try:
+        client.images.get(tag)
+        return tag, path, True
+    except docker_errors().ImageNotFound:
+        pass
+    dockerfile = task_layer_dockerfile(source.id, repo)
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            data = dockerfile.encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        log = client.api.build(
+            fileobj=context,
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            network_mode="none",
+            labels={LABEL: "task", "org.swerl.task.image": image, "org.swerl.task.repo_dir": repo},
+            use_config_proxy=False,
+            decode=True,
+        )
+        errors = [entry["error"] for entry in log if "error" in entry]
+    if errors:
+        raise RuntimeError(f"building swerl's sandbox layer on {image} failed: {errors[-1].strip()}")
+    return tag, path, False
+
+
+def docker_errors() -> Any:
+    import docker.errors
+
+    return docker.errors
 
 
 def _walk(root: Path) -> Iterator[Path]:

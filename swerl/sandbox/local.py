@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, ExecResult, SandboxResources
+from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
 from swerl.sandbox.process import (
     BoundedOutput,
@@ -348,9 +348,15 @@ class LocalSandboxProvider:
         }
 
     async def start(
-        self, env_dir: Path, setup_patch: str | None = None, env: Mapping[str, str] | None = None
+        self, env_dir: Environment, setup_patch: str | None = None, env: Mapping[str, str] | None = None
     ) -> LocalSandbox | SupervisedSandbox:
         """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied."""
+        if isinstance(env_dir, ImageEnvironment):
+            raise InfraError(
+                "image_missing",
+                f"the local backend cannot run image {env_dir.image} yet: run image tasks with "
+                "agent.sandbox.backend: docker",
+            )
         if self._python_dirs is None:
             self._python_dirs = await asyncio.to_thread(interpreter_dirs, self.python_executable)
         env_dir = Path(env_dir).absolute()

@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import ExecResult, Sandbox, SandboxProvider
+from swerl.sandbox.base import Environment, ExecResult, Sandbox, SandboxProvider
 
 log = logging.getLogger("swerl.sandbox.pool")
 
-WarmKey = tuple[str, str | None]
+WarmKey = tuple[Environment, str | None]
 """(environment, setup patch): the exact starting state a warm sandbox is interchangeable for."""
 
 
-def warm_key(env_dir: Path | str, setup_patch: str | None = None) -> WarmKey:
-    return (str(env_dir), setup_patch or None)
+def warm_key(env_dir: Environment | str, setup_patch: str | None = None) -> WarmKey:
+    return (Path(env_dir) if isinstance(env_dir, str) else env_dir, setup_patch or None)
 
 
 class PooledSandbox:
@@ -146,7 +146,7 @@ class SandboxPool:
     # ------------------------------------------------------------------------------------------------------------
     # SandboxProvider
 
-    async def start(self, env_dir: Path, setup_patch: str | None = None) -> PooledSandbox:
+    async def start(self, env_dir: Environment, setup_patch: str | None = None) -> PooledSandbox:
         """A warm sandbox for this starting state if one is ready (refilled in the background), else a cold one."""
         key = warm_key(env_dir, setup_patch)
         warm = self._warm.get(key)
@@ -185,7 +185,9 @@ class SandboxPool:
     # ------------------------------------------------------------------------------------------------------------
     # Warm pool
 
-    def keep_warm(self, env_dir: Path | str, setup_patch: str | None = None, size: int | None = None) -> None:
+    def keep_warm(
+        self, env_dir: Environment | str, setup_patch: str | None = None, size: int | None = None
+    ) -> None:
         """Keep `size` (default warm_size) sandboxes of this starting state ready; refilled after each hand-out."""
         target = self.pool_limits.warm_size if size is None else size
         key = warm_key(env_dir, setup_patch)
@@ -193,7 +195,7 @@ class SandboxPool:
         warm.target, warm.refill = target, True
         self._refill(key)
 
-    def warm_ahead(self, env_dir: Path | str, setup_patch: str | None, count: int) -> None:
+    def warm_ahead(self, env_dir: Environment | str, setup_patch: str | None, count: int) -> None:
         """Start `count` sandboxes of this starting state now for the next `count` starts of it (a GRPO group
         about to open), with free slots only; nothing is refilled. A start that finds none ready yet starts cold
         and one warm sandbox fewer is kept; leftovers are closed by stop_warming or aclose."""
@@ -214,14 +216,14 @@ class SandboxPool:
         if not warm.refill and warm.target <= 0 and self._warm.get(key) is warm:
             self.stop_warming(*key)
 
-    def stop_warming(self, env_dir: Path | str, setup_patch: str | None = None) -> None:
+    def stop_warming(self, env_dir: Environment | str, setup_patch: str | None = None) -> None:
         """Stop keeping this starting state warm and close its ready sandboxes."""
         warm = self._warm.pop(warm_key(env_dir, setup_patch), None)
         if warm is not None:
             for inner, requested_at in warm.ready:
                 self._close_in_background(inner, requested_at)
 
-    def warm_ready(self, env_dir: Path | str | None = None, setup_patch: str | None = None) -> int:
+    def warm_ready(self, env_dir: Environment | str | None = None, setup_patch: str | None = None) -> int:
         """Ready warm sandboxes (of one starting state, or all)."""
         if env_dir is None:
             return sum(len(w.ready) for w in self._warm.values())
@@ -253,7 +255,7 @@ class SandboxPool:
     async def _warm_one(self, key: WarmKey, warm: _Warm) -> None:
         requested_at = self.clock()
         try:
-            inner = await self._start_with_retries(Path(key[0]), key[1])
+            inner = await self._start_with_retries(key[0], key[1])
         except Exception as exc:  # noqa: BLE001 - a failed warm-up is counted; the next demand starts cold
             warm.starting -= 1
             self._release_slot()
@@ -302,7 +304,7 @@ class SandboxPool:
         async with self._slot_freed:
             self._slot_freed.notify_all()  # a waiter cancelled after a notify() would swallow it
 
-    async def _start_with_retries(self, env_dir: Path, setup_patch: str | None) -> Sandbox:
+    async def _start_with_retries(self, env_dir: Environment, setup_patch: str | None) -> Sandbox:
         delay = self.pool_limits.retry_backoff_s
         for attempt in range(self.pool_limits.start_retries + 1):
             try:
@@ -319,7 +321,7 @@ class SandboxPool:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    async def _start_once(self, env_dir: Path, setup_patch: str | None) -> Sandbox:
+    async def _start_once(self, env_dir: Environment, setup_patch: str | None) -> Sandbox:
         """One backend start under the start timeout. The start itself is never cancelled (see module doc)."""
         task = asyncio.ensure_future(self.provider.start(env_dir, setup_patch))
         try:

@@ -80,6 +80,7 @@ def sandbox_provider(
             lifetime_s=e2b.lifetime_s,
             request_timeout_s=e2b.request_timeout_s,
             exec_grace_s=e2b.exec_grace_s,
+            image_templates=e2b.image_templates,
             git_baseline=git_baseline,
         )
     if limits.backend == "docker":
@@ -92,6 +93,8 @@ def sandbox_provider(
             max_lifetime_s=docker.max_lifetime_s,
             api_threads=docker.api_threads,
             api_timeout_s=docker.api_timeout_s,
+            allow_pull=docker.allow_pull,
+            pulls_per_hour=docker.pulls_per_hour,
             git_baseline=git_baseline,
         )
     return LocalSandboxProvider(
