@@ -9,14 +9,16 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -257,9 +259,53 @@ class MicroSource(StrictModel):
         return v
 
 
+class RepoSource(StrictModel):
+    """A real repository to curate tasks from, tested in a virtualenv of its own (never swerl's interpreter).
+
+    Its clean tests that fail or cannot be collected are left out of the tasks (counted by reason), and every task
+    is confirmed by the sealed grader: the reference fix graded resolved, the untouched bug unresolved."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    """A directory, an sdist (.tar.gz, extracted into swerl's cache) or a git repository already on disk (a bare
+    repository's path, or a file:// URL: cloned locally)."""
+    name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Name in reports and task ids (None: the directory's, the sdist's or the git repository's name)."""
+    install: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
+        default_factory=list, max_length=200
+    )
+    """Extra test requirements (pip specifiers, e.g. hypothesis, pytest-asyncio), installed into the
+    repository's environment when it is built, with pytest and the repository's own dependencies."""
+    test_cmd: str = Field("", max_length=10_000)
+    """The repository's own test command printing pytest's `-rA` summary (empty: pytest)."""
+    python_path: str | None = Field(None, max_length=500)
+    """Directory, relative to the repository, whose packages are imported (e.g. "src"); None: "src" when the
+    repository has a src/ directory holding a package, else the repository's root."""
+    build_timeout_s: float = Field(1800.0, gt=0, le=86400)
+    """How long building the repository's environment (pip) may take."""
+
+    @field_validator("python_path")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError(f"must be a path inside the repository, got {value!r}")
+        return value
+
+
+def _repo_entry_kind(value: Any) -> str:
+    return "name" if isinstance(value, str) else "source"
+
+
+RepoEntry = Annotated[
+    Annotated[str, Tag("name")] | Annotated[RepoSource, Tag("source")], Discriminator(_repo_entry_kind)
+]
+"""A `curate.repos` entry: 'builtin', 'builtin:NAME', a directory path, or a RepoSource mapping."""
+
+
 class CurateConfig(StrictModel):
-    repos: list[str] = Field(default_factory=lambda: ["builtin"])
-    """Repositories to synthesize tasks from: 'builtin' (all shipped), 'builtin:NAME', or a directory path."""
+    repos: list[RepoEntry] = Field(default_factory=lambda: list[str | RepoSource](["builtin"]))
+    """Repositories to synthesize tasks from: 'builtin' (all shipped), 'builtin:NAME', a directory path (all tested
+    with swerl's interpreter), or a mapping (RepoSource: a directory, sdist or git repository with its own test
+    environment, `install`, `test_cmd` and `python_path`)."""
     datasets: list[DatasetSource] = Field(default_factory=list)
     """Published task datasets (SWE-smith / SWE-bench schema) to include as they are."""
     modifiers: list[ModifierName] = Field(default_factory=lambda: list(ALL_MODIFIERS), min_length=1)

@@ -62,7 +62,12 @@ class PipelineSession:
     outcomes: dict[str, StageOutcome] = field(default_factory=dict)
 
     def run_stage(
-        self, stage: str, fn: StageFn, stage_cfg: BaseModel, inputs: list[Manifest] | None = None
+        self,
+        stage: str,
+        fn: StageFn,
+        stage_cfg: BaseModel,
+        inputs: list[Manifest] | None = None,
+        content: str = "",
     ) -> StageOutcome:
         outcome = run_stage(
             stage,
@@ -75,6 +80,7 @@ class PipelineSession:
             force=stage in self.forced,
             seed=self.cfg.run.seed,
             log=logging.getLogger(f"swerl.{stage}"),
+            content=content,
         )
         self.outcomes[stage] = outcome
         self.parent.set_tags(

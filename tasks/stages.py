@@ -47,9 +47,10 @@ def publish_outcome(stage: str, outcome: StageOutcome) -> None:
 @task(name="curate-tasks", cache_policy=NO_CACHE, retries=0)
 def curate_tasks(session: PipelineSession) -> Manifest:
     """Synthesize, validate, decontaminate and split SWE-smith-style tasks."""
-    from swerl.stages.curate import run_curate
+    from swerl.stages.curate import content_key, run_curate
 
-    outcome = session.run_stage("curate", run_curate, session.cfg.curate)
+    cfg = session.cfg.curate
+    outcome = session.run_stage("curate", run_curate, cfg, content=content_key(cfg))
     publish_outcome("curate", outcome)
     return outcome.manifest
 

@@ -8,25 +8,39 @@ report counts them as two repositories, 'micro-train' and 'micro-eval'.
 A repository that yields no task is loud: a warning per repository (with why: skipped, every candidate rejected),
 and the stage fails when none of the configured repositories yields a task, with the test runner's output of a
 clean run of the first few of them (rerun for the message).
+
+Real repositories (`curate.repos` mappings, config.RepoSource): each is materialized (an sdist extracted, a git
+repository cloned) and tested with the interpreter of a virtualenv of its own (swerl.data.repoenv, built here,
+before any sandbox starts). Their clean tests that fail, cannot be collected, are flaky or have unstable ids are
+left out and counted; every task is confirmed through the sealed grader (`grade_patch`) in fresh processes: the
+untouched bug graded unresolved and the reference fix (the candidate's fix patch over the bug) graded resolved,
+ids that disagree with the validation run dropped and counted. One that yields no task fails the stage, with the
+runner's output and what to set. Their contents are part of the stage key (`content_key`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from swerl.config import CurateConfig, DatasetSource, MicroSource
+from swerl.agent.grading import RESOLVED_FULL, grade_patch
+from swerl.config import CurateConfig, DatasetSource, MicroSource, RepoSource
 from swerl.data.decontam import decontaminate
 from swerl.data.loaders import LoadReport, load_tasks
 from swerl.data.micro import SPLITS, micro_repo_spec, micro_split
-from swerl.data.repos import RepoSpec, resolve_repos
+from swerl.data.repoenv import RepoEnv, build_env, materialize_source, source_fingerprint
+from swerl.data.repos import RepoSpec, resolve_repos, tree_hash
 from swerl.data.schema import TaskInstance, normalize_repo
-from swerl.data.synth import RepoReport, merge_reports, summarize, synthesize_repo
+from swerl.data.synth import Confirm, Confirmation, RepoReport, merge_reports, summarize, synthesize_repo
 from swerl.data.taskio import tasks_to_parquet
-from swerl.data.testrun import run_tests
+from swerl.data.testrun import passing, run_tests
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider
@@ -54,15 +68,36 @@ def _why_no_task(report: RepoReport) -> str:
         return f"skipped: {report.skipped}"
     if not sum(report.candidates.values()):
         return f"no bug candidate (sites by modifier: {dict(report.sites) or 'none'})"
-    return f"every candidate rejected: {dict(report.rejections)}"
+    why = f"every candidate rejected: {dict(report.rejections)}"
+    if report.skipped_tests:
+        why += f"; clean tests left out: {dict(report.skipped_tests)}"
+    return why
 
 
-async def _clean_output(spec: RepoSpec, provider: SandboxProvider, timeout_s: float) -> str:
+WHAT_TO_SET = (
+    "what to set on the repository's curate.repos entry: `install` (test requirements its tests import, e.g. "
+    "hypothesis, pytest-asyncio), `python_path` (where its packages are, e.g. src), `test_cmd` (its own test "
+    "command printing pytest's -rA summary)"
+)
+
+
+@dataclass(frozen=True)
+class RealRepo:
+    """A real repository's environment and the sandbox provider running its interpreter."""
+
+    source: RepoSource
+    env: RepoEnv
+    provider: SandboxProvider
+
+
+async def _clean_output(
+    spec: RepoSpec, provider: SandboxProvider, timeout_s: float, extra_args: Sequence[str] = ()
+) -> str:
     """One clean run of a repository's test suite in a fresh sandbox: the runner's exit, output tail."""
     try:
         sandbox = await provider.start(spec.path)
         try:
-            result, outcomes = await run_tests(sandbox, timeout_s, spec.test_cmd)
+            result, outcomes = await run_tests(sandbox, timeout_s, spec.test_cmd, extra_args=extra_args)
         finally:
             await sandbox.close()
     except Exception as exc:  # noqa: BLE001 - the message must say what the sandbox did, whatever it was
@@ -75,14 +110,28 @@ async def _clean_output(spec: RepoSpec, provider: SandboxProvider, timeout_s: fl
 
 def _check_yield(
     ctx: StageContext, specs: Sequence[RepoSpec], reports: Sequence[RepoReport], provider: SandboxProvider,
-    timeout_s: float,
+    timeout_s: float, real: Mapping[str, RealRepo] | None = None,
 ) -> None:  # fmt: skip
-    """Warn per repository without a task; fail, with clean runs' output, when no repository yields one."""
+    """Warn per repository without a task; fail, with clean runs' output, when no repository yields one or when
+    a real repository (a RepoSource entry) yields none."""
+    real = real or {}
     empty = [
         (spec, report) for spec, report in zip(specs, reports, strict=True) if not sum(report.valid.values())
     ]
     for spec, report in empty:
         ctx.log.warning("curate: repository %s yielded no task (%s)", spec.name, _why_no_task(report))
+    empty_real = [(spec, report) for spec, report in empty if spec.name in real]
+    if empty_real:
+        diagnosed = [
+            f"--- {spec.name}: {_why_no_task(report)}; clean run of `{spec.test_cmd or 'pytest'}` with "
+            f"{real[spec.name].env.python}: "
+            + run_async(_clean_output(spec, real[spec.name].provider, timeout_s, _real_pytest_args(spec)))
+            for spec, report in empty_real[:DIAGNOSED_REPOS]
+        ]
+        raise NoTasksError(
+            f"curate: {len(empty_real)} of the configured repositories yielded no task; {WHAT_TO_SET}:\n"
+            + "\n".join(diagnosed)
+        )
     if not specs or len(empty) < len(specs):
         return
     diagnosed = [
@@ -98,24 +147,79 @@ def _check_yield(
     )
 
 
+def _real_pytest_args(spec: RepoSpec) -> tuple[str, ...]:
+    """A real repository's suite keeps running past a module that cannot be collected (that module is counted)."""
+    return () if spec.test_cmd else ("--continue-on-collection-errors",)
+
+
+def grader_confirm(provider: SandboxProvider, timeout_s: float) -> Confirm:
+    """Confirm a task the way it will be graded: `grade_patch` (sealed runner, fresh sandbox, fresh process).
+
+    The untouched bug must be graded unresolved and the reference fix resolved. A FAIL_TO_PASS id that passes with
+    the bug, or fails with the fix, in the grader's run (e.g. parametrized over a set, or passing only after other
+    tests ran) is dropped, and so is a PASS_TO_PASS id failing in either; the task is then graded again with what
+    is left."""
+
+    async def grade(task: TaskInstance, fix_patch: str) -> tuple[Any, Any]:
+        bug = await grade_patch(provider, task, "", timeout_s)
+        gold = await grade_patch(provider, task, fix_patch, timeout_s)
+        return bug, gold
+
+    async def confirm(task: TaskInstance, fix_patch: str) -> Confirmation:
+        bug, gold = await grade(task, fix_patch)
+        for name, grade_ in (("bug", bug), ("gold", gold)):
+            if grade_.status not in (RESOLVED_FULL, "RESOLVED_PARTIAL", "RESOLVED_NO"):
+                return Confirmation(None, f"{name}_grade:{grade_.status}")
+        ok_bug, ok_gold = passing(bug.outcomes), passing(gold.outcomes)
+        dropped: Counter[str] = Counter()
+        f2p = []
+        for t in task.FAIL_TO_PASS:
+            if t in ok_bug:
+                dropped["fail_to_pass_passes_with_bug"] += 1
+            elif t not in ok_gold:
+                dropped["fail_to_pass_fails_with_fix"] += 1
+            else:
+                f2p.append(t)
+        p2p = [t for t in task.PASS_TO_PASS if t in ok_bug and t in ok_gold]
+        dropped["pass_to_pass_fails_in_grading"] += len(task.PASS_TO_PASS) - len(p2p)
+        dropped = +dropped
+        if not f2p:
+            return Confirmation(None, "no_fail_to_pass_in_grading", dropped)
+        if not p2p:
+            return Confirmation(None, "no_pass_to_pass_in_grading", dropped)
+        kept = task.model_copy(update={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p})
+        if dropped:  # fewer ids run together: grade again exactly as the task now stands
+            bug, gold = await grade(kept, fix_patch)
+        if gold.status != RESOLVED_FULL:
+            return Confirmation(None, "gold_unresolved", dropped)
+        if bug.status == RESOLVED_FULL:
+            return Confirmation(None, "bug_resolved", dropped)
+        return Confirmation(kept, dropped=dropped)
+
+    return confirm
+
+
 async def _synthesize_all(
     cfg: CurateConfig,
     specs: Sequence[RepoSpec],
     seed: int,
     provider: SandboxProvider,
     micro: frozenset[str] = frozenset(),
+    real: Mapping[str, RealRepo] | None = None,
 ) -> tuple[list[TaskInstance], list[RepoReport]]:
     """Every repository at once, in order of results: one gate keeps validation_workers sandboxes busy overall.
 
     Repositories named in `micro` deal their few candidates over the modifiers in a seeded order (a budget of 3
-    in name order would never reach swap_*).
+    in name order would never reach swap_*). Repositories named in `real` run in their own environment's
+    provider, leave failing clean tests out and have every task confirmed by the grader.
     """
+    real = real or {}
     gate = asyncio.Semaphore(cfg.validation_workers)
     results = await asyncio.gather(
         *(
             synthesize_repo(
                 spec,
-                provider,
+                real[spec.name].provider if spec.name in real else provider,
                 modifiers=list(cfg.modifiers),
                 max_candidates=cfg.max_candidates_per_repo,
                 max_tasks=cfg.max_tasks_per_repo,
@@ -127,12 +231,44 @@ async def _synthesize_all(
                 min_bugged_timeout_s=cfg.min_bugged_timeout_s,
                 gate=gate,
                 shuffle_modifiers=spec.name in micro,
+                **(_real_options(spec, real[spec.name], cfg) if spec.name in real else {}),
             )
             for spec in specs
         )
     )
     tasks = [task for repo_tasks, _ in results for task in repo_tasks]
     return tasks, [report for _, report in results]
+
+
+def _real_options(spec: RepoSpec, repo: RealRepo, cfg: CurateConfig) -> dict[str, Any]:
+    return {
+        "pytest_args": _real_pytest_args(spec),
+        "exclude_failing": True,
+        "confirm": grader_confirm(repo.provider, cfg.sandbox.timeout_s),
+    }
+
+
+def resolve_sources(sources: Sequence[RepoSource]) -> list[RepoSpec]:
+    """RepoSource entries -> repositories (sdists extracted and git repositories cloned into swerl's cache)."""
+    specs = []
+    for source in sources:
+        path, default_name = materialize_source(source.path)
+        name = source.name or default_name
+        specs.append(RepoSpec(name=name, path=path, repo=f"local/{name}", image=f"local://{path}",
+                              test_cmd=source.test_cmd))  # fmt: skip
+    return specs
+
+
+def content_key(cfg: CurateConfig) -> str:
+    """The contents of the configured repositories (directories' tree hashes, sdists' hashes, git HEADs), for the
+    stage key: a changed repository reruns curate. Empty when only shipped and micro repositories are listed."""
+    parts = []
+    for entry in cfg.repos:
+        if isinstance(entry, RepoSource):
+            parts.append(f"{entry.path}={source_fingerprint(entry.path)}")
+        elif entry != "builtin" and not entry.startswith("builtin:") and Path(entry).expanduser().is_dir():
+            parts.append(f"{entry}=tree:{tree_hash(Path(entry).expanduser().resolve())}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20] if parts else ""
 
 
 def _merge_micro_reports(reports: Sequence[RepoReport], micro: Sequence[RepoSpec]) -> list[RepoReport]:
@@ -203,10 +339,19 @@ def yield_table(reports: Sequence[RepoReport]) -> list[dict[str, Any]]:
 
 def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     """Synthesize and load tasks, decontaminate, split by repository and write train/eval parquet files."""
-    specs = resolve_repos(cfg.repos)
+    sources = [e for e in cfg.repos if isinstance(e, RepoSource)]
+    real_specs = resolve_sources(sources)
+    specs = resolve_repos([e for e in cfg.repos if isinstance(e, str)]) + real_specs
+    names = [s.name for s in specs]
+    if duplicates := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(
+            f"repositories listed more than once (by name; set `name` to tell them apart): {duplicates}"
+        )
     micro = micro_specs(cfg.micro) if cfg.micro else []
     _check_micro_names(specs, micro)
-    synthesized, repo_reports = _synthesize_logged(cfg, ctx, specs, micro)
+    synthesized, repo_reports = _synthesize_logged(
+        cfg, ctx, specs, micro, dict(zip(real_specs, sources, strict=True))
+    )
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     tasks = synthesized + loaded
@@ -257,10 +402,31 @@ def _check_micro_names(specs: Sequence[RepoSpec], micro: Sequence[RepoSpec]) -> 
         raise ValueError(f"repositories named like micro repositories or their report: {clashing[:5]}")
 
 
+def _build_real(
+    cfg: CurateConfig, ctx: StageContext, sources: Mapping[RepoSpec, RepoSource]
+) -> tuple[dict[str, RealRepo], dict[str, Any]]:
+    """Each real repository's environment (built now, before any sandbox starts) and a provider running it."""
+    real: dict[str, RealRepo] = {}
+    built: dict[str, Any] = {}
+    for spec, source in sources.items():
+        ctx.log.info("curate: building the test environment of %s (install: %s)", spec.name, source.install)
+        env = build_env(spec.path, source.install, source.python_path, source.build_timeout_s)
+        ctx.log.info("curate: %s tests with %s (%s)", spec.name, env.python, ", ".join(env.installed))
+        provider = sandbox_provider(cfg.sandbox.model_copy(update={"python": env.python}))
+        real[spec.name] = RealRepo(source, env, provider)
+        built[spec.name] = {"python": env.python, "env_key": env.key, "python_path": env.python_path,
+                            "installed": list(env.installed)}  # fmt: skip
+    return real, built
+
+
 def _synthesize_logged(
-    cfg: CurateConfig, ctx: StageContext, specs: list[RepoSpec], micro: list[RepoSpec]
-) -> tuple[list[TaskInstance], list[RepoReport]]:
+    cfg: CurateConfig, ctx: StageContext, specs: list[RepoSpec], micro: list[RepoSpec],
+    sources: Mapping[RepoSpec, RepoSource] | None = None,
+) -> tuple[list[TaskInstance], list[RepoReport]]:  # fmt: skip
     """Tasks synthesized from every repository, in sandboxes whose enforced limits are logged first."""
+    real, built = _build_real(cfg, ctx, sources or {})
+    if built:
+        ctx.log_params({f"repo_env.{name}": info["env_key"] for name, info in built.items()})
     provider = sandbox_provider(cfg.sandbox)
     # Every limit the sandboxes enforce, as resolved (the config's own values are logged by run_stage).
     limits = {f"enforced_limits.{k}": v for k, v in provider.limits().items()}
@@ -274,12 +440,17 @@ def _synthesize_logged(
         if not all_specs:
             return [], []
         tasks, reports = run_async(
-            _synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro))
+            _synthesize_all(cfg, all_specs, ctx.seed, provider, frozenset(s.name for s in micro), real)
         )
-        _check_yield(ctx, all_specs, reports, provider, cfg.sandbox.timeout_s)
+        for report in reports:
+            if report.name in built:
+                report.environment = built[report.name]
+        _check_yield(ctx, all_specs, reports, provider, cfg.sandbox.timeout_s, real)
         return tasks, reports
     finally:
         release_provider(provider)
+        for repo in real.values():
+            release_provider(repo.provider)
 
 
 def _decontaminate(

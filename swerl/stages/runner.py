@@ -147,12 +147,16 @@ class StageOutcome:
     result: StageResult | None = None
 
 
-def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest], seed: int = 0) -> str:
-    """Checkpoint key: the stage's config hash, its inputs' fingerprints and the run seed (stages derive theirs)."""
-    body = json.dumps(
-        {"stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs], "seed": seed},
-        sort_keys=True,
-    )
+def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest], seed: int = 0, content: str = "") -> str:
+    """Checkpoint key: the stage's config hash, its inputs' fingerprints and the run seed (stages derive theirs),
+    and `content`, a fingerprint of what the stage reads from outside the store (curate: the repositories'
+    contents, curate.content_key); an empty one leaves the key as it was without it."""
+    fields: dict[str, Any] = {
+        "stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs], "seed": seed
+    }  # fmt: skip
+    if content:
+        fields["content"] = content
+    body = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:20]
 
 
@@ -314,11 +318,12 @@ def run_stage(
     force: bool = False,
     seed: int = 0,
     log: logging.Logger | None = None,
+    content: str = "",
 ) -> StageOutcome:
     """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow."""
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
-    key = stage_key(stage, cfg, inputs, seed)
+    key = stage_key(stage, cfg, inputs, seed, content)
     if not force:
         existing = load_manifest(store, stage, key, log)
         if existing is not None:

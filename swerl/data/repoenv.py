@@ -1,0 +1,262 @@
+"""Real repositories: a source on disk (directory, sdist, git repository) made a directory, and a virtualenv of
+its own to test it in.
+
+Sources: an sdist (`.tar.gz`) is extracted once into swerl's cache (`repo-src/sdist-<sha256 of the archive>`); a
+git repository (a bare repository's path or a `file://` URL) is cloned locally into `repo-src/git-<hash of
+URL and HEAD>`; a directory is used as it is.
+
+Environments: `build_env` makes `repo-envs/<hash>/` under swerl's cache (SWERL_CACHE_DIR), keyed by the
+repository's tree hash, its extra requirements, its import path and the base interpreter, with `python -m venv`
+(no system site-packages, so nothing swerl installed can shadow the repository's own dependencies). pip installs
+pytest, the `install` requirements and the repository's own dependencies from the registry (or the wheelhouse pip
+is configured with) at build time, never at sandbox start. The repository itself is then uninstalled again and a
+`.pth` file puts `/workspace/<python_path>` on the path instead: the sandbox's copy of the code (with the bug) is
+what the tests import, never a copy installed at build time. The build happens in a temporary directory renamed
+into place, so concurrent curations never see half an environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from swerl.data.repos import tree_hash
+from swerl.sandbox.supervisor import cache_dir
+
+ENV_VERSION = 1
+"""Part of every environment's key: bump when the layout of a built environment changes."""
+WORKSPACE = "/workspace"
+"""Where every sandbox backend puts the repository."""
+_PTH_NAME = "swerl-workspace.pth"
+
+
+class RepoEnvError(RuntimeError):
+    """A repository's source or environment could not be prepared; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class RepoEnv:
+    """A built environment: its interpreter and what went into it."""
+
+    python: str
+    root: Path
+    key: str
+    python_path: str
+    installed: tuple[str, ...]
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_git_source(path: str) -> bool:
+    """A file:// URL, or a directory that is a bare git repository (HEAD and objects/, no working tree)."""
+    if path.startswith("file://"):
+        return True
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / "HEAD").is_file() and (p / "objects").is_dir() and not (p / ".git").exists()
+
+
+def _git_head(url: str) -> str:
+    out = subprocess.run(["git", "ls-remote", url, "HEAD"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or not out.stdout.split():
+        raise RepoEnvError(f"git repository {url}: cannot read its HEAD: {out.stderr.strip() or 'no HEAD'}")
+    return out.stdout.split()[0]
+
+
+def source_fingerprint(path: str) -> str:
+    """What identifies a source's contents cheaply: an sdist's sha256, a git HEAD, a directory's tree hash."""
+    if is_git_source(path):
+        return "git:" + _git_head(path)
+    p = Path(path).expanduser()
+    if p.is_file():
+        return "sdist:" + _sha256_file(p)
+    if p.is_dir():
+        return "tree:" + tree_hash(p.resolve())
+    raise RepoEnvError(
+        f"repository source {path} does not exist (a directory, an sdist .tar.gz or a git repository)"
+    )
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename a finished build into place (another process may have won the race: then keep its copy)."""
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def materialize_source(path: str) -> tuple[Path, str]:
+    """(directory, default name) of a source: a directory as it is, an sdist extracted, a git repository cloned."""
+    root = cache_dir() / "repo-src"
+    if is_git_source(path):
+        head = _git_head(path)
+        name = Path(path.removeprefix("file://").rstrip("/")).name.removesuffix(".git")
+        final = root / f"git-{hashlib.sha256(f'{path}@{head}'.encode()).hexdigest()[:20]}"
+        if not final.is_dir():
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".clone-", dir=root))
+            out = subprocess.run(["git", "clone", "--quiet", path, str(tmp / "repo")], capture_output=True,
+                                 text=True, timeout=600)  # fmt: skip
+            if out.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RepoEnvError(f"git clone {path} failed: {out.stderr.strip()[-2000:]}")
+            shutil.rmtree(tmp / "repo" / ".git")
+            _publish(tmp, final)
+        return final / "repo", name
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p.resolve(), p.resolve().name
+    if not p.is_file():
+        raise RepoEnvError(
+            f"repository source {path} does not exist (a directory, an sdist .tar.gz or a git repository)"
+        )
+    if not p.name.endswith((".tar.gz", ".tgz")):
+        raise RepoEnvError(f"repository source {path}: a file must be an sdist (.tar.gz)")
+    final = root / f"sdist-{_sha256_file(p)[:20]}"
+    if not final.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".sdist-", dir=root))
+        with tarfile.open(p) as tar:
+            tar.extractall(tmp, filter="data")
+        _publish(tmp, final)
+    tops = [c for c in final.iterdir() if not c.name.startswith(".")]
+    top = tops[0] if len(tops) == 1 and tops[0].is_dir() else final
+    return top, top.name if top is not final else p.name.removesuffix(".tar.gz").removesuffix(".tgz")
+
+
+def default_python_path(repo: Path) -> str:
+    """'src' when the repository keeps its packages under src/ (a src layout), else '' (the root)."""
+    src = repo / "src"
+    if src.is_dir() and any((c / "__init__.py").is_file() or c.suffix == ".py" for c in src.iterdir()):
+        return "src"
+    return ""
+
+
+def _installable(repo: Path) -> bool:
+    return (repo / "pyproject.toml").is_file() or (repo / "setup.py").is_file()
+
+
+def env_key(repo: Path, install: Sequence[str], python_path: str, base_python: str) -> str:
+    body = json.dumps(
+        {"v": ENV_VERSION, "tree": tree_hash(repo), "install": list(install), "python_path": python_path,
+         "base": os.path.realpath(base_python)},
+        sort_keys=True,
+    )  # fmt: skip
+    return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+
+def _run(args: list[str], timeout_s: float, what: str) -> str:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise RepoEnvError(f"{what}: timed out after {timeout_s:.0f} s (build_timeout_s)") from exc
+    if out.returncode != 0:
+        raise RepoEnvError(f"{what} failed (exit {out.returncode}):\n{(out.stdout + out.stderr)[-4000:]}")
+    return out.stdout
+
+
+def _base_python() -> str:
+    """The interpreter environments are made from: the one under swerl's own venv, never the venv itself."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def build_env(
+    repo: Path, install: Sequence[str] = (), python_path: str | None = None, timeout_s: float = 1800.0
+) -> RepoEnv:
+    """The repository's own virtualenv (built once per key, reused after): pytest, `install`, its dependencies."""
+    python_path = default_python_path(repo) if python_path is None else python_path
+    base = _base_python()
+    key = env_key(repo, install, python_path, base)
+    root = cache_dir() / "repo-envs"
+    final = root / key
+    python = final / "bin" / "python"
+    if not (final / "swerl-env.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        tmp.chmod(0o755)  # sandboxes run as another uid and bind it read-only
+        try:
+            _build(tmp, final, repo, install, python_path, base, timeout_s)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _publish(tmp, final)
+    info = json.loads((final / "swerl-env.json").read_text())
+    return RepoEnv(str(python), final, key, python_path, tuple(info["installed"]))
+
+
+def _build(
+    tmp: Path, final: Path, repo: Path, install: Sequence[str], python_path: str, base: str, timeout_s: float
+) -> None:
+    # Built where it will live (venvs hold absolute paths), under a temporary name first: made at the final path's
+    # sibling and the scripts' paths do not matter here (only bin/python is run, by its absolute path).
+    _run([base, "-m", "venv", "--without-pip", str(tmp)], timeout_s, f"python -m venv {tmp}")
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(tmp / "bin" / "python"),
+        "--disable-pip-version-check",
+    ]
+    report = tmp / "pip-report.json"
+    targets = ["pytest", *install] + ([str(repo)] if _installable(repo) else [])
+    _run([*pip, "install", "--quiet", "--report", str(report), *targets], timeout_s,
+         f"pip install {' '.join(targets)} (set `install` to the repository's test requirements)")  # fmt: skip
+    items = json.loads(report.read_text()).get("install", [])
+    own = [
+        i["metadata"]["name"] for i in items
+        if str(i.get("download_info", {}).get("url", "")).rstrip("/") == repo.resolve().as_uri().rstrip("/")
+    ]  # fmt: skip
+    if own:
+        # Its dependencies stay; the code itself is the sandbox's /workspace copy (see the module docstring).
+        _run([*pip, "uninstall", "--yes", *own], timeout_s, f"pip uninstall {' '.join(own)}")
+    purelib = _run(
+        [
+            str(tmp / "bin" / "python"),
+            "-I",
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        timeout_s,
+        "reading the environment's site-packages",
+    ).strip()
+    workspace_dir = f"{WORKSPACE}/{python_path}".rstrip("/") if python_path else WORKSPACE
+    (Path(purelib) / _PTH_NAME).write_text(workspace_dir + "\n")
+    installed = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
+                       if i["metadata"]["name"] not in own)  # fmt: skip
+    report.unlink()
+    _relocate(tmp, final)
+    (tmp / "swerl-env.json").write_text(
+        json.dumps(
+            {"repo": str(repo), "install": list(install), "python_path": python_path, "installed": installed},
+            indent=2,
+        )  # fmt: skip
+    )
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Rewrite the venv's own path in pyvenv.cfg and scripts to where it is renamed to."""
+    for path in [tmp / "pyvenv.cfg", *(tmp / "bin").iterdir()]:
+        if path.is_file() and not path.is_symlink():
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:
+                continue
+            if str(tmp) in text:
+                path.write_text(text.replace(str(tmp), str(final)))
