@@ -25,3 +25,13 @@ def pipeline(config: PipelineConfig | None = None, force: list[StageName] | None
         grpo = grpo_task(session, curate, sft)
         evaluate_task(session, curate, sft, grpo)
         return session.summary()
+
+
+@flow(name="swerl-curate", log_prints=True)
+def curate_only(config: PipelineConfig | None = None, force: bool = False) -> dict[str, Any]:
+    """Only the curate stage, in the same pipeline session (store, MLflow parent run, stage runner) as `pipeline`:
+    `swerl curate CONFIG`. A finished curation with the same config and repository contents is skipped."""
+    config = config or PipelineConfig()
+    with open_session(config, force=["curate"] if force else [], flow_run_id=flow_run.get_id()) as session:
+        curate_tasks(session)
+        return session.summary()

@@ -109,6 +109,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_curate(args: argparse.Namespace) -> int:
+    """Only the curate stage, through the same pipeline session and stage runner as `swerl run`."""
+    cfg = _load(args)
+    _prefect_env()
+    t0 = time.monotonic()
+    _prefect_project()
+    from flows.pipeline import curate_only
+
+    summary = curate_only(config=cfg, force=args.force)
+    summary["wall_s"] = round(time.monotonic() - t0, 2)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def _s3_credentials(path: Path) -> tuple[str, str]:
     """Credentials of the local S3 server: made once, kept in a 0600 file, never printed or logged."""
     if path.exists():
@@ -243,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--ignore-doctor", action="store_true",
                        help="run even when `swerl doctor` refuses the config on this machine")  # fmt: skip
     p_run.set_defaults(func=cmd_run)
+
+    p_cur = sub.add_parser("curate", help="run only the curate stage (skipped when already done)")
+    with_config(p_cur)
+    p_cur.add_argument("--force", action="store_true", help="rerun curation even when it is already done")
+    p_cur.set_defaults(func=cmd_curate)
 
     p_up = sub.add_parser("up", help="start Prefect server, MLflow UI and SeaweedFS on loopback until Ctrl-C")
     with_config(p_up)
