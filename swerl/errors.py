@@ -19,6 +19,7 @@ INFRA_CAUSES: frozenset[str] = frozenset(
         "engine_timeout",
         "engine_http",
         "engine_unreachable",
+        "verifier_failed",
     }
 )
 

@@ -17,6 +17,10 @@
 The verdict uses SWE-bench's rule and status names: RESOLVED_FULL (reward 1) iff every FAIL_TO_PASS and
 PASS_TO_PASS test passed. Tasks whose test command is neither pytest nor the micro harness have no sealed runner
 yet: they are graded from their log and the grade says `sealed=False`.
+
+A task with a `verifier` (a Harbor task, swerl.data.harbor) is graded by it instead of by test ids: step 1 and 2
+as above, then the task's tests/test.sh runs (swerl.data.harbor.run_verifier) and its reward is the grade's
+(`sealed=False`: the verifier runs in the same sandbox user as the code it tests; see _grade_with_verifier).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from swerl.data.diffs import changed_files
 from swerl.data.environments import task_environment
+from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
 from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
 from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
@@ -144,10 +150,13 @@ def runner_mode(task: TaskInstance) -> str | None:
     return None
 
 
-def sealed_command(mode: str, keyfile: str, test_ids: Sequence[str], python: str = "python") -> str:
-    """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline)."""
+def sealed_command(
+    mode: str, keyfile: str, test_ids: Sequence[str], python: str = "python", touched: Sequence[str] = ()
+) -> str:
+    """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline);
+    `touched`: the repository files the graded patch changed (hooks planted elsewhere are the repository's own)."""
     source = RUNNER_SOURCE.read_text()
-    args = [python, "-I", "-c", source, mode, keyfile, "--", *test_ids]
+    args = [python, "-I", "-c", source, mode, keyfile, json.dumps(sorted(touched)), "--", *test_ids]
     return "COLUMNS=200 " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -299,6 +308,8 @@ async def grade_patch(
     """Grade `patch` against `task` in a fresh sandbox with the sealed runner (see the module docstring).
 
     A patch that does not apply is the policy's failure (reward 0); a sandbox failure raises InfraError."""
+    if task.verifier is not None:
+        return await _grade_with_verifier(provider, task, patch)
     filtered = filter_patch(patch)
     signal = _introspection_lines(filtered.kept)
     started = time.monotonic()
@@ -326,7 +337,8 @@ async def grade_patch(
             key = secrets.token_bytes(32)
             keyfile = f".swerl-key-{secrets.token_hex(8)}"
             await sandbox.write_file(keyfile, key.hex())
-            result = await sandbox.exec(sealed_command(mode, keyfile, tests, python), timeout=test_timeout_s)
+            command = sealed_command(mode, keyfile, tests, python, changed_files(filtered.kept))
+            result = await sandbox.exec(command, timeout=test_timeout_s)
             report = read_sealed(result.output, key.hex().encode())
             outcomes = report.outcomes
     finally:
@@ -347,6 +359,55 @@ async def grade_patch(
             return replace(base, status="TAMPERED", tampered=report.tampered)
     status = resolution_status(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes)
     return replace(base, status=status, reward=float(status == RESOLVED_FULL))
+
+
+async def _grade_with_verifier(provider: SandboxProvider, task: TaskInstance, patch: str) -> Grade:
+    """Grade `patch` with the task's Harbor verifier in a fresh sandbox of the task's image.
+
+    The verifier's exit status counts (Harbor ignores it): no reward file, an unreadable one, or a positive reward
+    from a run that exited non-zero is InfraError(verifier_failed), never a score; a timeout scores 0 (TIMEOUT);
+    processes left running when tests/test.sh ended (code under test racing the verifier to the reward file)
+    score 0 (TAMPERED). A reward in (0, 1) is kept as the verifier gave it (RESOLVED_PARTIAL)."""
+    harbor = await asyncio.to_thread(harbor_task_of, task)
+    filtered = filter_patch(patch)
+    signal = _introspection_lines(filtered.kept)
+    started = time.monotonic()
+    sandbox = await start_task_sandbox(provider, task)
+    try:
+        applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
+        if not applied:
+            return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, sealed=False,
+                         introspection_lines=signal, log=output,
+                         detail="the patch does not apply to the task's starting state")  # fmt: skip
+        run = await run_verifier(sandbox, harbor)
+    finally:
+        await sandbox.close()
+    took = f"verified in {time.monotonic() - started:.1f}s"
+    base = Grade(0.0, "", patch, dropped=filtered.dropped, timed_out=run.timed_out, sealed=False,
+                 introspection_lines=signal, log=run.output, detail=took)  # fmt: skip
+    if run.timed_out:
+        return replace(
+            base, status="TIMEOUT", detail=f"{took} (timed out after {harbor.verifier_timeout_s}s)"
+        )
+    if run.outlived:
+        return replace(base, status="TAMPERED", tampered=("processes outlived tests/test.sh",))
+    if run.reward is None:
+        raise InfraError(
+            "verifier_failed",
+            f"{task.instance_id}: tests/test.sh ended ({run.exit_code}) without writing /logs/verifier/reward.txt "
+            f"or reward.json: {run.output[-500:]}",
+        )
+    if run.exit_code != 0 and run.reward > 0:
+        raise InfraError(
+            "verifier_failed",
+            f"{task.instance_id}: tests/test.sh exited non-zero ({run.exit_code}) after writing reward "
+            f"{run.reward} to {run.reward_file}: not trusted",
+        )
+    status = RESOLVED_FULL if run.reward >= 1.0 else RESOLVED_PARTIAL if run.reward > 0 else RESOLVED_NO
+    passed = TestStatus.PASSED if status == RESOLVED_FULL else TestStatus.FAILED
+    why = f"{took}: reward {run.reward} from {run.reward_file}, tests/test.sh exit {run.exit_code}"
+    return replace(base, reward=run.reward, status=status, outcomes={VERIFIER_TEST_ID: TestOutcome(passed)},
+                   detail=why)  # fmt: skip
 
 
 async def grade_workspace(

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PatchKind = Literal["bug", "fix"]
 
@@ -69,8 +69,10 @@ class TaskInstance(BaseModel):
     """Commit (or content hash, for swerl's shipped repos) of the repository the patch applies to."""
     problem_statement: str
     """The issue text the agent sees; never mentions the patch."""
-    patch: str = Field(min_length=1)
-    """Unified diff; the bug (patch_kind='bug') or the reference fix (patch_kind='fix')."""
+    patch: str
+    """Unified diff; the bug (patch_kind='bug') or the reference fix (patch_kind='fix'). Required, but for a
+    fix-kind task with a `verifier`: a Harbor task's reference solution is a script (solution/solve.sh), empty
+    here until swerl.data.harbor.harbor_reference_patch records the diff it makes."""
     patch_kind: PatchKind
     """Which of the two `patch` is: SWE-smith and swerl tasks carry the bug, SWE-bench the fix."""
     test_patch: str = ""
@@ -92,6 +94,19 @@ class TaskInstance(BaseModel):
     """Split the task was read from or assigned to (train / eval)."""
     modifier: str | None = None
     """Procedural modifier that made the bug (synthesized tasks only)."""
+    verifier: str | None = None
+    """A script that decides the reward instead of the test command: `harbor:///ABS/TASK_DIR` (a Harbor task's
+    tests/test.sh, swerl.data.harbor; graded by swerl.agent.grading.grade_patch). Such a task's FAIL_TO_PASS is
+    the one id swerl.data.harbor.VERIFIER_TEST_ID: a grader that does not know verifiers finds no such test and
+    scores 0 (fail closed)."""
+
+    @model_validator(mode="after")
+    def _patch_required(self) -> TaskInstance:
+        if not self.patch and not (self.verifier and self.patch_kind == "fix"):
+            raise ValueError(
+                "patch must be a non-empty diff (only a fix-kind task with a verifier may omit it)"
+            )
+        return self
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
