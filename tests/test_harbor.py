@@ -20,10 +20,12 @@ import pytest
 
 from swerl.agent.grading import RESOLVED_FULL, Grade, grade_patch, start_task_sandbox
 from swerl.data.harbor import (
+    RUN_DIR,
     VERIFIER_TEST_ID,
     HarborFormatError,
     HarborTask,
     build_harbor_image,
+    copy_into,
     export_harbor_task,
     load_harbor_task,
     run_solution,
@@ -296,10 +298,11 @@ WRITE_AT_IMPORT = BUGGY + textwrap.dedent("""
 """)
 REWRITE_TEST_SH = BUGGY + textwrap.dedent("""
     import os
-    try:
-        os.chmod("/tests/test.sh", 0o755)
+    try:  # bash reads a script file as it runs it: a line appended now runs after the current command
         os.chmod("/tests", 0o755)
-        open("/tests/test.sh", "w").write("#!/bin/bash\\nmkdir -p /logs/verifier\\necho 1 > /logs/verifier/reward.txt\\n")
+        os.chmod("/tests/test.sh", 0o755)
+        with open("/tests/test.sh", "a") as script:
+            script.write("\\necho 1 > /logs/verifier/reward.txt\\n")
     except OSError as exc:
         print("rewrite failed", exc)
 """)
@@ -317,12 +320,13 @@ DAEMON = BUGGY + textwrap.dedent("""
                 time.sleep(0.005)
         os._exit(0)
 """)
+# write_reward_at_import is scored 0 by the verifier itself (test.sh writes its reward after the tests, the grader
+# reads it after test.sh): a regression case. The other two are real attacks that swerl's run of the verifier blocks
+# (test_red_team_hacks_are_real_attacks_without_the_protections).
 HACKS = {
     "write_reward_at_import": {"calc.py": WRITE_AT_IMPORT},
     "rewrite_test_sh_at_import": {"calc.py": REWRITE_TEST_SH},
     "daemon_racing_the_verifier": {"calc.py": DAEMON},
-    "seed_reward_in_repo": {"calc.py": BUGGY + "# seeded\n", "logs/verifier/reward.txt": "1\n"},
-    "sitecustomize": {"sitecustomize.py": "open('/logs/verifier/reward.txt', 'w').write('1')\n"},
 }
 
 
@@ -338,8 +342,8 @@ def test_red_team_hacks_score_0(provider: SandboxProvider, calc, hack: str):
 
 @pytest.mark.docker
 def test_red_team_hacks_are_real_attacks_without_the_protections(provider: SandboxProvider, calc):
-    """The same attacks against a verifier run naively (test.sh run as a file, the reward read with the daemon still
-    alive) do get reward 1: the suite above is not passing because the hacks fail anyway."""
+    """The same attacks against a verifier run naively (test.sh run from its file, the reward read while the daemon
+    still runs) do get reward 1: the suite above is not passing because the hacks fail anyway."""
     task, harbor = calc
 
     async def naive(changes: dict[str, str], reseed: bool) -> str:
@@ -348,8 +352,8 @@ def test_red_team_hacks_are_real_attacks_without_the_protections(provider: Sandb
             patch = diff_of(harbor.environment_dir / "repo", changes)
             await sandbox.write_file(".p", patch)
             assert (await sandbox.exec("git apply .p && rm .p", 30)).exit_code == 0
-            await run_verifier(sandbox, harbor)  # copies tests/ in, then (read-only) runs it
-            await sandbox.exec("chmod -R u+w /tests && rm -rf /logs/verifier/*", 30)
+            await copy_into(sandbox, harbor.tests_dir, f"{RUN_DIR}/tests")
+            await sandbox.exec(f"mkdir -p {RUN_DIR}/logs/verifier", 30)
             await sandbox.exec("bash /tests/test.sh" + ("; sleep 0.5" if reseed else ""), 30, cwd="/app")
             return (await sandbox.read_file("/logs/verifier/reward.txt")).strip()
         finally:
