@@ -314,7 +314,9 @@ DAEMON = BUGGY + textwrap.dedent("""
             while True:
                 try:
                     os.makedirs("/logs/verifier", exist_ok=True)
-                    open("/logs/verifier/reward.txt", "w").write("1")
+                    with open("/logs/verifier/.r", "w") as reward:  # atomic: never seen half-written
+                        reward.write("1")
+                    os.replace("/logs/verifier/.r", "/logs/verifier/reward.txt")
                 except OSError:
                     pass
                 time.sleep(0.005)
