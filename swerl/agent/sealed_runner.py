@@ -1,7 +1,8 @@
 """The sealed test runner: runs a task's tests inside the grading sandbox and reports results code under test cannot forge.
 
-This file is never imported by swerl: its source is sent to the sandbox as `python -I -c SOURCE MODE KEYFILE IDS...`
-(swerl/agent/grading.py), so nothing the policy's patch can touch decides how results are collected:
+This file is never imported by swerl: its source is sent to the sandbox as
+`python -I -c SOURCE MODE KEYFILE TOUCHED -- IDS...` (swerl/agent/grading.py; TOUCHED the JSON list of the files the
+graded patch changed), so nothing the policy's patch can touch decides how results are collected:
 
 - `-I`: no PYTHON* variables, no user site-packages, the workspace not on sys.path while the runner sets up.
 - The result key is read from KEYFILE and the file removed before any workspace code runs; every result line is
@@ -12,6 +13,9 @@ This file is never imported by swerl: its source is sent to the sandbox as `pyth
   fingerprinted before the workspace is put on sys.path; after the tests the fingerprint is compared, and any
   change (a monkeypatched runner, report, hook caller or builtin; an import hook, trace or profile function planted
   by the code under test; a hook implementation living in a non-test workspace file) is reported as tampering.
+  Import hooks and pytest hook implementations count only when they live in a file the patch changed: real
+  repositories install their own (toolz's `tlz` adds a meta_path finder), and the repository as the task ships
+  it is not the policy's.
 - Results are written once, after the run, with the process's own exit code computed from them; the process ends
   with os._exit, so atexit handlers planted by code under test never run. A run that exits before the end record
   (os._exit, a crash, a kill) is incomplete and scores 0.
@@ -38,7 +42,10 @@ def _main():  # everything lives in this function's locals: __main__ holds nothi
     import unittest
 
     argv = sys.argv[1:]
-    mode, keyfile, ids = argv[0], argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:]
+    if argv[3:4] != ["--"]:
+        raise SystemExit("usage: MODE KEYFILE TOUCHED_JSON -- IDS...")
+    mode, keyfile, ids = argv[0], argv[1], argv[4:]
+    touched = {os.path.normpath(p) for p in json.loads(argv[2])}
     with open(keyfile, "rb") as keyhandle:
         key = keyhandle.read()
     os.unlink(keyfile)
@@ -80,7 +87,7 @@ def _main():  # everything lives in this function's locals: __main__ holds nothi
         return prints
 
     def in_workspace_code(obj):
-        """Whether obj's defining file is workspace code that is not test infrastructure (the patch's reach)."""
+        """Whether obj's defining file is a file the patch changed that is not test infrastructure (its reach)."""
         module = (
             sys.modules.get(getattr(obj, "__module__", "") or "") if not hasattr(obj, "__file__") else obj
         )
@@ -89,6 +96,8 @@ def _main():  # everything lives in this function's locals: __main__ holds nothi
         if not path.startswith(workspace + os.sep):
             return False
         rel = os.path.relpath(path, workspace)
+        if rel not in touched:
+            return False  # the repository's own code, as the task ships it
         parts = rel.split(os.sep)
         name = parts[-1]
         test = any(p in ("tests", "test", "testing") for p in parts[:-1]) or name.startswith("test_")

@@ -261,6 +261,124 @@ def build_task_layer(client: Any, image: str, repo_dir: str | None = None) -> tu
     return tag, path, False
 
 
+def swesmith_image_name(owner: str, name: str, commit: str) -> str:
+    """SWE-smith's name for a repository's environment image ('/' spelled '_1776_', the commit's first 8)."""
+    return f"swesmith.x86_64.{owner}_1776_{name}.{commit[:8]}".lower()
+
+
+PROJECT_REPO_DIR = "/testbed"
+"""Where project images keep the repository, as SWE-bench's and SWE-smith's images do."""
+PROJECT_VENV = "/opt/venv"
+"""The project image's interpreter: a virtualenv first on PATH, the repository on its path (a .pth file)."""
+
+
+def project_dockerfile(base: str, python_path: str) -> str:
+    """A repository's image in SWE-bench's layout: the repository at /testbed (a git repository at one
+    commit), a virtualenv with the test requirements from the build's wheelhouse (no network), the repository
+    (or its `python_path` subdirectory, e.g. src) on the virtualenv's path like an editable install."""
+    site = f"$({PROJECT_VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+    target = f"{PROJECT_REPO_DIR}/{python_path}".rstrip("/").replace("/./", "/")
+    git = "git -c user.name=swerl -c user.email=swerl@localhost -c init.defaultBranch=main"
+    run = " && ".join(
+        [
+            f"python3 -m venv {PROJECT_VENV}",
+            f"{PROJECT_VENV}/bin/pip install --no-index --no-cache-dir --find-links /opt/wheels -r /opt/wheels/requirements.txt",
+            f'echo {target} > "{site}/swerl-testbed.pth"',
+            "rm -rf /opt/wheels",
+            f"cd {PROJECT_REPO_DIR} && {git} init -q && {git} add -A && {git} commit -q -m base",
+        ]
+    )
+    return (
+        f"FROM {base}\nUSER root\nCOPY wheels/ /opt/wheels/\nCOPY src/ {PROJECT_REPO_DIR}/\n"
+        f"RUN {run}\nENV PATH={PROJECT_VENV}/bin:/usr/local/bin:/usr/bin:/bin\nWORKDIR {PROJECT_REPO_DIR}\n"
+        f"LABEL {LABEL}=project\n"
+    )
+
+
+def download_wheels(requirements: list[str], dest: Path) -> None:
+    """Wheels for `requirements` (and their dependencies) from the package index into `dest`, at build time."""
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["python3", "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(dest), *requirements],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"pip download {' '.join(requirements)} failed: {done.stderr.strip()[-800:]}")
+    (dest / "requirements.txt").write_text("\n".join(requirements) + "\n")
+
+
+def build_project_image(
+    client: Any,
+    src_dir: Path,
+    tag: str,
+    requirements: list[str],
+    python_path: str = "",
+    base: str = BASE_IMAGE,
+    wheelhouse: Path | None = None,
+) -> str:
+    """Build (or reuse, by the `org.swerl.project.digest` label) an image of a repository in SWE-bench's
+    layout (project_dockerfile); `requirements` are the test requirements and the project's own dependencies
+    (pytest among them), fetched as wheels at build time. Returns the tag."""
+    import docker.errors
+
+    digest = hashlib.sha256(
+        f"{env_digest(src_dir, base)}\0{sorted(requirements)}\0{python_path}".encode()
+    ).hexdigest()[:16]
+    try:
+        if client.images.get(tag).labels.get("org.swerl.project.digest") == digest:
+            return tag
+    except docker.errors.ImageNotFound:
+        pass
+    with tempfile.TemporaryDirectory(prefix="swerl-project-") as tmp:
+        wheels = wheelhouse or Path(tmp) / "wheels"
+        if wheelhouse is None:
+            download_wheels(requirements, wheels)
+        context = Path(tmp) / "context.tar"
+        with tarfile.open(context, mode="w") as tar:
+            data = project_dockerfile(base, python_path).encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            tar.add(src_dir, arcname="src", filter=_skip_caches)
+            tar.add(wheels, arcname="wheels")
+        with context.open("rb") as fileobj:
+            log = client.api.build(
+                fileobj=fileobj, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
+                network_mode="none", labels={LABEL: "project", "org.swerl.project.digest": digest},
+                use_config_proxy=False, decode=True,
+            )  # fmt: skip
+            errors = [entry["error"] for entry in log if "error" in entry]
+    if errors:
+        raise RuntimeError(f"building {tag} from {src_dir} failed: {errors[-1].strip()}")
+    return tag
+
+
+def build_instance_image(client: Any, project_image: str, bug_patch: str, tag: str) -> str:
+    """A SWE-bench-style instance image: the project image with the bug applied and committed, so the
+    repository at /testbed starts broken (SWE-bench's `patch` is then the fix)."""
+    git = "git -c user.name=swerl -c user.email=swerl@localhost"
+    dockerfile = (
+        f"FROM {project_image}\nUSER root\nCOPY bug.patch /tmp/bug.patch\n"
+        f"RUN cd {PROJECT_REPO_DIR} && git apply /tmp/bug.patch && rm /tmp/bug.patch && {git} commit -qam instance\n"
+    )
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, text in (("Dockerfile", dockerfile), ("bug.patch", bug_patch)):
+                data = text.encode()
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        log = client.api.build(
+            fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
+            network_mode="none", labels={LABEL: "instance"}, use_config_proxy=False, decode=True,
+        )  # fmt: skip
+        errors = [entry["error"] for entry in log if "error" in entry]
+    if errors:
+        raise RuntimeError(f"building {tag} on {project_image} failed: {errors[-1].strip()}")
+    return tag
+
+
 def docker_errors() -> Any:
     import docker.errors
 
