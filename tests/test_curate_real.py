@@ -179,3 +179,22 @@ def test_structured_entries_name_the_bad_key(tmp_path: Path):
     config.write_text("curate:\n  repos:\n    - {path: /x, python_path: ../up}\n")
     with pytest.raises(ConfigError, match=r"curate\.repos\.0\.source\.python_path"):
         load_config(config)
+
+
+@pytest.mark.network
+def test_the_environment_sees_neither_swerls_packages_nor_an_installed_copy_of_the_repository(tmp_path: Path):
+    import subprocess
+
+    from swerl.data.repoenv import build_env
+
+    repo = src_repo(tmp_path / "calc")
+    env = build_env(repo, [], None)
+    assert env.python_path == "src" and any(p.startswith("pytest==") for p in env.installed)
+    probe = "import importlib.util as u; print([m for m in ('pydantic', 'swerl', 'calc') if u.find_spec(m)])"
+    out = subprocess.run(
+        [env.python, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    # swerl's own dependencies cannot shadow the repository's; the code comes from /workspace, never site-packages.
+    assert out.stdout.strip() == "[]", out.stdout
+    pth = next(Path(env.root).glob("lib/python*/site-packages/swerl-workspace.pth"))
+    assert pth.read_text().strip() == "/workspace/src"
