@@ -34,6 +34,7 @@ from typing import Any
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
+from swerl.sandbox.images import ENV_SOURCE, build_task_layer
 from swerl.sandbox.process import (
     BoundedOutput,
     CommandSandbox,
@@ -43,10 +44,12 @@ from swerl.sandbox.process import (
     owner_tag,
     read_status,
 )
+from swerl.sandbox.rootfs import bwrap_rootfs_args, exported_rootfs, rootfs_layout
 from swerl.sandbox.supervisor import (
     Cgroups,
     Launcher,
     SupervisedSandbox,
+    cache_dir,
     encode_start,
     helper_binary,
     seccomp_program,
@@ -304,9 +307,13 @@ class LocalSandboxProvider:
         git_baseline: bool = False,
         uid_range: tuple[int, int] = (200_000, 1_200_000),
         bwrap: str = "bwrap",
+        rootfs: Path | None = None,
+        rootfs_path: str = "",
     ) -> None:
         """`root_dir`: where sandbox directories are made (None: the system temp dir); `workspace_quota` and
-        `runtime` as SandboxLimits documents them. kill_grace_s, extra_env, uid_range and bwrap are not config."""
+        `runtime` as SandboxLimits documents them. kill_grace_s, extra_env, uid_range and bwrap are not config.
+        `rootfs` (with the PATH its commands get): sandboxes see that image root file system instead of the host's
+        /usr, /etc and interpreter (swerl.sandbox.rootfs); the provider for one image task makes such a child."""
         if workspace_quota not in ("auto", "tmpfs", "none"):
             raise ValueError(f"workspace_quota must be auto, tmpfs or none, not {workspace_quota!r}")
         if runtime not in ("auto", "supervisor", "bubblewrap"):
@@ -328,6 +335,10 @@ class LocalSandboxProvider:
         self.runtime = runtime
         """auto: the supervisor (swerl/sandbox/nsinit.c) where this process may mount and it can be built, else
         bubblewrap."""
+        self.rootfs = rootfs
+        self.rootfs_path = rootfs_path
+        self._images: dict[ImageEnvironment, LocalSandboxProvider] = {}
+        self._images_lock = asyncio.Lock()
         self._launcher: Launcher | None = None
         self._mount: bool | None = None
         self._first_start_lock = (
@@ -350,13 +361,14 @@ class LocalSandboxProvider:
     async def start(
         self, env_dir: Environment, setup_patch: str | None = None, env: Mapping[str, str] | None = None
     ) -> LocalSandbox | SupervisedSandbox:
-        """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied."""
+        """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied; for
+        an image, a sandbox over the image's exported root file system (`image_provider`)."""
         if isinstance(env_dir, ImageEnvironment):
-            raise InfraError(
-                "image_missing",
-                f"the local backend cannot run image {env_dir.image} yet: run image tasks with "
-                "agent.sandbox.backend: docker",
-            )
+            child = await self.image_provider(env_dir)
+            assert child.rootfs is not None
+            return await child.start(child.rootfs / ENV_SOURCE.lstrip("/"), setup_patch, env)
+        if self._python_dirs is None and self.rootfs is not None:
+            self._python_dirs = []  # the image brings its own interpreter
         if self._python_dirs is None:
             self._python_dirs = await asyncio.to_thread(interpreter_dirs, self.python_executable)
         env_dir = Path(env_dir).absolute()
@@ -485,15 +497,62 @@ class LocalSandboxProvider:
             self._tools = require_tools(self.bwrap)
         return self._decide_mount()
 
+    async def image_provider(self, env: ImageEnvironment) -> LocalSandboxProvider:
+        """The provider of this image's sandboxes: same limits and runtime, over the root file system of the image
+        with swerl's sandbox layer, exported once per image id through a Docker engine (never pulled)."""
+        async with self._images_lock:
+            if env not in self._images:
+                rootfs, path = await asyncio.to_thread(self._export_image, env)
+                self._images[env] = LocalSandboxProvider(
+                    self.python_executable, self.resources, root_dir=self.root_dir,
+                    workspace_quota=self.workspace_quota, runtime=self.runtime, kill_grace_s=self.kill_grace_s,
+                    extra_env=self.extra_env, git_baseline=self.git_baseline, uid_range=self.uid_range,
+                    bwrap=self.bwrap, rootfs=rootfs, rootfs_path=":".join([*env.path_prepend, path]),
+                )  # fmt: skip
+            return self._images[env]
+
+    def _export_image(self, env: ImageEnvironment) -> tuple[Path, str]:
+        """(the exported root file system, the image's PATH); InfraError(image_missing) saying what is missing."""
+        try:
+            import docker
+
+            client = docker.from_env(timeout=300)
+            client.ping()
+        except Exception as exc:  # the SDK raises several types; all mean "no engine to export from"
+            raise InfraError(
+                "image_missing",
+                f"image {env.image}: the local backend runs an image from its files, exported once through a "
+                f"Docker engine, and none is reachable ({exc})",
+            ) from exc
+        try:
+            try:
+                client.images.get(env.image)
+            except docker.errors.ImageNotFound:
+                raise InfraError(
+                    "image_missing",
+                    f"image {env.image} is not on this Docker engine (the local backend never pulls)",
+                ) from None
+            try:
+                tag, path, _ = build_task_layer(client, env.image, env.repo_dir)
+                rootfs = exported_rootfs(client, tag, cache_dir() / "rootfs")
+            except (RuntimeError, docker.errors.DockerException) as exc:
+                raise InfraError("image_missing", f"cannot export image {env.image}: {exc}") from exc
+        finally:
+            client.close()
+        return rootfs, path or "/usr/local/bin:/usr/bin:/bin"
+
     @property
     def mount_point(self) -> Path | None:
         """The supervisor's one (empty) host directory its inits mount on; None under bubblewrap."""
         return self._launcher.mount_point if self._launcher is not None else None
 
     def close(self) -> None:
-        """End the supervisor's zygote, if any (sandboxes still open stay open until closed)."""
+        """End the supervisor's zygote, if any, and its image providers' (sandboxes still open stay open until
+        closed)."""
         if self._launcher is not None:
             self._launcher.shutdown()
+        for child in self._images.values():
+            child.close()
 
     def _decide_cgroups(self) -> Cgroups | None:
         """Per-sandbox cgroups where they can be made; else a warning (once per provider): rlimits only."""
@@ -533,6 +592,11 @@ class LocalSandboxProvider:
     def _layout(self) -> list[list[Any]]:
         """The supervisor's mount plan: the same file system _bwrap_args gives bubblewrap."""
         assert self._python_dirs is not None
+        if self.rootfs is not None:
+            return [
+                *rootfs_layout(self.rootfs),
+                ["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.resources.tmp_size_mb, 0o1777],
+            ]  # fmt: skip
         layout: list[list[Any]] = [["ro-bind", "/usr", "/usr"]]
         for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / link
@@ -559,7 +623,7 @@ class LocalSandboxProvider:
         """A command's whole environment: the base, then the provider's extra_env, then the sandbox's own."""
         python_bin = str(Path(self.python_executable).parent)
         base_env = {
-            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": self.rootfs_path or f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -715,8 +779,26 @@ class LocalSandboxProvider:
             self._tools[self.bwrap],
             "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session",
-            "--ro-bind", "/usr", "/usr",
         ]  # fmt: skip
+        if self.rootfs is not None:
+            args += bwrap_rootfs_args(self.rootfs)
+            args += [
+                "--ro-bind",
+                str(root / "etc/passwd"),
+                "/etc/passwd",
+                "--ro-bind",
+                str(root / "etc/group"),
+                "/etc/group",
+            ]
+            args += [
+                "--proc", "/proc", "--dev", "/dev",
+                "--perms", "1777", "--size", str(self.resources.tmp_size_mb * MiB), "--tmpfs", "/tmp",
+            ]  # fmt: skip
+            args += ["--bind", str(root / "workspace"), WORKSPACE, "--clearenv"]
+            for key, value in self._environment(env).items():
+                args += ["--setenv", key, value]
+            return args
+        args += ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / link
             if host.is_symlink():
