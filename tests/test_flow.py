@@ -35,7 +35,7 @@ class FakeStage:
         self.calls += 1
         body = {"stage": self.name, "inputs": sorted(ctx.inputs)}
         if self.name == "curate":
-            body |= {"repos": cfg.repos, "n": cfg.max_candidates_per_repo}
+            body |= {"repos": cfg.model_dump(mode="json")["repos"], "n": cfg.max_candidates_per_repo}
         ctx.write_artifact(f"{self.name}.json", json.dumps(body).encode())
         if self.fail:
             raise RuntimeError(f"injected {self.name} failure")
@@ -309,3 +309,30 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     curate_fields = set(definitions["CurateConfig"]["properties"])
     assert {"repos", "modifiers", "validation_workers", "sandbox"} <= curate_fields
     assert set(json.dumps(schema["properties"]["force"]).split('"')) >= set(STAGES)
+
+
+def test_swerl_curate_runs_only_curate_and_follows_the_repository_contents(
+    prefect_api: str, cfg: PipelineConfig, fakes: dict[str, FakeStage], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from swerl.cli import main
+
+    repo = tmp_path / "mine"
+    repo.mkdir()
+    (repo / "mod.py").write_text("X = 1\n")
+    cfg.curate.repos = [{"path": str(repo), "install": ["hypothesis"]}]  # type: ignore[list-item]
+    config = tmp_path / "curate.yaml"
+    config.write_text(dump_config(cfg))
+
+    def curate() -> dict[str, Any]:
+        assert main(["curate", str(config)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    first = curate()
+    assert fakes["curate"].calls == 1 and all(fakes[s].calls == 0 for s in STAGES if s != "curate")
+    assert list(first["stages"]) == ["curate"] and first["stages"]["curate"]["skipped"] is False
+    assert curate()["stages"]["curate"]["skipped"] is True  # unchanged repository: skipped
+    (repo / "mod.py").write_text("X = 2\n")
+    changed = curate()  # changed repository: curate reruns under a new key
+    assert changed["stages"]["curate"]["skipped"] is False and fakes["curate"].calls == 2
+    assert changed["stages"]["curate"]["manifest"] != first["stages"]["curate"]["manifest"]
