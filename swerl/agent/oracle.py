@@ -26,6 +26,7 @@ from swerl.agent.episode import EpisodeLimits, initial_messages
 from swerl.agent.fixplan import FixPlan, NoFixPlan, plan_fix, sed_substitution, wrong_edits
 from swerl.agent.grading import grade_patch, start_task_sandbox, workspace_patch
 from swerl.agent.tools import Tools
+from swerl.data.environments import environment_order
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.model.toolcall import ToolCall, format_tool_call
@@ -267,7 +268,11 @@ async def generate_oracle_traces(
         async with gate:
             return await _trace_or_skip_reason(solve, task, rng, recovery)
 
-    outcomes = await asyncio.gather(*(one(task) for task in tasks))
+    # Tasks start in environment order (those of one image together, in order of first need); outcomes are put
+    # back in task order, and each task's randomness is its own: the traces do not depend on the order.
+    order = environment_order(tasks)
+    ran = await asyncio.gather(*(one(tasks[i]) for i in order))
+    outcomes = [outcome for _, outcome in sorted(zip(order, ran, strict=True), key=lambda pair: pair[0])]
     report = OracleReport(attempted=len(tasks))
     report.recovery_drawn = sum(_task_rng(seed, task).random() < recovery_prob for task in tasks)
     traces: list[OracleTrace] = []

@@ -12,6 +12,7 @@ both), their conda environment `testbed` first on PATH, as their own harnesses a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from swerl.data.micro import GENERATOR_VERSION, materialize_micro_repo, parse_micro_image
@@ -102,3 +103,16 @@ def task_env(task: TaskInstance) -> Environment:
 def task_environment(task: TaskInstance) -> tuple[Environment, str | None]:
     """The task's environment and setup patch: what `SandboxProvider.start` takes."""
     return task_env(task), setup_patch(task)
+
+
+def environment_order(tasks: Sequence[TaskInstance]) -> list[int]:
+    """Indices of `tasks` in the order to run them over a bounded set of sandboxes: tasks of one environment
+    (`image`) together, environments in order of first need, each environment's tasks in their given order.
+
+    Stages that walk a task list (evaluation's attempts, oracle traces) run in this order and put results back
+    in the given one, so the order changes when an environment is needed (its image prepared, its sandboxes
+    started), never what is run or how it is scored."""
+    first: dict[str, int] = {}
+    for index, task in enumerate(tasks):
+        first.setdefault(task.image, index)
+    return sorted(range(len(tasks)), key=lambda index: (first[tasks[index].image], index))

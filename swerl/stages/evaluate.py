@@ -28,6 +28,7 @@ import torch
 
 from swerl.agent.episode import run_episode
 from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, StrictModel
+from swerl.data.environments import environment_order
 from swerl.data.loaders import load_tasks as load_dataset_tasks
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import SamplingParams
@@ -185,8 +186,16 @@ async def evaluate_model(
             async with gate:
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
-        trajectories = await asyncio.gather(*(one(t, k) for t in tasks for k in range(cfg.evaluate.attempts)))
-    return list(trajectories), grades
+        # Attempts start in environment order (tasks of one image together, in order of first need: its image
+        # prepared once while its attempts run), and come back in task order: the same attempts, rids and grades.
+        n = cfg.evaluate.attempts
+        jobs = [(t, k) for t in tasks for k in range(n)]
+        order = [i * n + k for i in environment_order(tasks) for k in range(n)]
+        ran = await asyncio.gather(*(one(*jobs[i]) for i in order))
+        trajectories = [
+            trajectory for _, trajectory in sorted(zip(order, ran, strict=True), key=lambda p: p[0])
+        ]
+    return trajectories, grades
 
 
 def _sealed_fields(graded: AttemptGrade) -> dict[str, Any]:
