@@ -116,6 +116,8 @@ def test_a_real_repository_in_its_own_environment(tmp_path: Path):
     # The set-parametrized ids map to other values in other processes: dropped before they can be FAIL_TO_PASS.
     assert calc["skipped_tests"]["unstable_id"] == 6, calc
     assert tasks and calc["gold_resolved"] == len(tasks) == sum(calc["valid"].values())
+    assert outcome.result.metrics["gold_resolved_repo.calc"] == len(tasks)
+    assert "| calc |" in outcome.result.markdown["curate"]
     assert calc["environment"]["python"].startswith(str(Path(calc["environment"]["python"]).parents[1]))
     for task in tasks:
         ids = task.FAIL_TO_PASS + task.PASS_TO_PASS

@@ -486,6 +486,8 @@ def _metrics(
         metrics[f"valid.{modifier}"] = counts["valid"]
     for name, repo in synth["by_repo"].items():
         metrics[f"valid_repo.{name}"] = sum(repo["valid"].values())
+        if "environment" in repo:
+            metrics[f"gold_resolved_repo.{name}"] = repo["gold_resolved"]
     for part in ("train", "eval"):
         if part in decontam_report:
             metrics[f"decontam_dropped_repo.{part}"] = decontam_report[part]["dropped_repo"]
@@ -511,4 +513,13 @@ def _markdown(synth: dict[str, Any], split: dict[str, Any], decontam: dict[str, 
     lines += ["", "| modifier | candidates | valid |", "| --- | --- | --- |"]
     for modifier, counts in synth["by_modifier"].items():
         lines.append(f"| {modifier} | {counts['candidates']} | {counts['valid']} |")
+    real = {name: r for name, r in synth["by_repo"].items() if "environment" in r}
+    if real:  # repositories with their own environment: what the grader confirmed, what was left out
+        lines += ["", "| repository | candidates | valid | gold-resolved | clean tests left out | ids dropped |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, r in real.items():
+            lines.append(
+                f"| {name} | {sum(r['candidates'].values())} | {sum(r['valid'].values())} | {r['gold_resolved']} "
+                f"| {r['skipped_tests'] or 'none'} | {r['dropped_ids'] or 'none'} |"
+            )
     return "\n".join(lines) + "\n"
