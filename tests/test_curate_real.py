@@ -200,3 +200,27 @@ def test_the_environment_sees_neither_swerls_packages_nor_an_installed_copy_of_t
     assert out.stdout.strip() == "[]", out.stdout
     pth = next(Path(env.root).glob("lib/python*/site-packages/swerl-workspace.pth"))
     assert pth.read_text().strip() == "/workspace/src"
+
+
+@pytest.mark.network
+def test_a_fail_to_pass_id_passing_only_after_another_test_is_dropped(tmp_path: Path):
+    repo = tmp_path / "order"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "mod.py").write_text("def double(x):\n    return x * 2\n\n\ndef inc(x):\n    return x + 1\n")
+    (repo / "tests" / "test_mod.py").write_text(
+        "from mod import double, inc\n\nseen = []\n\n\n"
+        "def test_a_warm():\n    seen.append(1)\n    assert False, 'fails on clean code: left out'\n\n\n"
+        "def test_b_needs_warm():\n    assert seen, 'passes only after test_a_warm ran'\n    assert double(3) == 6\n\n\n"
+        "def test_c_double():\n    assert double(2) == 4\n\n\n"
+        "def test_d_inc():\n    assert inc(1) == 2\n"
+    )  # fmt: skip
+    cfg = CurateConfig(repos=[RepoSource(path=str(repo))], modifiers=["swap_binop", "off_by_one"],
+                       max_candidates_per_repo=6, validation_workers=2, decontaminate=False)  # fmt: skip
+    _, report, tasks = _stage(tmp_path, cfg)
+    order = report["synthesis"]["by_repo"]["order"]
+    assert order["skipped_tests"] == {"clean_failed": 1}, order
+    # Validation (the whole suite in one process) saw test_b pass clean and fail with a bug in double; graded alone,
+    # as grading runs it, it fails even with the fix: dropped from every task, counted, the task regraded.
+    assert order["dropped_ids"].get("fail_to_pass_fails_with_fix", 0) >= 1, order
+    doubles = [t for t in tasks if "tests/test_mod.py::test_c_double" in t.FAIL_TO_PASS]
+    assert doubles and not any("test_b_needs_warm" in t.FAIL_TO_PASS + t.PASS_TO_PASS for t in tasks)
