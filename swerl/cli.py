@@ -228,9 +228,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from swerl.doctor import diagnose
+    from swerl.doctor import diagnose, load_task_file
 
-    report = diagnose(_load(args))
+    cfg = _load(args)
+    tasks = None
+    if args.tasks:
+        try:
+            tasks = [task for path in args.tasks for task in load_task_file(path)]
+        except ValueError as exc:
+            print(f"swerl doctor: {exc}", file=sys.stderr)
+            return 2
+    report = diagnose(cfg, tasks=tasks)
     print(report.text())
     return 0 if report.ok else 1
 
@@ -284,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_doc = sub.add_parser("doctor", help="check machine limits against the config (non-zero: refused)")
     with_config(p_doc)
+    p_doc.add_argument("--tasks", action="append", metavar="FILE",
+                       help="also check the images of these tasks (curate's train/eval.parquet, or a SWE-smith or "
+                            "SWE-bench .parquet/.jsonl/.json): present, missing, pulls, disk (repeatable)")  # fmt: skip
     p_doc.set_defaults(func=cmd_doctor)
 
     p_cfg = sub.add_parser("config", help="print the resolved config")

@@ -5,11 +5,17 @@ user namespaces) and derives from the config the peak number of sandboxes, proce
 memory any stage needs (stages run one after another, so the peak is the largest stage). Each check is a line
 with both numbers; a failing check makes `swerl doctor` exit non-zero. Every pipeline run logs this report at
 start (and to MLflow as params; nothing secret is read, only whether E2B_API_KEY is set).
+
+Given a task set (`swerl doctor CONFIG --tasks FILE`: the curate stage's train/eval.parquet, or a SWE-smith or
+SWE-bench dataset file), it also reports the task images the configured backend needs: which the Docker engine
+has (and their size), which are missing, how long the pull budget takes to fetch those (docker.allow_pull,
+docker.pulls_per_hour); it never pulls. Missing images that cannot be pulled are a failed check.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import resource
 import shutil
@@ -20,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
+from swerl.data.environments import image_environment, is_image_reference
+from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.sandbox.supervisor import helper_binary
 from swerl.sandbox.tmpfs import can_hold_tmpfs
@@ -47,6 +55,8 @@ class DoctorReport:
     machine: dict[str, Any]
     demand: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
+    images: dict[str, Any] = field(default_factory=dict)
+    """The task set's images (only when a task set with image tasks was given): present, missing, pulls, disk."""
 
     @property
     def ok(self) -> bool:
@@ -55,6 +65,8 @@ class DoctorReport:
     def text(self) -> str:
         lines = ["machine:"] + [f"  {k}: {v}" for k, v in self.machine.items()]
         lines += ["config demand (peak over stages):"] + [f"  {k}: {v}" for k, v in self.demand.items()]
+        if self.images:
+            lines += ["task images:"] + [f"  {k}: {v}" for k, v in self.images.items()]
         lines += ["checks:"] + [f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in self.checks]
         failed = [c.name for c in self.checks if not c.ok]
         lines.append(f"doctor: {'refused: ' + ', '.join(failed) if failed else 'ok'}")
@@ -64,6 +76,7 @@ class DoctorReport:
         """Flat params for MLflow (limits only: no paths of secrets, no environment values)."""
         flat = {f"doctor.machine.{k}": v for k, v in self.machine.items()}
         flat |= {f"doctor.demand.{k}": v for k, v in self.demand.items()}
+        flat |= {f"doctor.images.{k}": v for k, v in self.images.items() if not isinstance(v, list | str)}
         flat |= {f"doctor.check.{c.name}": "ok" if c.ok else "FAIL" for c in self.checks}
         return flat
 
@@ -391,8 +404,153 @@ def _remote_backend_checks(backends: set[str], machine: dict[str, Any]) -> list[
     return out
 
 
-def diagnose(cfg: PipelineConfig, machine: dict[str, Any] | None = None) -> DoctorReport:
-    """The doctor's report for a config (machine read now unless given, e.g. by a test)."""
+def diagnose(
+    cfg: PipelineConfig, machine: dict[str, Any] | None = None, tasks: list[TaskInstance] | None = None
+) -> DoctorReport:
+    """The doctor's report for a config (machine read now unless given, e.g. by a test), and for the images of a
+    task set when one is given (image_checks)."""
     machine = read_machine(cfg) if machine is None else machine
     need = demand(cfg)
-    return DoctorReport(machine=machine, demand=need, checks=checks(cfg, machine, need))
+    report = DoctorReport(machine=machine, demand=need, checks=checks(cfg, machine, need))
+    if tasks is not None:
+        report.images, image_check = image_checks(cfg, tasks)
+        report.checks += image_check
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A task set's images
+
+SHOWN = 5
+"""Image names listed per category (the rest counted)."""
+
+
+def load_task_file(path: str | Path) -> list[TaskInstance]:
+    """The tasks of a file: the curate stage's train/eval.parquet (TaskInstance columns), or rows of a SWE-smith
+    or SWE-bench dataset (parquet, jsonl, json; the schema read from each row's columns). A ValueError names the
+    file and the first row that is neither."""
+    from swerl.data.loaders import RowError, read_rows, row_to_task, task_schema_of
+    from swerl.data.taskio import TASK_SCHEMA, tasks_from_parquet
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--tasks {path}: no such file")
+    if file.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        if set(TASK_SCHEMA.names) <= set(pq.read_schema(file).names):  # swerl's own task file
+            return tasks_from_parquet(file.read_bytes())
+    tasks = []
+    for index, row in enumerate(read_rows(str(file))):
+        schema = task_schema_of(row)
+        if schema is None:
+            raise ValueError(f"--tasks {path}: row {index} is neither a SWE-smith nor a SWE-bench task row")
+        try:
+            tasks.append(row_to_task(row, schema, str(file), None, index))
+        except RowError as exc:
+            raise ValueError(f"--tasks {path}: {exc}") from exc
+    return tasks
+
+
+def _engine_images(names: list[str]) -> tuple[dict[str, int], list[str], str | None]:
+    """(size in bytes of each image the engine has, the missing ones, why the engine could not be asked).
+    Inspects only: nothing is pulled."""
+    try:
+        import docker
+        import docker.errors
+
+        client = docker.from_env(timeout=30)
+    except Exception as exc:  # noqa: BLE001 - no SDK or no engine: the images cannot be told apart
+        return {}, [], f"cannot ask the Docker engine: {str(exc)[:160]}"
+    present: dict[str, int] = {}
+    missing: list[str] = []
+    try:
+        for name in names:
+            try:
+                present[name] = int(client.images.get(name).attrs.get("Size") or 0)
+            except docker.errors.ImageNotFound:
+                missing.append(name)
+    except Exception as exc:  # noqa: BLE001 - the engine stopped answering: say so, the check fails
+        return {}, [], f"cannot ask the Docker engine: {str(exc)[:160]}"
+    finally:
+        client.close()
+    return present, missing, None
+
+
+def _listed(names: list[str]) -> str:
+    more = f", ... ({len(names) - SHOWN} more)" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def _pull_hours(count: int, per_hour: int) -> int:
+    """Hours the sliding pull window makes `count` pulls take beyond the pulls themselves: per_hour at once, the
+    next per_hour an hour later, and so on."""
+    return max(0, math.ceil(count / per_hour) - 1)
+
+
+def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[str, Any], list[Check]]:
+    """The images the tasks name, as the agent stages' backend sees them (`agent.sandbox.backend`): present on
+    the Docker engine (with their size), missing, and to be pulled within docker.pulls_per_hour. A check fails
+    for missing images that the backend will not pull (docker without allow_pull; local, which never pulls).
+    Directory tasks (local://, micro://) add nothing."""
+    refs = [t.image for t in tasks if is_image_reference(t.image)]
+    if not refs:
+        return {}, []
+    names: list[str] = []
+    bad: list[str] = []
+    for ref in dict.fromkeys(refs):
+        try:
+            names.append(image_environment(ref).image)
+        except ValueError:
+            bad.append(ref)
+    names = list(dict.fromkeys(names))
+    limits = cfg.agent.sandbox
+    backend = limits.backend
+    info: dict[str, Any] = {"image_tasks": len(refs), "of_tasks": len(tasks), "images": len(names),
+                            "backend": backend}  # fmt: skip
+    out: list[Check] = []
+    if bad:
+        out.append(Check("task_images.references", False, f"{len(bad)} image references cannot be read: "
+                         f"{_listed(bad)}"))  # fmt: skip
+    if backend == "e2b":
+        templates = limits.e2b.image_templates
+        unmapped = [name for name in names if name not in templates]
+        info["without_template"] = len(unmapped)
+        out.append(Check("task_images.e2b", not unmapped, f"{len(names) - len(unmapped)} of {len(names)} images "
+                         "have an e2b template (agent.sandbox.e2b.image_templates)"
+                         + (f"; none for {_listed(unmapped)}" if unmapped else "")))  # fmt: skip
+        return info, out
+    present, missing, error = _engine_images(names)
+    if error is not None:
+        info["engine"] = error
+        out.append(Check("task_images", False, f"{len(names)} task images, but {error}"))
+        return info, out
+    docker_cfg = limits.docker
+    pulls = backend == "docker" and docker_cfg.allow_pull
+    size_mb = sum(present.values()) / 1e6
+    info |= {"present": len(present), "present_mb": round(size_mb, 1), "missing": len(missing)}
+    if present:
+        info["present_names"] = _listed(list(present))
+    if missing:
+        info["missing_names"] = _listed(missing)
+        info["missing_mb"] = "unknown (the registry is not asked)"
+    if pulls and missing:
+        hours = _pull_hours(len(missing), docker_cfg.pulls_per_hour)
+        info["to_pull"] = len(missing)
+        info["pull_time"] = (f"{len(missing)} pulls at docker.pulls_per_hour {docker_cfg.pulls_per_hour}: "
+                             + (f"~{hours} h of waiting for the budget, plus the pulls" if hours
+                                else "within one hour's budget, no waiting"))  # fmt: skip
+    disk = f"{size_mb:.0f} MB of present images (layers they share counted in each: at most)" + (
+        f" + {len(missing)} missing of unknown size" if missing else ""
+    )
+    if not missing:
+        detail = f"all {len(names)} images on the engine ({disk})"
+    elif pulls:
+        detail = f"{len(missing)} of {len(names)} images missing, to be pulled ({info['pull_time']}); {disk}"
+    else:
+        why = ("agent.sandbox.docker.allow_pull is off" if backend == "docker"
+               else f"the {backend} backend never pulls")  # fmt: skip
+        detail = (f"{len(missing)} of {len(names)} images missing and {why}: {_listed(missing)}; "
+                  "build or load them first")  # fmt: skip
+    out.append(Check("task_images", not missing or pulls, detail))
+    return info, out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +118,115 @@ def test_run_stops_on_a_doctor_refusal_naming_the_failed_checks(capsys, monkeypa
     monkeypatch.setattr(cli, "_prefect_env", stop_here)
     with pytest.raises(Stop):  # past the doctor: the run goes on to start Prefect
         main(["run", "configs/local.yaml", *over, "--ignore-doctor"])
+
+
+@pytest.fixture
+def task_images():
+    """Two tiny images built here FROM swerl-base:bookworm (removed at the end), and a name no engine has."""
+    from sandbox_backends import docker_unavailable
+
+    reason = docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import io
+    import secrets
+
+    import docker
+
+    client = docker.from_env()
+    tag = f"swerl-doctor-test-{secrets.token_hex(4)}"
+    built = [f"{tag}:a", f"{tag}:b"]
+    try:
+        for name in built:
+            dockerfile = f"FROM swerl-base:bookworm\nLABEL org.swerl.test={name}\nWORKDIR /testbed\n"
+            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, pull=False,
+                                network_mode="none", rm=True)  # fmt: skip
+        sizes = {name: int(client.images.get(name).attrs["Size"]) for name in built}
+        yield client, sizes, f"{tag}-missing:latest"
+    finally:
+        for name in built:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.remove(name, noprune=False)
+        client.close()
+
+
+PATCH = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+
+
+def _write_tasks(path: Path, images: list[str]) -> Path:
+    from swerl.data.schema import TaskInstance
+    from swerl.data.taskio import tasks_to_parquet
+
+    tasks = [TaskInstance(instance_id=f"t{i}", repo="o/r", base_commit="", problem_statement="p", patch=PATCH,
+                          patch_kind="bug", FAIL_TO_PASS=["t::x"], image=image, source="test")
+             for i, image in enumerate(images)]  # fmt: skip
+    path.write_bytes(tasks_to_parquet(tasks))
+    return path
+
+
+DOCKER = ["--set", "agent.sandbox.backend=docker", "--set", "agent.sandbox.memory_mb=256"]
+
+
+@pytest.mark.docker
+def test_task_images_present_sized_and_refused_when_missing_without_pulls(
+    task_images, tmp_path, capsys
+) -> None:
+    import docker
+
+    client, sizes, missing = task_images
+    a, b = sorted(sizes)
+    # curate's own task file: two tasks of one image, one of another (docker://), one missing, one directory task
+    tasks = _write_tasks(
+        tmp_path / "train.parquet", [a, a, f"docker://{b}", missing, "local://repos/intervals"]
+    )
+    assert main(["doctor", "configs/local.yaml", *DOCKER, "--tasks", str(tasks)]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "task images:\n  image_tasks: 4\n  of_tasks: 5\n  images: 3\n  backend: docker\n  present: 2" in out
+    )
+    assert f"present_mb: {round((sizes[a] + sizes[b]) / 1e6, 1)}" in out and "missing: 1" in out
+    assert f"missing_names: {missing}" in out and "missing_mb: unknown" in out
+    assert (f"FAIL task_images: 1 of 3 images missing and agent.sandbox.docker.allow_pull is off: {missing}"
+            in out and "refused: task_images" in out)  # fmt: skip
+
+    # allowed to pull: reported with the pull budget's time, not refused, and nothing is pulled
+    pull = ["--set", "agent.sandbox.docker.allow_pull=true", "--set", "agent.sandbox.docker.pulls_per_hour=1"]
+    two_missing = _write_tasks(tmp_path / "more.parquet", [a, missing, missing + "2"])
+    assert main(["doctor", "configs/local.yaml", *DOCKER, *pull, "--tasks", str(two_missing)]) == 0, (
+        capsys.readouterr().out
+    )
+    out = capsys.readouterr().out
+    assert "to_pull: 2" in out and "2 pulls at docker.pulls_per_hour 1: ~1 h of waiting for the budget" in out
+    assert "ok   task_images: 2 of 3 images missing, to be pulled" in out and "doctor: ok" in out
+    for name in (missing, missing + "2"):
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(name)
+
+
+@pytest.mark.docker
+def test_task_images_all_present_pass_and_directory_tasks_add_nothing(task_images, tmp_path, capsys) -> None:
+    _, sizes, _ = task_images
+    rows = tmp_path / "swesmith.jsonl"  # a SWE-smith dataset file: image_name names the image
+    rows.write_text("\n".join(json.dumps({"instance_id": f"r{i}", "repo": "swesmith/o__r.abcdef12", "patch": PATCH,
+                                          "FAIL_TO_PASS": ["t::x"], "image_name": name})
+                              for i, name in enumerate(sorted(sizes))) + "\n")  # fmt: skip
+    assert main(["doctor", "configs/local.yaml", *DOCKER, "--tasks", str(rows)]) == 0
+    out = capsys.readouterr().out
+    assert "ok   task_images: all 2 images on the engine" in out and "missing: 0" in out
+
+    directory = _write_tasks(tmp_path / "dirs.parquet", ["local://repos/intervals", "micro://train/0/0"])
+    assert (
+        main(
+            [
+                "doctor",
+                "configs/local.yaml",
+                "--set",
+                "agent.sandbox.memory_mb=256",
+                "--tasks",
+                str(directory),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "task images" not in out and "task_images" not in out
