@@ -461,3 +461,23 @@ def test_traces_stage_writes_mixed_rows_the_sft_loader_reads_back_and_names_a_ba
     with pytest.raises(ValueError, match=name):
         env.run("traces", run_traces, cfg)
     assert load_manifest(env.store, "traces", stage_key_of("traces", cfg)) is None
+
+
+def test_a_tool_calls_view_range_written_as_json_text_maps_like_a_list() -> None:
+    """Some published tool_calls carry view_range as JSON text ("[2, 5]"), as the xml style writes it."""
+
+    def view(view_range: Any) -> str:
+        arguments = {"command": "view", "path": "/testbed/m.py", "view_range": view_range}
+        call = {"function": {"name": "str_replace_editor", "arguments": json.dumps(arguments)}}
+        messages = [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "1\tx = 1"},
+        ]
+        return normalize_messages(messages)[1]["content"]
+
+    as_list, as_text = view([2, 5]), view("[2, 5]")
+    assert as_text == as_list
+    parsed = parse_tool_call(as_text)
+    assert isinstance(parsed, ToolCall) and parsed.name == "view_file"
+    assert parsed.arguments == {"path": "/testbed/m.py", "start_line": 2, "end_line": 5}

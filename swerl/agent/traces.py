@@ -288,6 +288,9 @@ def _mapped_call(name: str, arguments: dict[str, Any], observation: str = "") ->
         return name, arguments
     if command == "view" and keys <= {"command", "path", "view_range"}:
         view_range = arguments.get("view_range")
+        # a tool_calls argument written as JSON text, as the xml style writes it
+        if isinstance(view_range, str):
+            view_range = _xml_value("view_range", view_range)
         if not view_range:  # SWE-agent treats an empty view_range as none
             if _DIRECTORY_LISTING in observation[:300]:
                 return "bash", {"command": f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/\\.*'"}
