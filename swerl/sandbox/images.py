@@ -148,6 +148,37 @@ def env_image_name(env_dir: Path, base: str = BASE_IMAGE) -> str:
     return f"{ENV_REPOSITORY}:{env_digest(env_dir, base)}"
 
 
+def build_offline(
+    client: Any,
+    tag: str,
+    dockerfile: str,
+    labels: dict[str, str],
+    files: dict[str, str] | None = None,
+    trees: dict[str, Path] | None = None,
+    what: str = "",
+) -> None:
+    """`docker build` of `dockerfile` with network "none" and no pull (a FROM image must be on the engine), its
+    context the given small `files` (name -> text) and directory `trees` (name -> path, caches skipped);
+    RuntimeError with the build's last error line."""
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, text in {"Dockerfile": dockerfile, **(files or {})}.items():
+                data = text.encode()
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            for name, tree in (trees or {}).items():
+                tar.add(tree, arcname=name, filter=_skip_caches)
+        context.seek(0)
+        log = client.api.build(
+            fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
+            network_mode="none", labels=labels, use_config_proxy=False, decode=True,
+        )  # fmt: skip
+        errors = [entry["error"] for entry in log if "error" in entry]
+    if errors:
+        raise RuntimeError(f"building {tag}{' ' + what if what else ''} failed: {errors[-1].strip()}")
+
+
 def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
     """Build (or reuse) the environment image of a repository directory on `base`; returns its tag.
 
@@ -166,28 +197,8 @@ def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
     except docker.errors.ImageNotFound as exc:
         raise RuntimeError(f"base image {base} is missing") from exc
     dockerfile = f"FROM {base}\nCOPY --chown={SANDBOX_UID}:{SANDBOX_UID} src/ {ENV_SOURCE}/\n"
-    with tempfile.TemporaryFile() as context:
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            data = dockerfile.encode()
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            tar.add(env_dir, arcname="src", filter=_skip_caches)
-        context.seek(0)
-        log = client.api.build(
-            fileobj=context,
-            custom_context=True,
-            tag=tag,
-            rm=True,
-            forcerm=True,
-            network_mode="none",
-            labels={LABEL: "env", "org.swerl.env.source": str(env_dir)},
-            use_config_proxy=False,
-            decode=True,
-        )
-        errors = [entry["error"] for entry in log if "error" in entry]
-    if errors:
-        raise RuntimeError(f"building {tag} from {env_dir} failed: {errors[-1].strip()}")
+    labels = {LABEL: "env", "org.swerl.env.source": str(env_dir)}
+    build_offline(client, tag, dockerfile, labels, trees={"src": env_dir}, what=f"from {env_dir}")
     return tag
 
 
@@ -235,29 +246,14 @@ def build_task_layer(client: Any, image: str, repo_dir: str | None = None) -> tu
         return tag, path, True
     except docker_errors().ImageNotFound:
         pass
-    dockerfile = task_layer_dockerfile(source.id, repo)
-    with tempfile.TemporaryFile() as context:
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            data = dockerfile.encode()
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        context.seek(0)
-        log = client.api.build(
-            fileobj=context,
-            custom_context=True,
-            tag=tag,
-            rm=True,
-            forcerm=True,
-            pull=False,
-            network_mode="none",
-            labels={LABEL: "task", "org.swerl.task.image": image, "org.swerl.task.repo_dir": repo},
-            use_config_proxy=False,
-            decode=True,
-        )
-        errors = [entry["error"] for entry in log if "error" in entry]
-    if errors:
-        raise RuntimeError(f"building swerl's sandbox layer on {image} failed: {errors[-1].strip()}")
+    labels = {LABEL: "task", "org.swerl.task.image": image, "org.swerl.task.repo_dir": repo}
+    build_offline(
+        client,
+        tag,
+        task_layer_dockerfile(source.id, repo),
+        labels,
+        what=f"(swerl's sandbox layer on {image})",
+    )
     return tag, path, False
 
 
@@ -333,23 +329,11 @@ def build_project_image(
         wheels = wheelhouse or Path(tmp) / "wheels"
         if wheelhouse is None:
             download_wheels(requirements, wheels)
-        context = Path(tmp) / "context.tar"
-        with tarfile.open(context, mode="w") as tar:
-            data = project_dockerfile(base, python_path).encode()
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            tar.add(src_dir, arcname="src", filter=_skip_caches)
-            tar.add(wheels, arcname="wheels")
-        with context.open("rb") as fileobj:
-            log = client.api.build(
-                fileobj=fileobj, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
-                network_mode="none", labels={LABEL: "project", "org.swerl.project.digest": digest},
-                use_config_proxy=False, decode=True,
-            )  # fmt: skip
-            errors = [entry["error"] for entry in log if "error" in entry]
-    if errors:
-        raise RuntimeError(f"building {tag} from {src_dir} failed: {errors[-1].strip()}")
+        labels = {LABEL: "project", "org.swerl.project.digest": digest}
+        build_offline(
+            client, tag, project_dockerfile(base, python_path), labels, trees={"src": src_dir, "wheels": wheels},
+            what=f"from {src_dir}",
+        )  # fmt: skip
     return tag
 
 
@@ -361,21 +345,14 @@ def build_instance_image(client: Any, project_image: str, bug_patch: str, tag: s
         f"FROM {project_image}\nUSER root\nCOPY bug.patch /tmp/bug.patch\n"
         f"RUN cd {PROJECT_REPO_DIR} && git apply /tmp/bug.patch && rm /tmp/bug.patch && {git} commit -qam instance\n"
     )
-    with tempfile.TemporaryFile() as context:
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            for name, text in (("Dockerfile", dockerfile), ("bug.patch", bug_patch)):
-                data = text.encode()
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        context.seek(0)
-        log = client.api.build(
-            fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
-            network_mode="none", labels={LABEL: "instance"}, use_config_proxy=False, decode=True,
-        )  # fmt: skip
-        errors = [entry["error"] for entry in log if "error" in entry]
-    if errors:
-        raise RuntimeError(f"building {tag} on {project_image} failed: {errors[-1].strip()}")
+    build_offline(
+        client,
+        tag,
+        dockerfile,
+        {LABEL: "instance"},
+        files={"bug.patch": bug_patch},
+        what=f"on {project_image}",
+    )
     return tag
 
 

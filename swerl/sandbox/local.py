@@ -780,34 +780,7 @@ class LocalSandboxProvider:
             "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session",
         ]  # fmt: skip
-        if self.rootfs is not None:
-            args += bwrap_rootfs_args(self.rootfs)
-            args += [
-                "--ro-bind",
-                str(root / "etc/passwd"),
-                "/etc/passwd",
-                "--ro-bind",
-                str(root / "etc/group"),
-                "/etc/group",
-            ]
-            args += [
-                "--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(self.resources.tmp_size_mb * MiB), "--tmpfs", "/tmp",
-            ]  # fmt: skip
-            args += ["--bind", str(root / "workspace"), WORKSPACE, "--clearenv"]
-            for key, value in self._environment(env).items():
-                args += ["--setenv", key, value]
-            return args
-        args += ["--ro-bind", "/usr", "/usr"]
-        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            host = Path("/") / link
-            if host.is_symlink():
-                args += ["--symlink", os.readlink(host), f"/{link}"]
-            elif host.is_dir():
-                args += ["--ro-bind", str(host), f"/{link}"]
-        args += ["--perms", "0755", "--dir", "/etc"]
-        for name in _ETC_FILES:
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += bwrap_rootfs_args(self.rootfs) if self.rootfs is not None else self._bwrap_host_system()
         args += [
             "--ro-bind",
             str(root / "etc/passwd"),
@@ -832,4 +805,19 @@ class LocalSandboxProvider:
         args += ["--bind", str(root / "workspace"), WORKSPACE, "--clearenv"]
         for key, value in self._environment(env).items():
             args += ["--setenv", key, value]
+        return args
+
+    @staticmethod
+    def _bwrap_host_system() -> list[str]:
+        """bubblewrap's arguments for the host's system directories and its linker/locale /etc entries."""
+        args = ["--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / link
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{link}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{link}"]
+        args += ["--perms", "0755", "--dir", "/etc"]
+        for name in _ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return args
