@@ -72,6 +72,8 @@ class FakeCommands:
             "--bind", str(self.vm.root / "workspace"), "/workspace",
             "--bind", str(self.vm.root / "tmp"), "/tmp",
             "--ro-bind", str(self.vm.root / "localbin"), "/usr/local/bin",
+            *(["--ro-bind", str(FakeAsyncSandbox.image_templates[self.vm.template]), "/opt/swerl/env"]
+              if self.vm.template in FakeAsyncSandbox.image_templates else []),
             "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000",  # e2b's `user`
             "--die-with-parent", "--clearenv",
         ]  # fmt: skip
@@ -139,6 +141,9 @@ class FakeAsyncSandbox:
     """Stands in for e2b.AsyncSandbox (class-level registry so tests can check what was created and killed)."""
 
     templates: ClassVar[set[str]] = {"swerl-base"}
+    image_templates: ClassVar[dict[str, Path]] = {}
+    """Templates made from a task image (swerl.sandbox.images.write_e2b_template): the repository their sandbox
+    layer keeps at /opt/swerl/env, here a host directory bound there read-only."""
     created: ClassVar[list[FakeAsyncSandbox]] = []
     create_calls: ClassVar[list[dict[str, Any]]] = []
     rate_limited_creates: ClassVar[int] = 0
@@ -164,6 +169,7 @@ class FakeAsyncSandbox:
     @classmethod
     def reset(cls, root_dir: Path | None = None) -> None:
         cls.templates = {"swerl-base"}
+        cls.image_templates = {}
         cls.created = []
         cls.create_calls = []
         cls.rate_limited_creates = 0
@@ -186,7 +192,7 @@ class FakeAsyncSandbox:
         if cls.rate_limited_creates > 0:
             cls.rate_limited_creates -= 1
             raise RateLimitException("429: rate limit exceeded")
-        if template not in cls.templates:
+        if template not in cls.templates and template not in cls.image_templates:
             raise NotFoundException(f"template '{template}' not found")
         vm = cls(template or "base", dict(envs or {}))
         cls.created.append(vm)

@@ -193,3 +193,40 @@ def test_live_e2b(env_dir: Path) -> None:
             await sandbox.close()
 
     asyncio.run(body())
+
+
+def test_an_image_task_starts_from_the_template_made_from_its_image(
+    fake: type[FakeAsyncSandbox], env_dir: Path, tmp_path: Path
+) -> None:
+    """FAKE at the cloud edge: the template's file system is the fake VM's (its /opt/swerl/env bound from a host
+    directory, as write_e2b_template's layer leaves it); what is real is swerl's side: the template chosen by
+    image, the workspace filled from it, the bug applied, the baseline, the PATH, the error without a template."""
+    from swerl.sandbox.base import ImageEnvironment
+    from swerl.sandbox.images import write_e2b_template
+
+    image = ImageEnvironment(
+        "swebench/sweb.eval.x86_64.demo_1776_pkg-1:latest", path_prepend=("/opt/venv/bin",)
+    )
+    name = write_e2b_template(image.image, "/testbed", tmp_path / "template")
+    dockerfile = (tmp_path / "template" / "e2b.Dockerfile").read_text()
+    assert dockerfile.startswith(f"FROM {image.image}\n") and "ln -s /workspace" in dockerfile
+    assert f'template_name = "{name}"' in (tmp_path / "template" / "e2b.toml").read_text()
+
+    async def body() -> None:
+        with pytest.raises(InfraError) as info:
+            await provider(fake).start(image)
+        assert info.value.cause == "image_missing" and "e2b-template" in str(info.value)
+        fake.image_templates[name] = env_dir
+        prov = provider(fake, git_baseline=True, image_templates={image.image: name})
+        sandbox = await prov.start(image, PATCH)
+        try:
+            assert fake.create_calls[-1]["template"] == name
+            result = await sandbox.exec("python3 -c 'from pkg.mod import answer; print(answer())'", 30)
+            assert result.output == "42\n"  # the template's repository, with the setup patch applied
+            assert (await sandbox.exec("git log --format=%s | cat; echo $PATH", 10)).output.startswith(
+                "start\n/opt/venv/bin:"
+            )
+        finally:
+            await sandbox.close()
+
+    asyncio.run(body())

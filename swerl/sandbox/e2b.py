@@ -23,6 +23,7 @@ from typing import Any
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
+from swerl.sandbox.images import ENV_SOURCE
 from swerl.sandbox.process import BoundedOutput
 
 SANDBOX_ENV: dict[str, str] = {
@@ -274,8 +275,7 @@ class E2BSandboxProvider:
         )
         try:
             async with asyncio.timeout(self.resources.start_timeout_s):
-                repo_dir = env_dir.repo_dir if isinstance(env_dir, ImageEnvironment) else None
-                await self._populate(sandbox, payload, setup_patch, repo_dir)
+                await self._populate(sandbox, payload, setup_patch)
         except BaseException as exc:
             await sandbox.close()
             if isinstance(exc, TimeoutError):
@@ -290,22 +290,16 @@ class E2BSandboxProvider:
         if template is None:
             raise InfraError(
                 "image_missing",
-                f"no e2b template for image {env.image}: build one from a Dockerfile `FROM {env.image}` "
-                "(images/e2b/README) and name it in agent.sandbox.e2b.image_templates",
-            )
-        if env.repo_dir is None:
-            raise InfraError(
-                "image_missing",
-                f"image {env.image} on e2b: the repository's place in the image must be given (repo_dir): an e2b "
-                "template does not keep the image's WORKDIR",
+                f"no e2b template for image {env.image}: write one with `python -m swerl.sandbox.images "
+                f"e2b-template {env.image} DIR`, build it there with `e2b template build` and name it in "
+                "agent.sandbox.e2b.image_templates",
             )
         return template
 
-    async def _populate(
-        self, sandbox: E2BSandbox, payload: bytes | None, setup_patch: str | None, repo_dir: str | None = None
-    ) -> None:
-        """The workspace filled (the upload unpacked, or the image's repository copied without its history and
-        its old place linked to the workspace), the setup patch applied, the git baseline made."""
+    async def _populate(self, sandbox: E2BSandbox, payload: bytes | None, setup_patch: str | None) -> None:
+        """The workspace filled (the upload unpacked, or, in an image's template, the repository its sandbox
+        layer keeps at ENV_SOURCE copied: swerl.sandbox.images.write_e2b_template), the setup patch applied, the
+        git baseline made."""
         try:
             if payload is not None:
                 await sandbox.sdk_sandbox.files.write(
@@ -318,12 +312,8 @@ class E2BSandboxProvider:
         except Exception as exc:
             raise InfraError(infra_cause(exc, "exec"), f"e2b upload: {exc}") from exc
         git = "git -c user.name=swerl -c user.email=swerl@localhost -c init.defaultBranch=main"
-        if repo_dir is not None:
-            repo = shlex.quote(repo_dir.rstrip("/"))
-            fill = (
-                f"mkdir -p {WORKSPACE} && cp -a {repo}/. {WORKSPACE}/ && rm -rf {WORKSPACE}/.git && "
-                f"rm -rf {repo} && ln -s {WORKSPACE} {repo}"
-            )
+        if payload is None:
+            fill = f"cp -a {ENV_SOURCE}/. {WORKSPACE}/"
         else:
             fill = f"mkdir -p {WORKSPACE} && tar -xf {_UPLOAD} -C {WORKSPACE} && rm -f {_UPLOAD}"
         steps = [

@@ -8,6 +8,9 @@ to its private /workspace at start. images/ holds the Dockerfiles for machines t
 
     python -m swerl.sandbox.images base [--name NAME] [--mirror URL]
     python -m swerl.sandbox.images env DIR [--base NAME]
+    python -m swerl.sandbox.images project SRC_DIR --tag TAG -r pytest -r DEP ... [--python-path src]
+    python -m swerl.sandbox.images instance PROJECT_IMAGE BUG.patch --tag TAG
+    python -m swerl.sandbox.images e2b-template IMAGE OUT_DIR [--repo-dir /testbed]
 """
 
 from __future__ import annotations
@@ -202,12 +205,12 @@ def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
     return tag
 
 
-def task_layer_dockerfile(image: str, repo_dir: str) -> str:
+def task_layer_dockerfile(image: str, repo_dir: str, uid: int = SANDBOX_UID, user: str = "sandbox") -> str:
     """swerl's sandbox layer on a task image: the repository moved to ENV_SOURCE without its git history (which
     can hold the fix), its old place a symlink to /workspace (where each sandbox gets its private copy, so the
-    image's editable installs and scripts see that copy), the sandbox user, /workspace."""
+    image's editable installs and scripts see that copy), the sandbox user (`uid`, named `user` where the image
+    has no such uid), /workspace."""
     repo = repo_dir.rstrip("/")
-    uid = SANDBOX_UID
     script = " && ".join(
         [
             f'test -d "{repo}" || {{ echo "swerl: no repository at {repo} in {image}" >&2; exit 3; }}',
@@ -216,8 +219,8 @@ def task_layer_dockerfile(image: str, repo_dir: str) -> str:
             f'mv "{repo}" {ENV_SOURCE}',
             f"rm -rf {ENV_SOURCE}/.git",
             f'ln -s /workspace "{repo}"',
-            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd || echo 'sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash' >> /etc/passwd)",
-            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/group || echo 'sandbox:x:{uid}:' >> /etc/group)",
+            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd || echo '{user}:x:{uid}:{uid}:{user}:/tmp:/bin/bash' >> /etc/passwd)",
+            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/group || echo '{user}:x:{uid}:' >> /etc/group)",
             f"chown -R {uid}:{uid} {ENV_SOURCE} /workspace",
             "(command -v git >/dev/null || { echo 'swerl: the image has no git' >&2; exit 4; })",
         ]
@@ -356,6 +359,32 @@ def build_instance_image(client: Any, project_image: str, bug_patch: str, tag: s
     return tag
 
 
+E2B_UID, E2B_USER = 1000, "user"
+"""Who runs commands in an e2b sandbox."""
+
+
+def write_e2b_template(
+    image: str,
+    repo_dir: str,
+    out_dir: Path,
+    name: str | None = None,
+    cpu_count: int = 2,
+    memory_mb: int = 2048,
+) -> str:
+    """The e2b template files (e2b.Dockerfile, e2b.toml) of a task image: swerl's sandbox layer for e2b's user
+    on the image, so the e2b backend only copies ENV_SOURCE into /workspace at start. `e2b template build` in
+    `out_dir` builds and registers it; name it in agent.sandbox.e2b.image_templates. Returns the template name."""
+    name = name or "swerl-" + re.sub(r"[^a-z0-9-]+", "-", image.lower()).strip("-")[:50]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "e2b.Dockerfile").write_text(task_layer_dockerfile(image, repo_dir, E2B_UID, E2B_USER))
+    (out_dir / "e2b.toml").write_text(
+        f"# swerl's sandbox layer on {image}; `e2b template build` here, then\n"
+        f'# agent.sandbox.e2b.image_templates: {{"{image}": "{name}"}}\n'
+        f'template_name = "{name}"\ndockerfile = "e2b.Dockerfile"\ncpu_count = {cpu_count}\nmemory_mb = {memory_mb}\n'
+    )
+    return name
+
+
 def docker_errors() -> Any:
     import docker.errors
 
@@ -389,13 +418,46 @@ def main(argv: list[str] | None = None) -> None:
     )
     env.add_argument("env_dir", type=Path)
     env.add_argument("--base", default=BASE_IMAGE)
+    project = sub.add_parser(
+        "project", help="a project's source as an image in SWE-bench's layout (/testbed, a venv at /opt/venv)"
+    )
+    project.add_argument("src_dir", type=Path)
+    project.add_argument("--tag", required=True, help="e.g. swesmith.x86_64.owner_1776_name.COMMIT8")
+    project.add_argument("--requirement", "-r", action="append", default=[], help="pytest, test deps, deps")
+    project.add_argument("--python-path", default="", help="where its packages are, e.g. src")
+    project.add_argument("--base", default=BASE_IMAGE)
+    instance = sub.add_parser("instance", help="a SWE-bench-style instance image: a project image + a bug")
+    instance.add_argument("project_image")
+    instance.add_argument("bug_patch", type=Path)
+    instance.add_argument(
+        "--tag", required=True, help="e.g. swebench/sweb.eval.x86_64.owner_1776_name-1:latest"
+    )
+    e2b = sub.add_parser("e2b-template", help="write the e2b template files of a task image")
+    e2b.add_argument("image")
+    e2b.add_argument("out_dir", type=Path)
+    e2b.add_argument("--repo-dir", default="/testbed", help="where the image holds the repository")
+    e2b.add_argument("--name", default=None)
     args = parser.parse_args(argv)
     if args.command == "base":
         build_base(args.name, args.mirror, args.rebuild)
-    else:
-        import docker
+        return
+    if args.command == "e2b-template":
+        print(write_e2b_template(args.image, args.repo_dir, args.out_dir, args.name))
+        return
+    import docker
 
-        print(build_env(docker.from_env(), args.env_dir.resolve(), args.base))
+    client = docker.from_env()
+    if args.command == "env":
+        print(build_env(client, args.env_dir.resolve(), args.base))
+    elif args.command == "project":
+        requirements = args.requirement or ["pytest"]
+        print(
+            build_project_image(
+                client, args.src_dir.resolve(), args.tag, requirements, args.python_path, args.base
+            )
+        )
+    else:
+        print(build_instance_image(client, args.project_image, args.bug_patch.read_text(), args.tag))
 
 
 if __name__ == "__main__":
