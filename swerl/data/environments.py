@@ -7,19 +7,24 @@ An environment reference (`TaskInstance.image`) is `local://repos/NAME` for a sh
 (regenerated into a cache directory on first use), or a container image: `docker://NAME[:TAG]` (the repository at
 the image's WORKDIR), or a bare image name as SWE-smith's `image_name` and SWE-bench's per-instance images spell it
 (`swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest`): the repository at the image's WORKDIR (/testbed in
-both), their conda environment `testbed` first on PATH, as their own harnesses activate it.
+both), their conda environment `testbed` first on PATH, as their own harnesses activate it. A repository curated
+with a virtualenv of its own (`curate.repos` mappings) is `venv:///ABSOLUTE/PATH?python_path=..&install=..&env=KEY`
+(swerl.data.repoenv): the directory and the environment it runs in, a VenvEnvironment for the providers; a
+missing environment is InfraError(image_missing) saying how to rebuild it, never swerl's own interpreter.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from swerl.data.micro import GENERATOR_VERSION, materialize_micro_repo, parse_micro_image
+from swerl.data.repoenv import VENV_SCHEME, find_env, parse_env_reference, rebuild_hint
 from swerl.data.repos import BUILTIN_ROOT, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
-from swerl.sandbox.base import Environment, ImageEnvironment
+from swerl.sandbox.base import Environment, ImageEnvironment, VenvEnvironment
 
 DOCKER_SCHEME = "docker://"
 CONDA_TESTBED_PATH = ("/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin")
@@ -42,9 +47,14 @@ def resolve_environment(image: str, base_commit: str | None = None) -> Path:
                 f"than this one (v{GENERATOR_VERSION}, swerl.data.micro); re-run curate with this swerl"
             )
         return path
+    if image.startswith(VENV_SCHEME):
+        path = parse_env_reference(image).path
+        if not path.is_dir():
+            raise ValueError(f"environment {image!r}: its repository {path} does not exist")
+        return path
     if not image.startswith("local://"):
         raise ValueError(
-            f"environment {image!r} is not a local directory reference (local://... or micro://...)"
+            f"environment {image!r} is not a local directory reference (local://..., micro://... or venv://...)"
         )
     rest = image[len("local://") :]
     path = BUILTIN_ROOT / rest[len("repos/") :] if rest.startswith("repos/") else Path(rest)
@@ -55,7 +65,7 @@ def resolve_environment(image: str, base_commit: str | None = None) -> Path:
 
 def is_image_reference(image: str) -> bool:
     """Whether an environment reference names a container image (not a host directory)."""
-    return bool(image) and not image.startswith(("local://", "micro://"))
+    return bool(image) and not image.startswith(("local://", "micro://", VENV_SCHEME))
 
 
 def image_environment(image: str) -> ImageEnvironment:
@@ -67,9 +77,48 @@ def image_environment(image: str) -> ImageEnvironment:
         return ImageEnvironment(name)
     if "://" in image:
         raise ValueError(
-            f"environment {image!r}: unknown scheme (local://, micro://, docker:// or a bare image name)"
+            f"environment {image!r}: unknown scheme (local://, micro://, venv://, docker:// or a bare image name)"
         )
     return ImageEnvironment(image, path_prepend=CONDA_TESTBED_PATH)
+
+
+_checked_trees: set[tuple[str, str]] = set()
+_checked_lock = threading.Lock()
+
+
+def venv_environment(image: str, tree: str | None = None) -> VenvEnvironment:
+    """The VenvEnvironment behind a `venv://` reference: the repository directory and its built virtualenv.
+
+    ValueError when the directory or the environment is missing (saying how to rebuild it), or when `tree` (a
+    task's base_commit) is given and the directory's tree hash differs (checked once per process and source)."""
+    ref = parse_env_reference(image)
+    if not ref.path.is_dir():
+        raise ValueError(
+            f"environment {image!r}: its repository {ref.path} does not exist; {rebuild_hint(image)}"
+        )
+    if tree is not None and (str(ref.path), tree) not in _checked_trees:
+        if (actual := tree_hash(ref.path)) != tree:
+            raise ValueError(
+                f"environment {image!r}: {ref.path} has tree hash {actual[:12]} but the task expects "
+                f"{tree[:12]}: the repository changed since curation; rerun curate"
+            )
+        with _checked_lock:
+            _checked_trees.add((str(ref.path), tree))
+    env = find_env(ref, tree)
+    if env is None:
+        raise ValueError(
+            f"environment {image!r}: its virtualenv ({ref.key}, install {list(ref.install)}) is not built on "
+            f"this machine; {rebuild_hint(image)}"
+        )
+    return VenvEnvironment(ref.path, env.python, env.key, env.installed, env.python_path)
+
+
+def spec_environment(image: str, path: Path) -> Environment:
+    """Where a repository's sandboxes start at curate time: its image, its directory with its own virtualenv
+    (venv://), or its directory `path`."""
+    if image.startswith(VENV_SCHEME):
+        return venv_environment(image)
+    return image_environment(image) if is_image_reference(image) else path
 
 
 def setup_patch(task: TaskInstance) -> str | None:
@@ -86,14 +135,16 @@ def environment_dir(task: TaskInstance) -> Path:
 
 
 def task_env(task: TaskInstance) -> Environment:
-    """Where the task's sandbox starts from: its directory, or its image; InfraError(image_missing) for a task
-    naming no environment or a directory that is not there."""
+    """Where the task's sandbox starts from: its directory, its directory with its own virtualenv, or its image;
+    InfraError(image_missing) for a task naming no environment, a directory or a virtualenv that is not there."""
     if not task.image:
         raise InfraError(
             "image_missing", f"task {task.instance_id} names no environment (its `image` is empty)"
         )
-    if is_image_reference(task.image):
+    if is_image_reference(task.image) or task.image.startswith(VENV_SCHEME):
         try:
+            if task.image.startswith(VENV_SCHEME):
+                return venv_environment(task.image, task.base_commit)
             return image_environment(task.image)
         except ValueError as exc:
             raise InfraError("image_missing", f"task {task.instance_id}: {exc}") from exc

@@ -13,6 +13,14 @@ is configured with) at build time, never at sandbox start. The repository itself
 `.pth` file puts `/workspace/<python_path>` on the path instead: the sandbox's copy of the code (with the bug) is
 what the tests import, never a copy installed at build time. The build happens in a temporary directory renamed
 into place, so concurrent curations never see half an environment.
+
+References: a task curated from such a repository names its environment as `venv:///SOURCE/DIR?python_path=P&
+install=REQ&...&env=KEY` (`env_reference`): the repository directory, the `install` list and import path it was
+built from, and the key of the environment that curated it. That is enough to rebuild it (`python -m
+swerl.data.repoenv build TASKS.parquet`, or a curate rerun) on any machine holding the same source at the same path
+(an sdist's or git repository's copy lives under swerl's cache, keyed by its contents). `find_env` looks the
+environment up: the curating one by its key, else the one this interpreter would build (the key recomputed from
+the task's `base_commit`, which is the source's tree hash).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,12 +162,94 @@ def _installable(repo: Path) -> bool:
 
 
 def env_key(repo: Path, install: Sequence[str], python_path: str, base_python: str) -> str:
+    return _key(tree_hash(repo), install, python_path, base_python)
+
+
+def _key(tree: str, install: Sequence[str], python_path: str, base_python: str) -> str:
     body = json.dumps(
-        {"v": ENV_VERSION, "tree": tree_hash(repo), "install": list(install), "python_path": python_path,
+        {"v": ENV_VERSION, "tree": tree, "install": list(install), "python_path": python_path,
          "base": os.path.realpath(base_python)},
         sort_keys=True,
     )  # fmt: skip
     return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+
+VENV_SCHEME = "venv://"
+"""A task environment reference naming a repository directory and the virtualenv it runs in (module docstring)."""
+
+
+@dataclass(frozen=True)
+class EnvReference:
+    """A parsed `venv://` reference: what the environment is rebuilt from, and the curating environment's key."""
+
+    path: Path
+    install: tuple[str, ...]
+    python_path: str
+    key: str
+
+    def __str__(self) -> str:
+        query = urllib.parse.urlencode(
+            [("python_path", self.python_path), *(("install", i) for i in self.install), ("env", self.key)]
+        )
+        return f"{VENV_SCHEME}{urllib.parse.quote(str(self.path))}?{query}"
+
+
+def env_reference(
+    repo: Path, install: Sequence[str] = (), python_path: str | None = None, key: str | None = None
+) -> EnvReference:
+    """The reference of `repo`'s environment as `build_env` builds it with this interpreter (key computed unless
+    given)."""
+    python_path = default_python_path(repo) if python_path is None else python_path
+    key = env_key(repo, install, python_path, _base_python()) if key is None else key
+    return EnvReference(repo.resolve(), tuple(install), python_path, key)
+
+
+def parse_env_reference(image: str) -> EnvReference:
+    """`venv:///DIR?python_path=..&install=..&env=KEY` -> EnvReference; ValueError naming what is wrong."""
+    if not image.startswith(VENV_SCHEME):
+        raise ValueError(f"environment {image!r} is not a {VENV_SCHEME} reference")
+    parsed = urllib.parse.urlsplit(image)
+    path = urllib.parse.unquote(parsed.path)
+    query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"python_path", "install", "env"})
+    if parsed.netloc or not path.startswith("/") or unknown or len(query.get("env", [])) != 1:
+        raise ValueError(
+            f"environment {image!r}: expected {VENV_SCHEME}/ABSOLUTE/DIR?python_path=P&install=REQ...&env=KEY"
+            + (f" (unknown keys {unknown})" if unknown else "")
+        )
+    return EnvReference(Path(path), tuple(query.get("install", [])), query.get("python_path", [""])[0],
+                        query["env"][0])  # fmt: skip
+
+
+def load_env(root: Path) -> RepoEnv:
+    """The environment built at `root` (its swerl-env.json says what went into it)."""
+    info = json.loads((root / "swerl-env.json").read_text())
+    return RepoEnv(
+        str(root / "bin" / "python"), root, root.name, info["python_path"], tuple(info["installed"])
+    )
+
+
+def find_env(ref: EnvReference, tree: str | None = None) -> RepoEnv | None:
+    """The built environment of a reference: the curating one (its key), else the one this interpreter builds
+    for the source's tree hash `tree` (a task's base_commit; None: hashed now); None when neither is built here."""
+    root = cache_dir() / "repo-envs"
+
+    def built(key: str) -> bool:
+        return (root / key / "swerl-env.json").is_file() and (root / key / "bin" / "python").exists()
+
+    if built(ref.key):
+        return load_env(root / ref.key)
+    tree = tree_hash(ref.path) if tree is None else tree
+    key = _key(tree, ref.install, ref.python_path, _base_python())
+    return load_env(root / key) if built(key) else None
+
+
+def rebuild_hint(image: str) -> str:
+    """How to rebuild a missing environment, for messages."""
+    return (
+        f"rebuild it with `python -m swerl.data.repoenv build TASKS.parquet` (the tasks naming {image.split('?')[0]}"
+        "), or rerun curate (`swerl curate CONFIG --force`) with that repository"
+    )
 
 
 def _run(args: list[str], timeout_s: float, what: str) -> str:
@@ -260,3 +351,50 @@ def _relocate(tmp: Path, final: Path) -> None:
                 continue
             if str(tmp) in text:
                 path.write_text(text.replace(str(tmp), str(final)))
+
+
+def rebuild(image: str, tree: str, timeout_s: float = 1800.0) -> RepoEnv:
+    """Build (or find) the environment a task's `venv://` reference names; the source must be at its path with
+    the task's tree hash (`tree`: its base_commit)."""
+    ref = parse_env_reference(image)
+    if not ref.path.is_dir():
+        raise RepoEnvError(
+            f"{image}: the repository {ref.path} is not on this machine: put the same source there (an sdist's or "
+            "git repository's copy: rerun curate with it, which extracts it to that path under swerl's cache)"
+        )
+    if (actual := tree_hash(ref.path)) != tree:
+        raise RepoEnvError(
+            f"{image}: {ref.path} has tree hash {actual[:12]}, the task expects {tree[:12]}: the source changed "
+            "since curation; rerun curate"
+        )
+    return build_env(ref.path, ref.install, ref.python_path, timeout_s)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m swerl.data.repoenv build TASKS.parquet...`: build every repository environment the tasks name."""
+    import argparse
+
+    from swerl.data.taskio import tasks_from_parquet
+
+    parser = argparse.ArgumentParser(prog="python -m swerl.data.repoenv")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser(
+        "build", help="build the virtualenvs of the venv:// tasks in curate's parquet files"
+    )
+    build.add_argument("tasks", nargs="+", type=Path)
+    build.add_argument("--timeout-s", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    wanted: dict[str, str] = {}
+    for path in args.tasks:
+        for task in tasks_from_parquet(path.read_bytes()):
+            if task.image.startswith(VENV_SCHEME):
+                wanted.setdefault(task.image, task.base_commit)
+    for image, tree in wanted.items():
+        env = rebuild(image, tree, args.timeout_s)
+        print(f"{image.split('?')[0]}: {env.python} ({', '.join(env.installed)})")
+    if not wanted:
+        print("no task names a venv:// environment")
+
+
+if __name__ == "__main__":
+    main()

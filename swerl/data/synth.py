@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swerl.data.bugs import MODIFIERS, BugCandidate, candidates
-from swerl.data.environments import image_environment, is_image_reference
+from swerl.data.environments import spec_environment
 from swerl.data.repos import RepoSpec, has_tests, source_files, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus, passing, run_tests, split_fail_pass
@@ -243,8 +243,9 @@ class _Suite:
 
     @property
     def environment(self) -> Environment:
-        """Where its sandboxes start: the repository's image where the spec names one, else its directory."""
-        return image_environment(self.spec.image) if is_image_reference(self.spec.image) else self.spec.path
+        """Where its sandboxes start: the repository's image where the spec names one, its directory with its own
+        virtualenv (venv://), else its directory."""
+        return spec_environment(self.spec.image, self.spec.path)
 
     async def exec(self, command: str, timeout_s: float) -> ExecResult:
         """One command in a fresh sandbox of the clean repository."""

@@ -6,6 +6,7 @@ that cannot start, dies, or stops answering raises `InfraError`, which is never 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -71,8 +72,34 @@ class ImageEnvironment:
             )
 
 
-Environment = Path | ImageEnvironment
-"""What a sandbox starts from: a repository directory on the host, or a container image holding one."""
+@dataclass(frozen=True)
+class VenvEnvironment:
+    """A repository directory on the host that runs with an interpreter of its own (a real repository curated
+    from `curate.repos`, with its own virtualenv: swerl.data.repoenv), never the provider's.
+
+    The local backend runs its sandboxes with `python` (its prefix bound read-only, its bin/ first on PATH); the
+    docker backend builds an image with `requirements` installed (swerl.sandbox.images.build_project_image), the
+    repository's `python_path` on the path; e2b refuses it (InfraError(image_missing))."""
+
+    path: Path
+    """The repository directory, copied into every sandbox's /workspace."""
+    python: str
+    """The environment's interpreter on the host (absolute)."""
+    key: str = ""
+    """The environment's identity (swerl.data.repoenv's key): names images built from it."""
+    requirements: tuple[str, ...] = ()
+    """What is installed in it, pinned (pytest, the test requirements, the repository's dependencies)."""
+    python_path: str = ""
+    """The repository's subdirectory its packages are imported from ('' the root, e.g. 'src')."""
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.python):
+            raise ValueError(f"VenvEnvironment({self.path}): python {self.python!r} must be an absolute path")
+
+
+Environment = Path | ImageEnvironment | VenvEnvironment
+"""What a sandbox starts from: a repository directory on the host (run with the provider's interpreter, or with
+its own: VenvEnvironment), or a container image holding one."""
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
-from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env, build_task_layer
+from swerl.sandbox.base import (
+    WORKSPACE,
+    Environment,
+    ExecResult,
+    ImageEnvironment,
+    SandboxResources,
+    VenvEnvironment,
+)
+from swerl.sandbox.images import ENV_SOURCE, SANDBOX_UID, build_env, build_project_image, build_task_layer
 from swerl.sandbox.process import BoundedOutput, refuse_nul, shell_command
 from swerl.sandbox.ratelimit import WindowLimit
 
@@ -56,6 +63,8 @@ _WRAPPER = (
 _INIT = "trap 'exit 0' TERM; end=$((SECONDS + {lifetime})); while [ $SECONDS -lt $end ]; do sleep 60 & wait $!; done"
 _PATCH_FAILED = 91
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+VENV_IMAGE_REPOSITORY = "swerl-venv"
+"""Images of repositories with an environment of their own (VenvEnvironment): tagged by its key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +226,8 @@ class DockerSandboxProvider:
         self._executor = ThreadPoolExecutor(max_workers=api_threads, thread_name_prefix="swerl-docker")
         self._client: Any = None
         self._client_lock = threading.Lock()
-        self._images: dict[Path | ImageEnvironment, PreparedImage] = {}
-        self._image_locks: dict[Path | ImageEnvironment, asyncio.Lock] = {}
+        self._images: dict[Environment, PreparedImage] = {}
+        self._image_locks: dict[Environment, asyncio.Lock] = {}
         self.image_counters: dict[str, int] = {"pulled": 0, "built": 0, "reused": 0}
 
     def limits(self) -> dict[str, int | float]:
@@ -237,7 +246,7 @@ class DockerSandboxProvider:
         """A container whose /workspace is a private copy of the environment's repository (a directory's image,
         or a task image with swerl's sandbox layer) with `setup_patch` applied."""
         prepared = await self.environment_image(
-            env_dir if isinstance(env_dir, ImageEnvironment) else Path(env_dir)
+            env_dir if isinstance(env_dir, ImageEnvironment | VenvEnvironment) else Path(env_dir)
         )
         image = prepared.tag
         env = {"PATH": prepared.path, **(env or {})}
@@ -280,11 +289,16 @@ class DockerSandboxProvider:
             )
         return sandbox
 
-    async def environment_image(self, env_dir: Path | ImageEnvironment) -> PreparedImage:
+    async def environment_image(self, env_dir: Environment) -> PreparedImage:
         """The image a sandbox of this environment runs, prepared once: a repository directory's image built on
-        the base image, or a task image (pulled only where allowed, within pulls_per_hour) with swerl's sandbox
-        layer built on it (swerl.sandbox.images.build_task_layer)."""
-        if isinstance(env_dir, Path):
+        the base image, a task image (pulled only where allowed, within pulls_per_hour) with swerl's sandbox
+        layer built on it (swerl.sandbox.images.build_task_layer), or for a repository with an environment of its
+        own (VenvEnvironment) a project image with its pinned requirements (`_prepare_venv_image`)."""
+        if isinstance(env_dir, VenvEnvironment):
+            if not env_dir.path.is_dir():
+                raise InfraError("image_missing", f"environment directory {env_dir.path} does not exist")
+        elif not isinstance(env_dir, ImageEnvironment):
+            env_dir = Path(env_dir)
             if not env_dir.is_dir():
                 raise InfraError("image_missing", f"environment directory {env_dir} does not exist")
             env_dir = env_dir.resolve()
@@ -296,6 +310,9 @@ class DockerSandboxProvider:
                 client = await self.call(self._docker)
                 if isinstance(env_dir, ImageEnvironment):
                     self._images[env_dir] = await self._prepare_task_image(client, env_dir)
+                    return self._images[env_dir]
+                if isinstance(env_dir, VenvEnvironment):
+                    self._images[env_dir] = await self._prepare_venv_image(client, env_dir)
                     return self._images[env_dir]
                 try:
                     tag = await self.call(build_env, client, env_dir, self.base_image)
@@ -331,6 +348,28 @@ class DockerSandboxProvider:
             ) from exc
         self.image_counters["reused" if reused else "built"] += 1
         return PreparedImage(tag, ":".join([*env.path_prepend, path or _DEFAULT_PATH]))
+
+    async def _prepare_venv_image(self, client: Any, env: VenvEnvironment) -> PreparedImage:
+        """A repository with an environment of its own: an image in SWE-bench's layout (images.build_project_image:
+        the repository at /testbed, a virtualenv at /opt/venv with the environment's pinned requirements, its
+        python_path on the path) built once on the base image, then swerl's sandbox layer on it. The wheels are
+        fetched here, at preparation time, by pip (its index, or the wheelhouse it is configured with:
+        PIP_FIND_LINKS, PIP_NO_INDEX); the image build itself has no network."""
+        requirements = list(env.requirements) or ["pytest"]
+        tag = f"{VENV_IMAGE_REPOSITORY}:{env.key or 'latest'}"
+        try:
+            await self.call(
+                build_project_image, client, env.path, tag, requirements, env.python_path, self.base_image
+            )
+        except Exception as exc:  # pip, the SDK and the build raise several types; all mean "no image to run"
+            raise InfraError(
+                "image_missing",
+                f"cannot build the image of {env.path} with its environment's requirements {requirements} on "
+                f"{self.base_image} ({exc}); pip fetches the wheels from its index or the wheelhouse it is "
+                "configured with (PIP_FIND_LINKS, PIP_NO_INDEX)",
+            ) from exc
+        self.image_counters["built"] += 1
+        return await self._prepare_task_image(client, ImageEnvironment(tag))
 
     async def _pull(self, client: Any, image: str) -> None:
         """Pull one image within the pulls_per_hour budget (a wait is logged); failures are image_missing."""

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
+from swerl.sandbox.base import (
+    WORKSPACE,
+    Environment,
+    ExecResult,
+    ImageEnvironment,
+    SandboxResources,
+    VenvEnvironment,
+)
 from swerl.sandbox.images import ENV_SOURCE
 from swerl.sandbox.process import BoundedOutput
 
@@ -233,6 +240,13 @@ class E2BSandboxProvider:
         """A fresh VM whose /workspace holds the environment's repository with setup_patch applied: env_dir
         uploaded into the base template, or an image's repository copied within the template built from it."""
         template, payload, name = self.template, None, ""
+        if isinstance(env_dir, VenvEnvironment):
+            raise InfraError(
+                "image_missing",
+                f"the e2b backend cannot run {env_dir.path} with its own virtualenv ({env_dir.python}): its "
+                "template brings one interpreter; run tasks curated from real repositories on the local or "
+                "docker backend",
+            )
         if isinstance(env_dir, ImageEnvironment):
             template, name = self._image_template(env_dir), env_dir.image
         else:

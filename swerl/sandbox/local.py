@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from swerl.errors import InfraError
-from swerl.sandbox.base import WORKSPACE, Environment, ExecResult, ImageEnvironment, SandboxResources
+from swerl.sandbox.base import (
+    WORKSPACE,
+    Environment,
+    ExecResult,
+    ImageEnvironment,
+    SandboxResources,
+    VenvEnvironment,
+)
 from swerl.sandbox.hostprep import ancestors, interpreter_dirs, require_tools
 from swerl.sandbox.images import ENV_SOURCE, build_task_layer
 from swerl.sandbox.process import (
@@ -339,6 +346,7 @@ class LocalSandboxProvider:
         self.rootfs_path = rootfs_path
         self._images: dict[ImageEnvironment, LocalSandboxProvider] = {}
         self._images_lock = asyncio.Lock()
+        self._pythons: dict[str, LocalSandboxProvider] = {}
         self._launcher: Launcher | None = None
         self._mount: bool | None = None
         self._first_start_lock = (
@@ -362,11 +370,14 @@ class LocalSandboxProvider:
         self, env_dir: Environment, setup_patch: str | None = None, env: Mapping[str, str] | None = None
     ) -> LocalSandbox | SupervisedSandbox:
         """A sandbox whose /workspace is a private copy of env_dir with `setup_patch` (a unified diff) applied; for
-        an image, a sandbox over the image's exported root file system (`image_provider`)."""
+        an image, a sandbox over the image's exported root file system (`image_provider`); for a directory with an
+        interpreter of its own (VenvEnvironment), a sandbox running that interpreter (`python_provider`)."""
         if isinstance(env_dir, ImageEnvironment):
             child = await self.image_provider(env_dir)
             assert child.rootfs is not None
             return await child.start(child.rootfs / ENV_SOURCE.lstrip("/"), setup_patch, env)
+        if isinstance(env_dir, VenvEnvironment):
+            return await self.python_provider(env_dir.python).start(env_dir.path, setup_patch, env)
         if self._python_dirs is None and self.rootfs is not None:
             self._python_dirs = []  # the image brings its own interpreter
         if self._python_dirs is None:
@@ -511,6 +522,26 @@ class LocalSandboxProvider:
                 )  # fmt: skip
             return self._images[env]
 
+    def python_provider(self, python: str) -> LocalSandboxProvider:
+        """The provider of sandboxes running `python` (a repository's own virtualenv) instead of this provider's
+        interpreter: same limits and runtime, that interpreter's prefix bound read-only and its bin/ first on
+        PATH. This provider itself when it already runs that interpreter; one child per interpreter."""
+        python = os.path.abspath(python)
+        if python == self.python_executable:
+            return self
+        if self.rootfs is not None:
+            raise InfraError(
+                "image_missing",
+                f"a sandbox over an image's root file system cannot run host interpreter {python}",
+            )
+        if python not in self._pythons:
+            self._pythons[python] = LocalSandboxProvider(
+                python, self.resources, root_dir=self.root_dir, workspace_quota=self.workspace_quota,
+                runtime=self.runtime, kill_grace_s=self.kill_grace_s, extra_env=self.extra_env,
+                git_baseline=self.git_baseline, uid_range=self.uid_range, bwrap=self.bwrap,
+            )  # fmt: skip
+        return self._pythons[python]
+
     def _export_image(self, env: ImageEnvironment) -> tuple[Path, str]:
         """(the exported root file system, the image's PATH); InfraError(image_missing) saying what is missing."""
         try:
@@ -547,11 +578,11 @@ class LocalSandboxProvider:
         return self._launcher.mount_point if self._launcher is not None else None
 
     def close(self) -> None:
-        """End the supervisor's zygote, if any, and its image providers' (sandboxes still open stay open until
-        closed)."""
+        """End the supervisor's zygote, if any, and its image and interpreter providers' (sandboxes still open stay
+        open until closed)."""
         if self._launcher is not None:
             self._launcher.shutdown()
-        for child in self._images.values():
+        for child in [*self._images.values(), *self._pythons.values()]:
             child.close()
 
     def _decide_cgroups(self) -> Cgroups | None:

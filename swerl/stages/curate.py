@@ -35,7 +35,7 @@ from swerl.config import CurateConfig, DatasetSource, MicroSource, RepoSource
 from swerl.data.decontam import decontaminate
 from swerl.data.loaders import LoadReport, load_tasks
 from swerl.data.micro import SPLITS, micro_repo_spec, micro_split
-from swerl.data.repoenv import RepoEnv, build_env, materialize_source, source_fingerprint
+from swerl.data.repoenv import RepoEnv, build_env, env_reference, materialize_source, source_fingerprint
 from swerl.data.repos import RepoSpec, resolve_repos, tree_hash
 from swerl.data.schema import TaskInstance, normalize_repo
 from swerl.data.synth import Confirm, Confirmation, RepoReport, merge_reports, summarize, synthesize_repo
@@ -254,7 +254,10 @@ def resolve_sources(sources: Sequence[RepoSource]) -> list[RepoSpec]:
     for source in sources:
         path, default_name = materialize_source(source.path)
         name = source.name or default_name
-        specs.append(RepoSpec(name=name, path=path, repo=f"local/{name}", image=f"local://{path}",
+        # The tasks name the repository and the environment it runs in (venv://): every later stage runs them
+        # with that environment's interpreter, and another machine can rebuild it from the reference.
+        image = str(env_reference(path, source.install, source.python_path))
+        specs.append(RepoSpec(name=name, path=path, repo=f"local/{name}", image=image,
                               test_cmd=source.test_cmd))  # fmt: skip
     return specs
 

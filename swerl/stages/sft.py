@@ -106,7 +106,9 @@ def base_model(
         if "curate" in ctx.inputs:
             images = sorted({t.image for t in load_tasks(ctx.store, ctx.inputs["curate"], "train.parquet")})
             repo_dirs = [
-                resolve_environment(image) for image in images if image.startswith(("local://", "micro://"))
+                resolve_environment(image)
+                for image in images
+                if image.startswith(("local://", "micro://", "venv://"))
             ]
         tokenizer = train_tokenizer(
             tokenizer_corpus(rows, repo_dirs), tiny.vocab_size, ctx.workdir / "tokenizer"
