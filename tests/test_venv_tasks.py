@@ -29,7 +29,8 @@ from swerl.stages.curate import content_key, run_curate
 from swerl.stages.runner import run_stage
 from swerl.storage import Store
 from swerl.tracking import Tracker
-from tests.sandbox_helpers import e2b_provider, local_provider
+from tests.sandbox_backends import docker_unavailable
+from tests.sandbox_helpers import docker_provider, e2b_provider, local_provider
 from tests.test_curate_pypi import sdist
 
 
@@ -143,3 +144,28 @@ def test_another_machine_rebuilds_the_environment_from_the_task(
     env = task_env(task)
     assert isinstance(env, VenvEnvironment) and env.python.startswith(str(tmp_path / "cache"))
     assert any(r.startswith("freezegun==") for r in env.requirements)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.network
+def test_the_docker_backend_runs_them_in_an_image_with_the_environments_requirements(curated) -> None:
+    """docker: the repository's image is built once with the environment's pinned requirements (wheels fetched at
+    preparation time, the build offline), so the reference fix resolves there too."""
+    if reason := docker_unavailable():
+        pytest.skip(reason)
+    task = curated[0][0]
+    provider = docker_provider(git_baseline=True, memory_mb=1024, start_timeout_s=120)
+
+    async def check() -> None:
+        prepared = await provider.environment_image(task_env(task))
+        assert prepared.path.startswith("/opt/venv/bin"), prepared
+        fix = await grade_patch(provider, task, reverse_patch(task.patch), 120)
+        bug = await grade_patch(provider, task, "", 120)
+        assert fix.status == RESOLVED_FULL, fix
+        assert bug.status != RESOLVED_FULL and bug.sealed, bug
+
+    try:
+        run_async(check())
+    finally:
+        provider.close()
