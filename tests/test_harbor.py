@@ -24,9 +24,11 @@ from swerl.data.harbor import (
     VERIFIER_TEST_ID,
     HarborFormatError,
     HarborTask,
+    SolutionFailed,
     build_harbor_image,
     copy_into,
     export_harbor_task,
+    harbor_reference_patch,
     load_harbor_task,
     run_solution,
     run_verifier,
@@ -288,6 +290,60 @@ def test_reward_json_and_a_partial_reward(provider, calc, tmp_path: Path):
     test_sh = '#!/bin/bash\nmkdir -p /logs/verifier\necho \'{"reward": 0.5, "tests": 2}\' > /logs/verifier/reward.json\n'
     graded = grade(provider, with_verifier(tmp_path, test_sh), "")
     assert (graded.reward, graded.status) == (0.5, "RESOLVED_PARTIAL")
+
+
+@pytest.mark.docker
+def test_reference_patch_is_the_diff_solve_sh_makes_and_grades_1(
+    provider: SandboxProvider, calc, tmp_path: Path
+):
+    task, harbor = calc
+
+    async def reference(harbor: HarborTask) -> str:
+        sandbox = await start_task_sandbox(provider, task)
+        try:
+            return await harbor_reference_patch(sandbox, harbor, 60)
+        finally:
+            await sandbox.close()
+
+    patch = asyncio.run(reference(harbor))
+    changed = [line for line in patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert (
+        changed == ["-    return a - b", "+    return a + b"] and "diff --git a/calc.py b/calc.py" in patch
+    ), patch
+    solved, _ = load_harbor_task(harbor.root, reference_patch=patch)
+    assert solved.patch == patch and grade(provider, solved, patch).reward == 1.0
+    # a solve.sh that fails is the task's failure (SolutionFailed), told apart from a sandbox failure
+    broken = write_harbor_task(tmp_path / "calc-add")
+    (broken / "solution/solve.sh").write_text("#!/bin/bash\necho no-fix-here; exit 3\n")
+    with pytest.raises(SolutionFailed, match="solve.sh failed \\(3\\).*no-fix-here"):
+        asyncio.run(reference(load_harbor_task(broken)[1]))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("runtime", ["supervisor", "bubblewrap"])
+def test_local_backend_grades_on_supervisor_and_refuses_clearly_on_bubblewrap(calc, runtime: str):
+    """The local backend runs the task over the image's exported root file system. The supervisor runtime keeps
+    /tmp for the sandbox's life: the verifier grades as in Docker. Bubblewrap gives every command a fresh /tmp,
+    where the verifier's tests and reward live: the grader says so instead of reporting a crashed verifier."""
+    import os
+
+    from tests.sandbox_helpers import local_provider
+
+    if runtime == "supervisor" and os.geteuid() != 0:
+        pytest.skip("the supervisor runtime needs root")
+    task, harbor = calc
+    local = local_provider(git_baseline=True, runtime=runtime)
+    try:
+        if runtime == "supervisor":
+            assert grade(local, task, "").reward == 0.0
+            fix = grade(local, task, diff_of(harbor.environment_dir / "repo", {"calc.py": FIXED}))
+            assert (fix.reward, fix.status) == (1.0, RESOLVED_FULL), fix.log
+            return
+        with pytest.raises(InfraError, match="does not keep /tmp between commands") as info:
+            grade(local, task, "")
+        assert info.value.cause == "verifier_failed"
+    finally:
+        local.close()
 
 
 # Each hack leaves calc.add wrong and tries to get reward 1 from the verifier anyway.

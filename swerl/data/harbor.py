@@ -68,10 +68,23 @@ _OUTLIVED = 86
 """Exit status of the verifier run when processes outlived tests/test.sh (see run_verifier)."""
 _FAILED = 87
 """Exit status of the verifier run when tests/test.sh itself exited non-zero."""
+_GONE = 88
+"""Exit status of the verifier's preparation when the tests/ just copied in are gone again."""
+NO_PERSISTENT_TMP = (
+    "tests/ copied into the sandbox's /tmp was gone at the next command: this sandbox does not keep /tmp between "
+    "commands (the local backend's bubblewrap runtime), and a Harbor verifier needs it (its tests, /logs and the "
+    "reward live there). Run Harbor tasks on the docker backend or on the local backend's supervisor runtime "
+    "(sandbox.runtime: supervisor, as root)"
+)
 
 
 class HarborFormatError(ValueError):
     """A Harbor task directory that swerl cannot read; the message names the file and, where one, the key."""
+
+
+class SolutionFailed(InfraError):
+    """solution/solve.sh exited non-zero or timed out (cause verifier_failed): a property of the task, which curate
+    tells apart from a sandbox failure."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,35 @@ def load_harbor_task(
         verifier=f"{HARBOR_SCHEME}{root}",
     )
     return task, harbor
+
+
+def harbor_task_dirs(path: str | Path) -> list[Path]:
+    """A `curate.harbor` entry as Harbor task directories: the directory itself when it holds task.toml, else its
+    subdirectories that do (sorted by name); HarborFormatError naming the path when it is neither."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise HarborFormatError(
+            f"{root}: no such directory (a Harbor task or a folder of Harbor task directories)"
+        )
+    if not root.is_dir():
+        raise HarborFormatError(
+            f"{root}: not a directory (a Harbor task or a folder of Harbor task directories)"
+        )
+    if (root / "task.toml").is_file():
+        return [root.resolve()]
+    found = sorted(d.resolve() for d in root.iterdir() if d.is_dir() and (d / "task.toml").is_file())
+    if not found:
+        raise HarborFormatError(
+            f"{root}: neither a Harbor task (no task.toml) nor a folder of Harbor task directories (no "
+            "subdirectory holds a task.toml)"
+        )
+    return found
+
+
+def harbor_content_digest(task_dir: Path) -> str:
+    """A content hash of a whole task directory (task.toml, instruction, environment/, tests/, solution/: paths,
+    modes, bytes): what curate's stage key holds, so that any change to a task reruns curate."""
+    return env_digest(task_dir, f"harbor-task-v{IMAGE_RECIPE_VERSION}")
 
 
 def harbor_task_of(task: TaskInstance) -> HarborTask:
@@ -423,8 +465,12 @@ async def run_verifier(sandbox: Sandbox, harbor: HarborTask, timeout_s: float | 
     means (see swerl.agent.grading.grade_patch)."""
     await copy_into(sandbox, harbor.tests_dir, f"{RUN_DIR}/tests")
     prepared = await sandbox.exec(
-        f"rm -rf {RUN_DIR}/logs && mkdir -p {REWARD_DIR} {RUN_DIR}/logs/agent", 60.0
+        f"test -f {RUN_DIR}/tests/test.sh || exit {_GONE}; "
+        f"rm -rf {RUN_DIR}/logs && mkdir -p {REWARD_DIR} {RUN_DIR}/logs/agent",
+        60.0,
     )
+    if prepared.exit_code == _GONE:
+        raise InfraError("verifier_failed", f"{harbor.root}: {NO_PERSISTENT_TMP}")
     if prepared.exit_code != 0:
         raise InfraError("verifier_failed", f"cannot create {REWARD_DIR}: {prepared.output[-500:]}")
     timeout = timeout_s if timeout_s is not None else harbor.verifier_timeout_s
@@ -462,9 +508,18 @@ async def run_solution(sandbox: Sandbox, harbor: HarborTask, timeout_s: float = 
     if not harbor.has_solution:
         raise InfraError("verifier_failed", f"{harbor.root}: no solution/solve.sh")
     await copy_into(sandbox, harbor.solution_dir, f"{RUN_DIR}/solution")
-    result = await sandbox.exec("bash /solution/solve.sh", timeout=timeout_s, cwd=harbor.workdir)
-    if result.exit_code != 0 or result.timed_out:
+    gone = "swerl: /solution is gone"
+    result = await sandbox.exec(
+        f"test -f /solution/solve.sh || {{ echo '{gone}'; exit {_GONE}; }}; bash /solution/solve.sh",
+        timeout=timeout_s,
+        cwd=harbor.workdir,
+    )
+    if result.exit_code == _GONE and result.output.strip() == gone:
         raise InfraError(
+            "verifier_failed", f"{harbor.root}: {NO_PERSISTENT_TMP.replace('tests/', 'solution/')}"
+        )
+    if result.exit_code != 0 or result.timed_out:
+        raise SolutionFailed(
             "verifier_failed",
             f"{harbor.root}: solution/solve.sh failed ({result.exit_code}): {result.output[-500:]}",
         )
