@@ -308,6 +308,10 @@ class CurateConfig(StrictModel):
     environment, `install`, `test_cmd` and `python_path`)."""
     datasets: list[DatasetSource] = Field(default_factory=list)
     """Published task datasets (SWE-smith / SWE-bench schema) to include as they are."""
+    harbor: list[str] = Field(default_factory=list)
+    """Harbor task directories, each a task or a folder of task directories: image built offline, reference patch
+    from solution/solve.sh, kept iff its verifier gives that patch 1 and the empty patch 0 (needs sandbox.backend
+    docker, or local on the supervisor runtime); eval iff eval_repos names harbor/NAME, NAME or harbor-category:CAT."""
     modifiers: list[ModifierName] = Field(default_factory=lambda: list(ALL_MODIFIERS), min_length=1)
     """Procedural bug modifiers to apply."""
     max_candidates_per_repo: int = Field(80, ge=1, le=1_000_000)
