@@ -134,6 +134,15 @@ def test_load_reads_the_format(tmp_path: Path):
     assert load_harbor_task(tmp_path / "calc-add")[1].image_tag != before
 
 
+def test_the_agent_timeout_of_task_toml_caps_the_episode(tmp_path: Path):
+    from swerl.agent.episode import episode_timeout
+
+    task, harbor = load_harbor_task(write_harbor_task(tmp_path / "calc-add"))
+    assert harbor.agent_timeout_s == 120.0
+    assert (episode_timeout(task, 600.0), episode_timeout(task, 60.0)) == (120.0, 60.0)
+    assert episode_timeout(task.model_copy(update={"verifier": None, "patch": "x"}), 600.0) == 600.0
+
+
 def test_a_task_without_a_verifier_still_needs_a_patch():
     with pytest.raises(ValueError, match="patch must be a non-empty diff"):
         TaskInstance(instance_id="x", repo="a/b", base_commit="c", problem_statement="p", patch="", patch_kind="fix",
@@ -236,6 +245,10 @@ def test_empty_patch_scores_0_and_the_fix_scores_1(provider: SandboxProvider, ca
         fix.outcomes[VERIFIER_TEST_ID].status.value == "PASSED" and "reward 1.0 from reward.txt" in fix.detail
     )
     assert build_harbor_image(harbor) == harbor.image_tag  # present: not rebuilt
+    # evaluation's default verdict (swebench's) keeps the verifier's: its log is no pytest log to parse
+    from swerl.eval.grading import swebench_verdict
+
+    assert (swebench_verdict(task, fix).resolved, swebench_verdict(task, empty).resolved) == (True, False)
 
 
 @pytest.mark.docker

@@ -139,7 +139,7 @@ def test_curate_keeps_the_gold_checked_task_and_the_stages_run_on_it(tmp_path: P
     assert env.json(held.manifest, "curate_report.json")["split"]["unmatched"] == []
 
     evaluate_cfg = EvaluateConfig(max_tasks=1, attempts=1, concurrency=1, bootstrap_samples=200,
-                                  checkpoints=["sft"], grader="episode")  # fmt: skip
+                                  checkpoints=["sft"])  # fmt: skip
     evaluated = env.run("evaluate", run_evaluate, EvaluateStage(evaluate=evaluate_cfg, agent=agent, engine=engine),
                         [held.manifest, sft]).manifest  # fmt: skip
     result = env.json(evaluated, "eval_results.json")["models"]["sft"]

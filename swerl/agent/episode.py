@@ -31,6 +31,7 @@ from swerl.agent.grading import grade_patch, workspace_patch
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
 from swerl.config import AgentConfig
 from swerl.data.environments import task_environment
+from swerl.data.harbor import harbor_task_of
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.errors import InfraError
@@ -265,6 +266,14 @@ async def run_episode(
     return _trajectory(task, episode, outcome, attempt, group_id)
 
 
+def episode_timeout(task: TaskInstance, configured_s: float) -> float:
+    """The agent's wall clock: the configured cap, or a Harbor task's own [agent] timeout_sec where lower."""
+    if task.verifier is None:
+        return configured_s
+    own = harbor_task_of(task).agent_timeout_s
+    return min(configured_s, own) if own else configured_s
+
+
 async def _sandboxed_episode(
     episode: _Episode,
     task: TaskInstance,
@@ -277,13 +286,14 @@ async def _sandboxed_episode(
     sandbox: Sandbox | None = None
     try:
         env_dir, setup_patch = await asyncio.to_thread(task_environment, task)
+        timeout_s = await asyncio.to_thread(episode_timeout, task, limits.episode_timeout_s)
         sandbox_requested = time.monotonic()
         episode.timings.env_install_s = sandbox_requested - started
         sandbox = await sandbox_provider.start(env_dir, setup_patch)
         episode.timings.sandbox_start_s = time.monotonic() - sandbox_requested
         tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars, limits.max_command_bytes,
                       limits.max_edit_bytes)  # fmt: skip
-        status = await _agent_turns(episode, tools, limits.episode_timeout_s)
+        status = await _agent_turns(episode, tools, timeout_s)
         patch = await workspace_patch(sandbox)
         await sandbox.close()
         episode.timings.sandbox_s = time.monotonic() - sandbox_requested

@@ -159,7 +159,11 @@ class AttemptGrade:
 
 
 def swebench_verdict(task: TaskInstance, graded: Grade) -> LogGrade:
-    """swebench's resolution status over the sealed grader's test outcomes (never over text the tests printed)."""
+    """swebench's resolution status over the sealed grader's test outcomes (never over text the tests printed);
+    a task graded by its own verifier (Harbor) keeps the verifier's verdict: its log is no test log to parse."""
+    if task.verifier is not None:
+        status = graded.status
+        return LogGrade(graded.reward >= 1.0, status, "verifier", status not in ("INCOMPLETE", "TIMEOUT"))
     if not graded.sealed and graded.status in (RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO):
         return grade_log(task, graded.log, harness="swerl")  # no sealed runner: its log, by swebench's parser
     parser = log_parser_for(task) if not graded.sealed else "sealed"
