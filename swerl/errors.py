@@ -33,3 +33,7 @@ class InfraError(Exception):
         self.cause = cause
         self.message = message
         super().__init__(f"[{cause}] {message}" if message else cause)
+
+
+class NoTasksError(RuntimeError):
+    """Curation yielded no task from what it was configured with (repositories, Harbor tasks): the stage fails."""

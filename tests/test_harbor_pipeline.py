@@ -14,7 +14,8 @@ import pytest
 
 from swerl.config import CurateConfig
 from swerl.data.harbor import HarborFormatError, load_harbor_task
-from swerl.stages.curate import content_key, harbor_eval_keys
+from swerl.stages.curate import content_key
+from swerl.stages.curate_harbor import harbor_eval_keys
 from swerl.stages.runner import stage_key
 from tests.test_harbor import write_harbor_task
 
