@@ -44,7 +44,7 @@ from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.sandbox.base import WORKSPACE, Sandbox
-from swerl.sandbox.images import BASE_IMAGE, env_digest
+from swerl.sandbox.images import BASE_IMAGE, build_offline, env_digest
 
 HARBOR_SCHEME = "harbor://"
 VERIFIER_TEST_ID = "tests/test.sh"
@@ -327,38 +327,18 @@ def build_harbor_image(harbor: HarborTask, client: Any = None) -> str:
                 ) from None
         text = dockerfile.read_text()
         recipe = (text if text.endswith("\n") else text + "\n") + _RUN_DIR_LAYER
-        with tempfile.TemporaryFile() as context:
-            with tarfile.open(fileobj=context, mode="w") as tar:
-                for path in sorted(harbor.environment_dir.rglob("*")):
-                    rel = path.relative_to(harbor.environment_dir).as_posix()
-                    if rel != "Dockerfile":
-                        tar.add(path, arcname=rel, recursive=False)
-                data = recipe.encode()
-                info = tarfile.TarInfo("Dockerfile")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            context.seek(0)
-            try:
-                log = list(
-                    client.api.build(
-                        fileobj=context,
-                        custom_context=True,
-                        tag=tag,
-                        rm=True,
-                        forcerm=True,
-                        pull=False,
-                        network_mode="none",
-                        labels={"org.swerl.image": "harbor", "org.swerl.harbor.task": str(harbor.root)},
-                        use_config_proxy=False,
-                        decode=True,
-                    )  # fmt: skip
-                )
-            except docker.errors.APIError as exc:
-                raise InfraError("image_missing", f"building {tag} from {dockerfile} failed: {exc}") from exc
-        errors = [str(entry["error"]).strip() for entry in log if "error" in entry]
-        if errors:
-            last = errors[-1].splitlines()[-1] if errors[-1] else errors[-1]
-            raise InfraError("image_missing", f"building {tag} from {dockerfile} failed: {last}")
+        labels = {"org.swerl.image": "harbor", "org.swerl.harbor.task": str(harbor.root)}
+        try:
+            build_offline(
+                client, tag, recipe, labels, trees={".": harbor.environment_dir}, what=f"from {dockerfile}"
+            )
+        except (RuntimeError, docker.errors.APIError) as exc:
+            raise InfraError(
+                "image_missing",
+                str(exc)
+                if isinstance(exc, RuntimeError)
+                else f"building {tag} from {dockerfile} failed: {exc}",
+            ) from exc
         return tag
     finally:
         if own:

@@ -161,25 +161,31 @@ def build_offline(
     what: str = "",
 ) -> None:
     """`docker build` of `dockerfile` with network "none" and no pull (a FROM image must be on the engine), its
-    context the given small `files` (name -> text) and directory `trees` (name -> path, caches skipped);
-    RuntimeError with the build's last error line."""
+    context the given directory `trees` (arcname -> path, "." for the context's root; caches skipped, a root
+    Dockerfile replaced by `dockerfile`) and small `files` (name -> text); RuntimeError with the last line of the
+    build's last error."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.name in ("Dockerfile", "./Dockerfile") else _skip_caches(info)
+
     with tempfile.TemporaryFile() as context:
         with tarfile.open(fileobj=context, mode="w") as tar:
-            for name, text in {"Dockerfile": dockerfile, **(files or {})}.items():
+            for name, tree in (trees or {}).items():
+                tar.add(tree, arcname=name, filter=keep)
+            for name, text in {**(files or {}), "Dockerfile": dockerfile}.items():
                 data = text.encode()
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-            for name, tree in (trees or {}).items():
-                tar.add(tree, arcname=name, filter=_skip_caches)
         context.seek(0)
         log = client.api.build(
             fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
             network_mode="none", labels=labels, use_config_proxy=False, decode=True,
         )  # fmt: skip
-        errors = [entry["error"] for entry in log if "error" in entry]
+        errors = [str(entry["error"]).strip() for entry in log if "error" in entry]
     if errors:
-        raise RuntimeError(f"building {tag}{' ' + what if what else ''} failed: {errors[-1].strip()}")
+        last = errors[-1].splitlines()[-1] if errors[-1] else errors[-1]
+        raise RuntimeError(f"building {tag}{' ' + what if what else ''} failed: {last}")
 
 
 def build_env(client: Any, env_dir: Path, base: str = BASE_IMAGE) -> str:
