@@ -307,6 +307,25 @@ def test_filter_patch_drops_test_infrastructure_sections() -> None:
     )
 
 
+def test_the_runner_holds_the_patch_responsible_for_binary_and_renamed_files() -> None:
+    """A hook planted from a file whose section has no `+++` line (a binary module, a rename) must still count as
+    the patch's: the sealed runner ignores hooks only in files the patch did not touch."""
+    binary = (
+        "diff --git a/pkg/hook.cpython-311-x86_64-linux-gnu.so b/pkg/hook.cpython-311-x86_64-linux-gnu.so\n"
+        "new file mode 100644\nindex 0000000..1111111\nGIT binary patch\nliteral 4\nLcmZ?d00001\n\nliteral 0\n"
+        "HcmV?d00001\n\n"
+    )
+    renamed = "diff --git a/pkg/old.py b/pkg/new.py\nsimilarity index 100%\nrename from pkg/old.py\nrename to pkg/new.py\n"
+    edited = "diff --git a/mod.py b/mod.py\n--- a/mod.py\n+++ b/mod.py\n@@ -1 +1 @@\n-a\n+b\n"
+    filtered = filter_patch(binary + renamed + edited)
+    assert set(filtered.touched) == {
+        "pkg/hook.cpython-311-x86_64-linux-gnu.so", "pkg/old.py", "pkg/new.py", "mod.py",
+    }  # fmt: skip
+    assert (
+        filter_patch("diff --git a/tests/t.py b/tests/t.py\n+x\n").touched == ()
+    )  # dropped: not the patch's
+
+
 def test_a_grpo_step_counts_what_the_grader_refused() -> None:
     from swerl.stages.grpo import episode_stats
     from swerl.trajectory import EpisodeStatus, Trajectory

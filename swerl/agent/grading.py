@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from swerl.data.diffs import changed_files
 from swerl.data.environments import task_environment
 from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
 from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
@@ -106,6 +105,9 @@ class FilteredPatch:
     kept: str
     dropped: tuple[str, ...]
     """Paths whose sections were dropped (test infrastructure, symlinks, or a header that could not be read)."""
+    touched: tuple[str, ...] = ()
+    """Every path a kept section names (both sides of its `diff --git` header: binary files and renames have no
+    `+++` line), the files the sealed runner holds the patch responsible for."""
 
 
 def filter_patch(patch: str) -> FilteredPatch:
@@ -117,6 +119,7 @@ def filter_patch(patch: str) -> FilteredPatch:
         sections[-1].append(line)
     kept: list[str] = []
     dropped: list[str] = []
+    touched: list[str] = []
     for section in sections:
         header = section[0].rstrip("\n")
         match = _DIFF_HEADER.match(header)
@@ -137,7 +140,8 @@ def filter_patch(patch: str) -> FilteredPatch:
             dropped.append(paths[-1])
             continue
         kept.append("".join(section))
-    return FilteredPatch("".join(kept), tuple(dropped))
+        touched += [p for p in paths if p not in touched]
+    return FilteredPatch("".join(kept), tuple(dropped), tuple(touched))
 
 
 def runner_mode(task: TaskInstance) -> str | None:
@@ -337,7 +341,7 @@ async def grade_patch(
             key = secrets.token_bytes(32)
             keyfile = f".swerl-key-{secrets.token_hex(8)}"
             await sandbox.write_file(keyfile, key.hex())
-            command = sealed_command(mode, keyfile, tests, python, changed_files(filtered.kept))
+            command = sealed_command(mode, keyfile, tests, python, filtered.touched)
             result = await sandbox.exec(command, timeout=test_timeout_s)
             report = read_sealed(result.output, key.hex().encode())
             outcomes = report.outcomes
