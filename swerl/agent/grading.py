@@ -306,6 +306,19 @@ def _introspection_lines(patch: str) -> int:
     )
 
 
+async def _apply_attempt(
+    sandbox: Sandbox, patch: str, filtered: FilteredPatch, signal: int, sealed: bool
+) -> Grade | None:
+    """Apply the attempt's kept sections to the fresh sandbox; the PATCH_APPLY_FAILED grade if they do not apply.
+    An empty patch is graded too: the tests decide, not an assumption about the task."""
+    applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
+    if applied:
+        return None
+    return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, sealed=sealed,
+                 introspection_lines=signal, log=output,
+                 detail="the patch does not apply to the task's starting state")  # fmt: skip
+
+
 async def grade_patch(
     provider: SandboxProvider, task: TaskInstance, patch: str, test_timeout_s: float, python: str = "python"
 ) -> Grade:
@@ -319,11 +332,9 @@ async def grade_patch(
     started = time.monotonic()
     sandbox = await start_task_sandbox(provider, task)
     try:
-        # An empty patch is graded too: the tests decide, not an assumption about the task.
-        applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
-        if not applied:
-            return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, introspection_lines=signal,
-                         log=output, detail="the patch does not apply to the task's starting state")  # fmt: skip
+        refused = await _apply_attempt(sandbox, patch, filtered, signal, sealed=True)
+        if refused is not None:
+            return refused
         if task.test_patch:
             applied, output = await _apply(sandbox, task.test_patch)
             if not applied:
@@ -378,11 +389,9 @@ async def _grade_with_verifier(provider: SandboxProvider, task: TaskInstance, pa
     started = time.monotonic()
     sandbox = await start_task_sandbox(provider, task)
     try:
-        applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
-        if not applied:
-            return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, sealed=False,
-                         introspection_lines=signal, log=output,
-                         detail="the patch does not apply to the task's starting state")  # fmt: skip
+        refused = await _apply_attempt(sandbox, patch, filtered, signal, sealed=False)
+        if refused is not None:
+            return refused
         run = await run_verifier(sandbox, harbor)
     finally:
         await sandbox.close()
