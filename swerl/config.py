@@ -372,6 +372,30 @@ class AgentConfig(StrictModel):
     """Limits of every episode sandbox."""
 
 
+class WeightSyncConfig(StrictModel):
+    """How new weights reach the engines after a GRPO step."""
+
+    method: Literal["disk", "distributed"] = "disk"
+    """disk: the trainer writes an HF folder, engines load it (update_weights_from_disk); distributed: trainer rank 0
+    and every engine join one process group and the weights are broadcast (SGLang's init_weights_update_group +
+    update_weights_from_distributed; NCCL on GPUs, gloo on CPU; the local engine server speaks the same API)."""
+    bucket_mb: int = Field(512, ge=1, le=1_048_576)
+    """Tensors sent per update_weights_from_distributed request, in MiB (one request per bucket)."""
+    master_addr: str = Field("127.0.0.1", min_length=1, max_length=255)
+    """Address engines reach trainer rank 0 at for the weight group. On a cluster, the trainer node's address on
+    the interface given in socket_ifname (the recipe's sync hung on duplicate container IPs)."""
+    master_port: int = Field(0, ge=0, le=65535)
+    """Port of the weight group's rendezvous; 0: a free port picked by the trainer."""
+    process_group: Literal["auto", "gloo", "nccl"] = "auto"
+    """Backend of the weight group; auto: nccl when the trainer runs on cuda, else gloo."""
+    socket_ifname: str | None = Field(None, max_length=64)
+    """Network interface of the weight group (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on both sides)."""
+    group_name: str = Field("swerl-weights", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
+    """Name of the weight group on the engines."""
+    timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """How long forming the group, or one bucket's broadcast, may take."""
+
+
 class EngineConfig(StrictModel):
     """The inference engines episodes sample from: in process, local engine servers, or SGLang servers."""
 
@@ -433,10 +457,113 @@ class EngineConfig(StrictModel):
     """SGLang --mem-fraction-static (weights + KV cache share of GPU memory); None: SGLang's own choice."""
     sglang_args: list[str] = Field(default_factory=list)
     """Extra `sglang.launch_server` arguments, appended as they are."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where local engines (local, http_local) run their model; cuda: engine i on GPU i (SGLang picks its own)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of local engines' weights and forward passes."""
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    """How GRPO's new weights reach the engines."""
 
     def pool_size(self, concurrency: int) -> int:
         """HTTP connections per engine for a stage running `concurrency` episodes."""
         return self.max_connections or concurrency + self.control_connections
+
+
+class MegatronConfig(StrictModel):
+    """Parallelism of the `megatron` trainer backend (megatron-core through megatron-bridge; the `megatron` extra,
+    Python >= 3.12, GPUs). The product of tensor, pipeline and context parallel sizes divides the ranks; the data
+    parallel size is what remains; expert parallel splits the MoE experts across data-parallel ranks."""
+
+    tensor_parallel: int = Field(1, ge=1, le=1024)
+    pipeline_parallel: int = Field(1, ge=1, le=1024)
+    context_parallel: int = Field(1, ge=1, le=1024)
+    expert_parallel: int = Field(1, ge=1, le=1024)
+    expert_tensor_parallel: int = Field(1, ge=1, le=1024)
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (needs tensor_parallel > 1)."""
+    distributed_optimizer: bool = True
+    """Optimizer state sharded across data-parallel ranks (Megatron's distributed optimizer)."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation granularity."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MegatronConfig:
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel > 1")
+        return self
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one model replica spans (tensor x pipeline x context)."""
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+
+
+class DistributedConfig(StrictModel):
+    """Where and how a stage's trainer runs: one process (torch, today's default), N FSDP2 ranks (gloo on CPU,
+    NCCL on GPUs), or Megatron. Part of the stage's inputs: changing it retrains (results differ in the last bits)."""
+
+    backend: Literal["torch", "fsdp2", "megatron"] = "torch"
+    """torch: one process, the model unsharded; fsdp2: `ranks` processes, parameters, gradients and optimizer state
+    sharded with torch's fully_shard; megatron: megatron-core through megatron-bridge (the `megatron` extra)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """cpu: gloo ranks; cuda: one rank per GPU (local rank i on GPU i), NCCL."""
+    ranks: int = Field(1, ge=1, le=100_000)
+    """Trainer processes in all (world size); launched by the stage on this node."""
+    process_group: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of the trainer ranks; auto: nccl on cuda, gloo on cpu."""
+    master_addr: str = Field("127.0.0.1", min_length=1, max_length=255)
+    """Rendezvous address of the trainer ranks (MASTER_ADDR)."""
+    master_port: int = Field(0, ge=0, le=65535)
+    """Rendezvous port (MASTER_PORT); 0: a free port picked at launch."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the forward and backward (FSDP2 MixedPrecisionPolicy param_dtype; sharded master weights and the
+    optimizer state stay float32)."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype gradients are reduced in across ranks."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them."""
+    reshard_after_forward: bool = True
+    """FSDP2: free the gathered parameters of a layer after its forward (ZeRO-3); False keeps them (ZeRO-2)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """transformers attention for packed rows (position ids restart per example, never a 2D mask). On GPUs
+    flash_attention_2 reads the restarts as varlen sequences (no T x T mask); sdpa builds a block mask."""
+    start_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """How long the ranks may take to start and build the model."""
+    collective_timeout_s: float = Field(1800.0, gt=0, le=86_400)
+    """torch.distributed timeout of one collective (a rank that never answers fails the step after it)."""
+    socket_ifname: str | None = Field(None, max_length=64)
+    """Network interface the ranks talk over (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); None: the library picks."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """Parallel sizes of the megatron backend."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistributedConfig:
+        if self.backend == "torch" and self.ranks != 1:
+            raise ValueError(f"backend torch runs one process; ranks {self.ranks} needs backend fsdp2 or megatron")
+        if self.process_group == "nccl" and self.device != "cuda":
+            raise ValueError("process_group nccl needs device cuda")
+        if self.backend == "megatron":
+            if self.device != "cuda":
+                raise ValueError("backend megatron runs on GPUs only (device cuda): megatron-core needs CUDA")
+            if self.ranks % self.megatron.model_parallel:
+                raise ValueError(
+                    f"megatron: tensor x pipeline x context parallel ({self.megatron.model_parallel}) must divide "
+                    f"ranks ({self.ranks})"
+                )
+            data_parallel = self.ranks // self.megatron.model_parallel
+            if data_parallel * self.megatron.context_parallel % self.megatron.expert_parallel:
+                raise ValueError(
+                    f"megatron: expert_parallel ({self.megatron.expert_parallel}) must divide data x context "
+                    f"parallel ({data_parallel * self.megatron.context_parallel})"
+                )
+        return self
+
+    @property
+    def group_backend(self) -> Literal["gloo", "nccl"]:
+        """The torch.distributed backend the ranks use."""
+        if self.process_group != "auto":
+            return self.process_group
+        return "nccl" if self.device == "cuda" else "gloo"
 
 
 class TinyModelConfig(StrictModel):
@@ -514,6 +641,8 @@ class SFTConfig(StrictModel):
     """Checkpoints kept, locally and in the store (the newest N; older ones are removed as new ones land)."""
     threads: int = Field(2, ge=1, le=1024)
     """torch intra-op threads for training."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Trainer processes, devices, sharding (the default: one CPU process)."""
 
 
 class GRPOScheduleConfig(StrictModel):
@@ -675,6 +804,9 @@ class GRPOConfig(StrictModel):
     """Optimizer and loss of each update."""
     eval: GRPOEvalConfig = Field(default_factory=GRPOEvalConfig)
     """Evaluation beside training (async)."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Trainer processes, devices, sharding (the default: one CPU process; fsdp2 and megatron always run their ranks
+    in processes of their own, whatever trainer_process says)."""
 
     @model_validator(mode="before")
     @classmethod
