@@ -114,12 +114,14 @@ def _check_model_dir(path: Path) -> None:
 
 
 def load_model_and_tokenizer(
-    path: str | Path, dtype: torch.dtype = torch.float32
+    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a local directory, never from a hub."""
+    """Load a causal LM and its tokenizer from a local directory, never from a hub. attn_implementation: as
+    transformers names it (sdpa, eager, flash_attention_2, flex_attention); None: transformers' choice."""
     directory = Path(path)
     tokenizer = load_tokenizer(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype, **extra)
     return model, tokenizer
 
 

@@ -50,7 +50,9 @@ from swerl.stages.common import (
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
 from swerl.stages.runner import StageContext, StageResult
+from swerl.train.distributed import RankContext, device_of, init_rank
 from swerl.train.grpo_trainer import GRPOTrainer, Trainer, UpdateSettings
+from swerl.train.ranks import DistributedTrainer
 from swerl.train.trainer_process import TrainerProcess
 from swerl.trajectory import Trajectory
 
@@ -99,29 +101,56 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature,
                               top_p=g.rollout.top_p)  # fmt: skip
     trainer: Trainer
-    if g.trainer_process:
+    temperature = logprob_temperature(sampling)
+    if g.distributed.backend != "torch":
+        # N ranks, each loading and sharding while this process opens the engine and the sandboxes.
+        ranks = DistributedTrainer(build_rank_trainer, start_dir, g, temperature, ctx.seed,
+                                   config=g.distributed, wait=False)  # fmt: skip
+        ctx.log.info("grpo: %s trainer, %d ranks on %s (pids %s)", g.distributed.backend, g.distributed.ranks,
+                     g.distributed.device, ranks.pids)  # fmt: skip
+        trainer = ranks
+    elif g.trainer_process:
         # The child imports and loads while this process opens the engine and the sandboxes.
-        trainer = TrainerProcess(
-            build_trainer, start_dir, g, logprob_temperature(sampling), ctx.seed, wait=False
-        )
+        trainer = TrainerProcess(build_trainer, start_dir, g, temperature, ctx.seed, wait=False)
         ctx.log.info("grpo: trainer in process %s (%d threads)", trainer.pid, g.threads)
     else:
-        trainer = build_trainer(start_dir, g, logprob_temperature(sampling), ctx.seed)
+        trainer = build_trainer(start_dir, g, temperature, ctx.seed)
     try:
         return _run_grpo(cfg, ctx, trainer, tokenizer, sampling, start_dir, durable, resume, order, started)
     finally:
-        if isinstance(trainer, TrainerProcess):
+        if isinstance(trainer, TrainerProcess | DistributedTrainer):
             trainer.close()
 
 
-def build_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int) -> GRPOTrainer:
-    """The stage's trainer, from the SFT model directory (in the stage's process, or in a TrainerProcess child:
-    a module-level function, so the child can import it)."""
+def build_trainer(
+    start_dir: Path, g: GRPOConfig, temperature: float, seed: int, ranks: RankContext | None = None
+) -> GRPOTrainer:
+    """The stage's trainer, from the SFT model directory (in the stage's process, in a TrainerProcess child, or
+    in each FSDP2 rank: a module-level function, so the children can import it)."""
     torch.set_num_threads(g.threads)
-    model, tokenizer = load_model_and_tokenizer(start_dir)
-    reference = load_model_and_tokenizer(start_dir)[0] if g.algorithm.kl_coef > 0 else None
+    d = g.distributed
+    model, tokenizer = load_model_and_tokenizer(start_dir, attn_implementation=d.attn_implementation)
+    reference = None
+    if g.algorithm.kl_coef > 0:
+        reference = load_model_and_tokenizer(start_dir, attn_implementation=d.attn_implementation)[0]
+    if ranks is None and d.device == "cuda":  # one process on one GPU: the parameters move, bf16 autocasts
+        torch.nn.Module.to(model, device_of(d))
+        if reference is not None:
+            torch.nn.Module.to(reference, device_of(d))
+    bf16 = ranks is None and d.param_dtype == "bfloat16"  # sharded: FSDP2's mixed-precision policy casts
     return GRPOTrainer(model, update_settings(g.algorithm), ref_model=reference, logprob_temperature=temperature,
-                       seed=seed, tokenizer=tokenizer)  # fmt: skip
+                       seed=seed, tokenizer=tokenizer, bf16=bf16, ranks=ranks)  # fmt: skip
+
+
+def build_rank_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int) -> Any:
+    """In each trainer rank: join the group, then the trainer of its backend (fsdp2: GRPOTrainer sharded;
+    megatron: swerl.train.megatron_backend, imported only here)."""
+    torch.set_num_threads(g.threads)
+    if g.distributed.backend == "megatron":
+        from swerl.train.megatron_backend import build_megatron_trainer
+
+        return build_megatron_trainer(start_dir, g, temperature, seed)
+    return build_trainer(start_dir, g, temperature, seed, ranks=init_rank(g.distributed))
 
 
 def update_settings(algorithm: GRPOAlgorithmConfig) -> UpdateSettings:

@@ -30,7 +30,9 @@ from swerl.model.tokenizer import train_tokenizer
 from swerl.stages.common import DurableCheckpoints, input_manifest, load_tasks, put_dir, read_input
 from swerl.stages.runner import StageContext, StageResult
 from swerl.train.checkpoint import latest_checkpoint
-from swerl.train.sft import StepMetrics, train_sft
+from swerl.train.distributed import device_of, init_rank
+from swerl.train.ranks import SFTRanks
+from swerl.train.sft import SFTTrainer, StepMetrics, run_sft_steps, train_sft
 
 STDLIB_FILES = (
     "textwrap.py",
@@ -143,22 +145,36 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
                  statistics.fmean(lengths), statistics.fmean(targets), s.max_steps, guard)  # fmt: skip
 
     curve: list[StepMetrics] = []
-    result = train_sft(
-        model, examples, seq_len=s.seq_len, max_steps=s.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
-        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=_warmup(s),
-        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, bf16=s.bf16, seed=ctx.seed,
-        truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id,
-        checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints,
-        tokenizer=tokenizer, resume_from=latest_checkpoint(durable.local_root) if resume else None,
-        on_step=_step_logger(ctx, durable, budget, s.max_steps, curve), stop=budget.stop,
-    )  # fmt: skip
+    on_step = _step_logger(ctx, durable, budget, s.max_steps, curve)
+    resume_from = latest_checkpoint(durable.local_root) if resume else None
+    out = ctx.workdir / "model"
+    if s.distributed.backend == "torch":
+        if s.distributed.device == "cuda":
+            torch.nn.Module.to(model, device_of(s.distributed))
+        result = train_sft(
+            model, examples, **sft_arguments(s, ctx.seed, tokenizer), checkpoint_dir=durable.local_root,
+            checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints, resume_from=resume_from,
+            on_step=on_step, stop=budget.stop,
+        )  # fmt: skip
+        state = result.state
+        save_model_and_tokenizer(model, tokenizer, out)
+    else:
+        start_dir = resume if resume is not None else ctx.workdir / "base"
+        ranks = SFTRanks(build_sft_rank, start_dir, examples, s, ctx.seed, resume_from, config=s.distributed)
+        try:
+            ctx.log.info("sft: %s trainer, %d ranks on %s (pids %s)", s.distributed.backend, s.distributed.ranks,
+                         s.distributed.device, ranks.pids)  # fmt: skip
+            run_sft_steps(ranks, s.max_steps, checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every,
+                          keep_last=s.keep_checkpoints, on_step=on_step, stop=budget.stop)  # fmt: skip
+            state = ranks.trainer_state()
+            ranks.save_model(out)
+        finally:
+            ranks.close()
     budget.stamp()
     durable.sync()
     train_s = time.monotonic() - budget.train_started
     if budget.ended_at is not None:
         ctx.run.set_tags({"swerl.sft.ended_by_budget": f"step {budget.ended_at} of {s.max_steps}"})
-    out = ctx.workdir / "model"
-    save_model_and_tokenizer(model, tokenizer, out)
     put_dir(ctx, "model", out)
     tokens = sum(m.num_tokens for m in curve)
     report: dict[str, Any] = {
@@ -167,11 +183,11 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         "examples": len(examples),
         "tokens_per_example": statistics.fmean(lengths),
         "targets_per_example": statistics.fmean(targets),
-        "steps": result.state.step,
+        "steps": state.step,
         "steps_this_attempt": len(curve),
         "resumed_from": resume.name if resume else None,
         "tokens_this_attempt": tokens,
-        "epochs": result.state.epoch,
+        "epochs": state.epoch,
         "final_loss": curve[-1].loss if curve else None,
         "tokens_per_second": tokens / train_s if train_s > 0 else 0.0,
         "train_s": train_s,
@@ -180,6 +196,35 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     }
     ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     return _stage_result(cfg, report, curve)
+
+
+def sft_arguments(s: SFTConfig, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """sft.* as the SFT trainer's keyword arguments (the same in one process and in every rank)."""
+    return dict(
+        seq_len=s.seq_len, max_steps=s.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
+        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=_warmup(s),
+        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
+        bf16=s.bf16 or (s.distributed.backend == "torch" and s.distributed.param_dtype == "bfloat16"), seed=seed,
+        truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer,
+    )  # fmt: skip
+
+
+def build_sft_rank(
+    start_dir: Path,
+    examples: list[tuple[list[int], list[int]]],
+    s: SFTConfig,
+    seed: int,
+    resume_from: Path | None,
+) -> SFTTrainer:
+    """In each FSDP2 rank (module level: spawned children import it): join the group, load, shard, build."""
+    torch.set_num_threads(s.threads)
+    ranks = init_rank(s.distributed)
+    model, tokenizer = load_model_and_tokenizer(
+        start_dir, attn_implementation=s.distributed.attn_implementation
+    )
+    return SFTTrainer(
+        model, examples, **sft_arguments(s, seed, tokenizer), resume_from=resume_from, ranks=ranks
+    )
 
 
 def _trace_rows(ctx: StageContext) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ Layout of one checkpoint, `<checkpoint_dir>/step_00000040/`:
     tokenizer.json, ...                   when a tokenizer is given, so load_model_and_tokenizer works on it
     trainer_state.pt                      optimizer state, RNG states (python, numpy, torch), TrainerState
     trainer_state.json                    the TrainerState in readable form (what a person or a stage inspects)
+    sharded/, rng_rank<r>.pt              FSDP2 ranks only: model and optimizer shards (torch.distributed.checkpoint)
+                                          and each rank's RNG states; trainer_state.pt then holds no optimizer
 
 A checkpoint is written into a temporary sibling directory and renamed into place, so a directory named
 `step_*` is always complete: a crash mid-write leaves only a `.tmp-*` directory, which is ignored and removed by
@@ -38,6 +40,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.model.tokenizer import save_tokenizer
 from swerl.storage import CorruptStoreFile, Store
+from swerl.train.distributed import (
+    DCP_DIR,
+    RankContext,
+    full_state_dict,
+    is_sharded,
+    load_sharded,
+    save_sharded,
+)
 
 _log = logging.getLogger("swerl.checkpoint")
 COMPLETE_MARKER = "COMPLETE"
@@ -55,6 +65,8 @@ class CheckpointCorrupt(ValueError):
 
 STATE_FILE = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
+RANK_RNG_FILE = "rng_rank{rank:05d}.pt"
+"""A sharded checkpoint's RNG states of one rank (rank 0's are also in STATE_FILE)."""
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -117,10 +129,16 @@ def save_checkpoint(
     state: TrainerState,
     tokenizer: PreTrainedTokenizerBase | None = None,
     keep_last: int = 2,
+    ranks: RankContext | None = None,
 ) -> Path:
-    """Write a checkpoint atomically (temp dir + rename) and prune all but the newest keep_last; returns its path."""
+    """Write a checkpoint atomically (temp dir + rename) and prune all but the newest keep_last; returns its path.
+
+    With `ranks` and a sharded (FSDP2) model every rank calls it together and the optimizer state stays sharded
+    (see _save_sharded_checkpoint)."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    if ranks is not None and is_sharded(model):
+        return _save_sharded_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last, ranks)
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write
@@ -134,12 +152,60 @@ def save_checkpoint(
         {"trainer_state": asdict(state), "optimizer": optimizer.state_dict(), "rng": capture_rng_state()},
         temp / STATE_FILE,
     )
+    return _publish(temp, final, state, keep_last)
+
+
+def _publish(temp: Path, final: Path, state: TrainerState, keep_last: int) -> Path:
+    """The readable state last, then the atomic rename, then pruning to the newest keep_last."""
     (temp / STATE_JSON).write_text(json.dumps(asdict(state), indent=2) + "\n")
     if final.exists():  # the same step saved again (e.g. a resumed run that ends where it started)
         shutil.rmtree(final)
     temp.rename(final)
-    for old in list_checkpoints(root)[:-keep_last]:
+    for old in list_checkpoints(final.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _save_sharded_checkpoint(
+    checkpoint_dir: str | Path,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    tokenizer: PreTrainedTokenizerBase | None,
+    keep_last: int,
+    ranks: RankContext,
+) -> Path:
+    """The same layout written by every rank of an FSDP2 trainer (collective: all ranks call it together).
+
+    Model and optimizer go in `sharded/` (torch.distributed.checkpoint: each rank writes its own shards), each
+    rank's RNG states in `rng_rank<r>.pt`; rank 0 adds the full model in HF format (gathered, so later stages and
+    engines load the folder as they load any other) and trainer_state.pt without an optimizer (marked sharded).
+    The temporary directory is named by rank 0 and renamed by it after every rank has written.
+    """
+    root = Path(checkpoint_dir)
+    final = root / checkpoint_name(state.step)
+    temp_name = None
+    if ranks.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        temp_name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        (root / temp_name).mkdir()
+    temp = root / str(ranks.broadcast_object(temp_name))  # also the barrier: the directory exists from here
+    save_sharded(temp, model, optimizer)
+    torch.save(capture_rng_state(), temp / RANK_RNG_FILE.format(rank=ranks.rank))
+    weights = full_state_dict(model, ranks)  # collective
+    if ranks.is_main:
+        model.save_pretrained(temp, state_dict=weights, safe_serialization=True)
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, temp)
+        payload = {"trainer_state": asdict(state), "optimizer": None, "sharded": ranks.world_size,
+                   "rng": capture_rng_state()}  # fmt: skip
+        torch.save(payload, temp / STATE_FILE)
+    ranks.barrier()  # every rank's shards are on disk
+    if ranks.is_main:
+        _publish(temp, final, state, keep_last)
+    ranks.barrier()
     return final
 
 
@@ -187,6 +253,8 @@ def verify_checkpoint(path: str | Path) -> Path:
                 raise ValueError(f"{STATE_FILE} member {bad} fails its CRC")
         if (directory / LEDGER_FILE).exists():
             json.loads((directory / LEDGER_FILE).read_text())
+        if (directory / DCP_DIR).exists() and not (directory / DCP_DIR / ".metadata").is_file():
+            raise ValueError(f"{DCP_DIR}/ has no .metadata (the shards' index)")
     except CheckpointCorrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint is damaged
@@ -212,10 +280,16 @@ def latest_intact_checkpoint(checkpoint_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: str | Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer | None = None
+    path: str | Path,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer | None = None,
+    ranks: RankContext | None = None,
 ) -> TrainerState:
-    """Load a checkpoint (see _load_checkpoint); CheckpointCorrupt naming the directory if it is damaged."""
+    """Load a checkpoint (see _load_checkpoint); CheckpointCorrupt naming the directory if it is damaged. With
+    `ranks` and a sharded model every rank calls it together."""
     try:
+        if ranks is not None and is_sharded(model):
+            return _load_sharded_checkpoint(Path(path), model, optimizer, ranks)
         return _load_checkpoint(path, model, optimizer)
     except FileNotFoundError:
         raise
@@ -243,8 +317,31 @@ def _load_checkpoint(
     # weights_only=False: the RNG states hold python tuples and numpy arrays; this is our own file.
     payload = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
     if optimizer is not None:
+        if payload.get("sharded"):
+            raise ValueError(
+                f"checkpoint {directory} holds its optimizer state sharded over {payload['sharded']} ranks: "
+                "resume it with the distributed trainer (grpo/sft.distributed.backend fsdp2)"
+            )
         optimizer.load_state_dict(payload["optimizer"])
     restore_rng_state(payload["rng"])
+    return TrainerState(**payload["trainer_state"])
+
+
+def _load_sharded_checkpoint(
+    directory: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer | None, ranks: RankContext
+) -> TrainerState:
+    """Every rank: its shards of model and optimizer state (DCP reshards across world sizes) and its RNG states."""
+    check_checkpoint_dir(directory)
+    if not (directory / DCP_DIR).is_dir():
+        raise ValueError(
+            f"checkpoint {directory} has no {DCP_DIR}/ folder: it was not written by sharded ranks"
+        )
+    load_sharded(directory, model, optimizer)
+    payload = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
+    rng = directory / RANK_RNG_FILE.format(rank=ranks.rank)
+    # a checkpoint of fewer ranks has no RNG states for the extra ranks: they keep their seeding
+    if rng.is_file():
+        restore_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
     return TrainerState(**payload["trainer_state"])
 
 

@@ -45,6 +45,7 @@ from swerl.model.loading import save_model_and_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.rollout.step import PolicyTrainer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from swerl.train.distributed import RankContext, clip_gradients, full_state_dict, shard_model
 from swerl.train.grpo import (
     ImportanceSums,
     ISLevel,
@@ -277,6 +278,9 @@ class GRPOTrainer:
         bf16: autocast forward passes to bfloat16.
         seed: seeds the global RNGs at construction and the minibatch split of every step.
         tokenizer: saved with exports and checkpoints when given.
+        ranks: this process's FSDP2 rank (swerl.train.distributed): the model (and ref_model) are sharded over the
+            ranks, every rank is called with the same groups and runs its share of the micro-batches; None: one
+            process.
         pad_token_id: padding id; defaults to the model config's (else 0). Padding is never attended to by real
             tokens (right padding, causal attention) and never scored.
         keep_exports: exported weight directories kept under an export dir (older ones are removed).
@@ -296,12 +300,18 @@ class GRPOTrainer:
         tokenizer: PreTrainedTokenizerBase | None = None,
         pad_token_id: int | None = None,
         keep_exports: int = 2,
+        ranks: RankContext | None = None,
     ) -> None:
         if keep_exports < 1:
             raise ValueError(f"keep_exports must be >= 1, got {keep_exports}")
         if logprob_temperature <= 0:
             raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
         seed_everything(seed)
+        self.ranks = ranks
+        if ranks is not None:
+            model = shard_model(model, ranks)
+            if ref_model is not None:
+                ref_model = shard_model(ref_model, ranks, trainable=False)
         self.settings = settings
         self.model = model.train()
         self.optimizer = build_optimizer(model, settings.lr, settings.weight_decay, betas, adam_eps)
@@ -343,9 +353,10 @@ class GRPOTrainer:
         minibatches = self._minibatches(scored)  # [minibatch][micro-batch]
         micro_batches = [micro for minibatch in minibatches for micro in minibatch]
         observed = _Observed(self.tis_cap)
+        mine = self._my_micro_batches(len(micro_batches))
 
         recompute_started = time.perf_counter()
-        old, reference = self._fixed_logprobs(micro_batches, observed)
+        old, reference = self._fixed_logprobs(micro_batches, mine, observed)
         recompute_seconds = time.perf_counter() - recompute_started
 
         update_started = time.perf_counter()
@@ -353,11 +364,13 @@ class GRPOTrainer:
         for _ in range(self.ppo_epochs):
             position = 0  # micro-batches are numbered across the minibatches, as _fixed_logprobs numbers them
             for minibatch in minibatches:
-                updates.append(self._update(minibatch, position, old, reference, observed))
+                updates.append(self._update(minibatch, position, mine, old, reference, observed))
                 position += len(minibatch)
         update_seconds = time.perf_counter() - update_started
 
         self.step += 1
+        if self.ranks is not None:
+            observed.reduce(self.ranks)
         stats.update(observed.summary(len(updates)))
         stats.update(
             loss=sum(loss for loss, _ in updates) / max(1, len(updates)),
@@ -382,36 +395,68 @@ class GRPOTrainer:
     def _single_update(self) -> bool:
         return self.ppo_epochs * self.num_minibatches == 1
 
+    def _my_micro_batches(self, count: int) -> set[int]:
+        """The step's micro-batches (numbered across minibatches) this rank computes: all in one process."""
+        if self.ranks is None:
+            return set(range(count))
+        return set(self.ranks.share(count)[0])
+
+    def _passes(self, indices: Sequence[int], mine: set[int]) -> list[tuple[int, bool]]:
+        """(index, real) of the forward passes this rank makes over `indices`: its own, then zero-loss repeats of
+        indices[0] so that every rank makes the same number (FSDP's collectives run once per pass)."""
+        own = [(index, True) for index in indices if index in mine]
+        if self.ranks is None:
+            return own
+        passes = -(-len(indices) // self.ranks.world_size)
+        return own + [(indices[0], False)] * (passes - len(own))
+
     def _fixed_logprobs(
-        self, micro_batches: Sequence[MicroBatch], observed: _Observed
+        self, micro_batches: Sequence[MicroBatch], mine: set[int], observed: _Observed
     ) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
         """Old (and reference) log-probs per micro-batch, fixed before the first update. With a single update the
         old log-probs come from the update's own forward pass instead (same weights, one pass saved): `_update`
-        fills them in."""
+        fills them in. Sharded: this rank's micro-batches only (plus its share of zero passes)."""
         old: dict[int, Tensor] = {}
         reference: dict[int, Tensor] = {}
-        for index, micro in enumerate(micro_batches):
+        if not micro_batches:
+            return old, reference
+        for index, real in self._passes(range(len(micro_batches)), mine):
+            micro = micro_batches[index]
             if self.ref_model is not None:
-                reference[index] = self._logprobs(self.ref_model, micro, grad=False)[0]
+                ref = self._logprobs(self.ref_model, micro, grad=False)[0]
+                if real:
+                    reference[index] = ref
             if not self._single_update:
-                old[index], logits = self._logprobs(self.model, micro, grad=False)
-                observed.add(micro, old[index], logits, self.logprob_temperature)
+                logprobs, logits = self._logprobs(self.model, micro, grad=False)
+                if real:
+                    old[index] = logprobs
+                    observed.add(micro, old[index], logits, self.logprob_temperature)
         return old, reference
 
     def _update(
         self,
         minibatch: Sequence[MicroBatch],
         first_index: int,
+        mine: set[int],
         old: dict[int, Tensor],
         reference: dict[int, Tensor],
         observed: _Observed,
     ) -> tuple[float, float]:
-        """One optimizer update on a minibatch, accumulated over its micro-batches; returns (loss, grad norm)."""
+        """One optimizer update on a minibatch, accumulated over its micro-batches; returns (loss, grad norm).
+
+        Sharded: this rank's micro-batches, the loss scaled by the world size (FSDP2 averages gradients over
+        ranks: the average of N x each rank's gradient is the one-process gradient), zero passes to even out."""
         normalizer = float(max(1, sum(micro.num_loss_tokens for micro in minibatch)))
+        scale = float(self.ranks.world_size) if self.ranks is not None else 1.0
         self.optimizer.zero_grad(set_to_none=True)
         update_loss = 0.0
-        for index, micro in enumerate(minibatch, start=first_index):
+        indices = range(first_index, first_index + len(minibatch))
+        for index, real in self._passes(indices, mine):
+            micro = minibatch[index - first_index]
             logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (B, T, V)
+            if not real:  # a zero pass: the same collectives, no gradient, nothing recorded
+                (logprobs.sum() * 0.0).backward()
+                continue
             if self._single_update:
                 old[index] = logprobs.detach()
                 observed.add(micro, old[index], logits, self.logprob_temperature)
@@ -433,9 +478,11 @@ class GRPOTrainer:
                 mis_high=self.mis_high,
                 mis_level=self.mis_level,
             )
-            loss.backward()
+            (loss * scale).backward()
             update_loss += float(loss.detach())
             observed.add_loss(loss_stats)
+        if self.ranks is not None:
+            update_loss = self.ranks.sum([update_loss])[0]
         return update_loss, self._optimizer_step()
 
     def _minibatches(self, scored: ScoredGroups) -> list[list[MicroBatch]]:
@@ -462,7 +509,7 @@ class GRPOTrainer:
                         [scored.trajectories[part[row]] for row in rows],
                         [advantages[row] for row in rows],
                         self.pad_token_id,
-                    ).to(self.model.device)
+                    ).to(self.device)
                     for rows in plan
                 ]
             )
@@ -480,10 +527,29 @@ class GRPOTrainer:
 
     def _optimizer_step(self) -> float:
         """Clip, step; returns the total gradient norm before clipping."""
-        parameters = [parameter for parameter in self.model.parameters() if parameter.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip or math.inf)
+        grad_norm = clip_gradients(list(self.model.parameters()), self.grad_clip)
         self.optimizer.step()
-        return float(grad_norm)
+        return grad_norm
+
+    @property
+    def device(self) -> torch.device:
+        return self.ranks.device if self.ranks is not None else self.model.device
+
+    @property
+    def is_main(self) -> bool:
+        """Writes exports, models and checkpoint metadata (rank 0; always in one process)."""
+        return self.ranks is None or self.ranks.is_main
+
+    def _save_pretrained(self, out: Path) -> None:
+        """The policy in HF format at out (and the tokenizer); sharded: gathered to rank 0, which alone writes."""
+        if self.ranks is None:
+            self.model.save_pretrained(out, safe_serialization=True)
+        else:
+            weights = full_state_dict(self.model, self.ranks)  # collective
+            if self.ranks.is_main:
+                self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        if self.tokenizer is not None and self.is_main:
+            save_tokenizer(self.tokenizer, out)
 
     # -- weights out, state in and out ------------------------------------------------------------------------
 
@@ -499,9 +565,9 @@ class GRPOTrainer:
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"{EXPORT_PREFIX}{version:08d}"
         temp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-        self.model.save_pretrained(temp, safe_serialization=True)
-        if self.tokenizer is not None:
-            save_tokenizer(self.tokenizer, temp)
+        self._save_pretrained(temp)
+        if not self.is_main:
+            return final
         if final.exists():
             shutil.rmtree(final)
         temp.rename(final)
@@ -512,11 +578,11 @@ class GRPOTrainer:
 
     def save_model(self, out_dir: str | Path) -> Path:
         """The policy (and tokenizer, when given) in Hugging Face format under out_dir, for the next stage."""
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self.ranks is None:
             return save_model_and_tokenizer(self.model, self.tokenizer, out_dir)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        self._save_pretrained(out)
         return out
 
     def save(
@@ -535,11 +601,13 @@ class GRPOTrainer:
         they are in the TrainerState that `load` returns. The reference model is not saved (it never changes).
         """
         state = TrainerState(self.step, epoch, example_index, self.seed, num_examples, data_fingerprint)
-        return save_checkpoint(checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last)
+        return save_checkpoint(
+            checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last, self.ranks
+        )
 
     def load(self, path: str | Path) -> TrainerState:
         """Restore a checkpoint written by `save` (same model architecture and seed); returns its state."""
-        state = load_checkpoint(path, self.model, self.optimizer)
+        state = load_checkpoint(path, self.model, self.optimizer, self.ranks)
         if state.shuffle_seed != self.seed:
             raise ValueError(
                 f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {self.seed}"
@@ -572,6 +640,16 @@ class _Observed:
         self.mis_masked += stats.mis_mask_fraction * stats.num_tokens
         self.pg_loss += stats.pg_loss  # already divided by the minibatch's tokens: sums to its mean
         self.kl += stats.kl
+
+    def reduce(self, ranks: RankContext) -> None:
+        """Every sum over all ranks (each rank recorded its own micro-batches)."""
+        m = self.mismatch
+        names = [name for name in vars(m) if isinstance(getattr(m, name), float | int)]
+        local = [self.entropy, self.step_tokens, self.clipped, self.pg_loss, self.kl, self.mis_masked]
+        total = ranks.sum(local + [float(getattr(m, name)) for name in names])
+        self.entropy, self.step_tokens, self.clipped, self.pg_loss, self.kl, self.mis_masked = total[:6]
+        for name, value in zip(names, total[6:], strict=True):
+            setattr(m, name, type(getattr(m, name))(value))
 
     def summary(self, num_updates: int) -> dict[str, float]:
         updates = max(1, num_updates)

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -45,7 +46,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from swerl.train.distributed import RankContext, clip_gradients, full_state_dict, is_sharded, shard_model
 
 logger = logging.getLogger(__name__)
 
@@ -334,28 +337,165 @@ def train_step(
     lr: float,
     max_grad_norm: float | None,
     bf16: bool,
+    ranks: RankContext | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (mean loss over the step's targets, pre-clip grad norm).
 
     max_grad_norm None or 0 disables clipping (the norm is still measured). A non-finite gradient norm raises
     FloatingPointError before the update, so one bad batch cannot poison the weights or a later checkpoint.
+    With `ranks` (FSDP2) every rank gets the same micro-batches and runs its share of them (swerl.train.distributed
+    says why the result is the one-process step's).
     """
     step_targets = sum(batch.num_targets for batch in micro_batches)
     optimizer.zero_grad(set_to_none=True)
+    mine, extra = ranks.share(len(micro_batches)) if ranks else (list(range(len(micro_batches))), 0)
+    scale = ranks.world_size if ranks else 1  # FSDP2 averages gradients over ranks; the step needs their sum
     step_loss = 0.0
-    for batch in micro_batches:
+    for index in [*mine, *([None] * extra)]:
+        batch = micro_batches[index if index is not None else 0]
         loss = summed_target_nll(packed_logits(model, batch, bf16), batch.labels) / step_targets
-        loss.backward()
-        step_loss += float(loss.detach())
-    parameters = [parameter for parameter in model.parameters() if parameter.grad is not None]
-    # max_norm=inf measures the norm without clipping
-    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm or math.inf)
-    if not torch.isfinite(grad_norm):
-        raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)} (loss {step_loss})")
+        (
+            loss * (scale if index is not None else 0)
+        ).backward()  # a zero pass keeps the ranks' collectives even
+        if index is not None:
+            step_loss += float(loss.detach())
+    if ranks is not None:
+        step_loss = ranks.sum([step_loss])[0]
+    grad_norm = clip_gradients(list(model.parameters()), max_grad_norm)
+    if not math.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite gradient norm {grad_norm} (loss {step_loss})")
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
-    return step_loss, float(grad_norm)
+    return step_loss, grad_norm
+
+
+class SFTTrainer:
+    """One SFT run, a step at a time: the data prepared, the optimizer, the trainer state and the data position.
+
+    `train_sft` drives it in one process; the SFT stage drives N of them (one per FSDP2 rank, built with `ranks`)
+    through swerl.train.ranks with the same loop (`run_sft_steps`). Arguments as train_sft's.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        seq_len: int, max_steps: int, rows_per_micro_batch: int = 1, grad_accum_steps: int = 1,
+        lr: float = 3e-4, min_lr_ratio: float = 0.1, warmup_steps: int = 0, weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
+        bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
+        ranks: RankContext | None = None,
+    ) -> None:  # fmt: skip
+        _check_arguments(
+            seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio
+        )
+        if pad_token_id is None:
+            pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
+        _log_data(self.data, seq_len, truncate_overlong)
+        if ranks is not None and not is_sharded(model):
+            seed_everything(seed)  # the same seed on every rank: the model is built before it is sharded
+            model = shard_model(model, ranks)
+        self.model, self.ranks, self.tokenizer = model, ranks, tokenizer
+        self.optimizer, self.state = _start(
+            model, self.data, seed, resume_from, lr, weight_decay, betas, eps, ranks
+        )
+        self.position = DataPosition(self.state.epoch, self.state.example_index)
+        self.seq_len, self.max_steps = seq_len, max_steps
+        self.rows_per_micro_batch, self.grad_accum_steps = rows_per_micro_batch, grad_accum_steps
+        self.lr, self.min_lr_ratio, self.warmup_steps = lr, min_lr_ratio, warmup_steps
+        self.max_grad_norm, self.bf16, self.pad_token_id = max_grad_norm, bf16, pad_token_id
+        self.last_metrics: StepMetrics | None = None
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def train_step(self) -> StepMetrics:
+        """Pack the next rows, one optimizer step, advance the state; returns the step's metrics."""
+        step, started = self.state.step, time.perf_counter()
+        micro_batches, self.position = next_micro_batches(
+            self.data, self.position, self.state.shuffle_seed, self.seq_len, self.rows_per_micro_batch,
+            self.grad_accum_steps, self.pad_token_id,
+        )  # fmt: skip
+        step_lr = lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio)
+        loss, grad_norm = train_step(
+            self.model, self.optimizer, micro_batches, step_lr, self.max_grad_norm, self.bf16, self.ranks
+        )
+        slots = self.rows_per_micro_batch * self.seq_len
+        metrics = _step_metrics(
+            step + 1, self.position, loss, step_lr, grad_norm, micro_batches, slots, started
+        )
+        self.state = replace(
+            self.state, step=step + 1, epoch=self.position.epoch, example_index=self.position.index
+        )
+        self.last_metrics = metrics
+        return metrics
+
+    def save(self, checkpoint_dir: str | Path, keep_last: int = 2) -> Path:
+        """A checkpoint of the current state (every rank together when sharded)."""
+        return save_checkpoint(
+            checkpoint_dir, self.model, self.optimizer, self.state, self.tokenizer, keep_last, self.ranks
+        )
+
+    def save_model(self, out_dir: str | Path) -> Path:
+        """The model (and tokenizer) in Hugging Face format; sharded: gathered, written by rank 0 alone."""
+        out = Path(out_dir)
+        if self.ranks is None or not is_sharded(self.model):
+            self.model.save_pretrained(out)
+        else:
+            weights = full_state_dict(self.model, self.ranks)
+            if self.ranks.is_main:
+                self.model.save_pretrained(out, state_dict=weights)
+            self.ranks.barrier()
+        if self.tokenizer is not None and (self.ranks is None or self.ranks.is_main):
+            save_tokenizer(self.tokenizer, out)
+        return out
+
+    def trainer_state(self) -> TrainerState:
+        return self.state
+
+
+class SteppedTrainer(Protocol):
+    """What run_sft_steps drives: an SFTTrainer, or the ranks serving one each."""
+
+    @property
+    def step(self) -> int: ...
+
+    def train_step(self) -> StepMetrics: ...
+
+    def save(self, checkpoint_dir: str | Path, keep_last: int = 2) -> Path: ...
+
+
+def run_sft_steps(
+    trainer: SteppedTrainer,
+    max_steps: int,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    keep_last: int = 2,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    stop: Callable[[int], bool] | None = None,
+) -> tuple[StepMetrics | None, Path | None]:
+    """The loop: steps until max_steps (or stop), checkpoints on schedule and at the end; (last metrics, final
+    checkpoint)."""
+    metrics: StepMetrics | None = None
+    while trainer.step < max_steps:
+        if stop is not None and stop(trainer.step):
+            break
+        metrics = trainer.train_step()
+        if on_step is not None:
+            on_step(metrics)
+        due = checkpoint_every > 0 and trainer.step % checkpoint_every == 0 and trainer.step < max_steps
+        if checkpoint_dir is not None and due:
+            trainer.save(checkpoint_dir, keep_last)
+    final = None
+    if checkpoint_dir is not None and metrics is not None:
+        final = trainer.save(checkpoint_dir, keep_last)
+    return metrics, final
 
 
 def train_sft(
@@ -369,6 +509,7 @@ def train_sft(
     checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, keep_last: int = 2,
     tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
     on_step: Callable[[StepMetrics], None] | None = None, stop: Callable[[int], bool] | None = None,
+    ranks: RankContext | None = None,
 ) -> SFTResult:  # fmt: skip
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
@@ -381,38 +522,20 @@ def train_sft(
     stop, when given, is called with the number of steps done before every step; True ends the run there (the
     final checkpoint is still written). It is the stage's wall-clock guard: the step count, and so the schedule
     (the cosine ends at max_steps whatever stop does), never depends on time, only where a guarded run ends.
+    ranks: this process's FSDP2 rank (every rank calls train_sft with the same arguments); the model is sharded.
     """
-    _check_arguments(seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio)
-    if pad_token_id is None:
-        pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
-    _log_data(data, seq_len, truncate_overlong)
-    optimizer, state = _start(model, data, seed, resume_from, lr, weight_decay, betas, eps)
-
-    metrics: StepMetrics | None = None
-    position = DataPosition(state.epoch, state.example_index)
-    slots = rows_per_micro_batch * seq_len  # per micro-batch
-    while state.step < max_steps:
-        if stop is not None and stop(state.step):
-            break
-        step, started = state.step, time.perf_counter()
-        micro_batches, position = next_micro_batches(
-            data, position, state.shuffle_seed, seq_len, rows_per_micro_batch, grad_accum_steps, pad_token_id
-        )
-        step_lr = lr_at(step, lr, warmup_steps, max_steps, min_lr_ratio)
-        loss, grad_norm = train_step(model, optimizer, micro_batches, step_lr, max_grad_norm, bf16)
-        metrics = _step_metrics(step + 1, position, loss, step_lr, grad_norm, micro_batches, slots, started)
-        if on_step is not None:
-            on_step(metrics)
-        state = replace(state, step=step + 1, epoch=position.epoch, example_index=position.index)
-        due = checkpoint_every > 0 and state.step % checkpoint_every == 0 and state.step < max_steps
-        if checkpoint_dir is not None and due:
-            save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
-
-    final = None
-    if checkpoint_dir is not None and metrics is not None:
-        final = save_checkpoint(checkpoint_dir, model, optimizer, state, tokenizer, keep_last)
-    return SFTResult(state, data, metrics, final)
+    trainer = SFTTrainer(
+        model, examples, seq_len=seq_len, max_steps=max_steps, rows_per_micro_batch=rows_per_micro_batch,
+        grad_accum_steps=grad_accum_steps, lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps,
+        weight_decay=weight_decay, betas=betas, eps=eps, max_grad_norm=max_grad_norm, bf16=bf16, seed=seed,
+        truncate_overlong=truncate_overlong, pad_token_id=pad_token_id, tokenizer=tokenizer,
+        resume_from=resume_from, ranks=ranks,
+    )  # fmt: skip
+    metrics, final = run_sft_steps(
+        trainer, max_steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_last=keep_last,
+        on_step=on_step, stop=stop,
+    )  # fmt: skip
+    return SFTResult(trainer.state, trainer.data, metrics, final)
 
 
 def _start(
@@ -424,6 +547,7 @@ def _start(
     weight_decay: float,
     betas: tuple[float, float],
     eps: float,
+    ranks: RankContext | None = None,
 ) -> tuple[torch.optim.AdamW, TrainerState]:
     """Train mode, every RNG seeded, the optimizer, and the trainer state at step 0 or restored from resume_from."""
     model.train()
@@ -431,7 +555,7 @@ def _start(
     optimizer = build_optimizer(model, lr, weight_decay, betas, eps)
     if resume_from is None:
         return optimizer, TrainerState(0, 0, 0, seed, len(data.examples), data.fingerprint)
-    return optimizer, _resume(resume_from, model, optimizer, seed, data)
+    return optimizer, _resume(resume_from, model, optimizer, seed, data, ranks)
 
 
 def _step_metrics(
@@ -505,9 +629,14 @@ def _log_data(data: PreparedData, seq_len: int, truncate_overlong: bool) -> None
 
 
 def _resume(
-    path: str | Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, seed: int, data: PreparedData
+    path: str | Path,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    seed: int,
+    data: PreparedData,
+    ranks: RankContext | None = None,
 ) -> TrainerState:
-    state = load_checkpoint(path, model, optimizer)
+    state = load_checkpoint(path, model, optimizer, ranks)
     if state.shuffle_seed != seed:
         raise ValueError(f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {seed}")
     if (state.num_examples, state.data_fingerprint) != (len(data.examples), data.fingerprint):

@@ -127,6 +127,11 @@ class TrainerProcess:
         self._started = True
         logger.info("trainer process %d started at step %d", self._process.pid, self.step)
 
+    def wait_started(self) -> None:
+        """Until the child built its trainer (raises its failure to start)."""
+        with self._lock:
+            self._await_start()
+
     @property
     def pid(self) -> int | None:
         return self._process.pid
