@@ -71,7 +71,9 @@ def grpo_rank(model_dir: str, config: DistributedConfig, trap: str | None = None
     return trainer
 
 
-def sft_rank(model_dir: str, examples: list[tuple[list[int], list[int]]], config: DistributedConfig) -> SFTTrainer:
+def sft_rank(
+    model_dir: str, examples: list[tuple[list[int], list[int]]], config: DistributedConfig
+) -> SFTTrainer:
     torch.set_num_threads(1)
     ranks = init_rank(config)
     model, tokenizer = load_model_and_tokenizer(model_dir)
@@ -183,7 +185,9 @@ def test_a_sigkill_mid_step_resumes_exactly(
         assert trap.read_text() == "mid-step"
     finally:
         group.close(timeout_s=10)
-    assert all(not rank._process.is_alive() for rank in group.ranks)  # the survivor is stopped, not left waiting
+    assert all(
+        not rank._process.is_alive() for rank in group.ranks
+    )  # the survivor is stopped, not left waiting
 
     with DistributedTrainer(grpo_rank, model_dir, TWO_RANKS, config=TWO_RANKS) as resumed:
         state = resumed.load(checkpoint)

@@ -6,6 +6,7 @@ durable checkpoint folder a crashed stage resumes from.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.agent.episode import EpisodeLimits
-from swerl.config import AgentConfig, SandboxLimits, SandboxPoolConfig
+from swerl.config import AgentConfig, DistributedConfig, SandboxLimits, SandboxPoolConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
 from swerl.sandbox.base import SandboxResources
@@ -229,3 +230,9 @@ def seeded_sample(items: Sequence[T], k: int, seed: int | str) -> list[T]:
     chosen = list(items)
     random.Random(seed).shuffle(chosen)
     return chosen[:k]
+
+
+def trainer_processes(trainer: object, d: DistributedConfig) -> dict[str, Any]:
+    """Where a stage's trainer ran, as run (its report's record: backend, device, process ids of its ranks)."""
+    pids = getattr(trainer, "pids", None) or [getattr(trainer, "pid", None) or os.getpid()]
+    return {"backend": d.backend, "device": d.device, "ranks": len(pids), "pids": pids}

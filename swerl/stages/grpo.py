@@ -46,6 +46,7 @@ from swerl.stages.common import (
     run_async,
     sandbox_pool,
     seeded_sample,
+    trainer_processes,
 )
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
@@ -326,6 +327,7 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         "steps": trainer.step,
         "steps_this_attempt": len(history),
         "resumed": resume.name if resume else None,
+        "trainer": trainer_processes(trainer, g.distributed),
         "reward_by_step": rewards,
         "failures": counts,
         "history": history,

@@ -27,7 +27,14 @@ from swerl.data.environments import resolve_environment
 from swerl.data.repos import iter_files
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
-from swerl.stages.common import DurableCheckpoints, input_manifest, load_tasks, put_dir, read_input
+from swerl.stages.common import (
+    DurableCheckpoints,
+    input_manifest,
+    load_tasks,
+    put_dir,
+    read_input,
+    trainer_processes,
+)
 from swerl.stages.runner import StageContext, StageResult
 from swerl.train.checkpoint import latest_checkpoint
 from swerl.train.distributed import device_of, init_rank
@@ -158,6 +165,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         )  # fmt: skip
         state = result.state
         save_model_and_tokenizer(model, tokenizer, out)
+        trainer = trainer_processes(None, s.distributed)
     else:
         start_dir = resume if resume is not None else ctx.workdir / "base"
         ranks = SFTRanks(build_sft_rank, start_dir, examples, s, ctx.seed, resume_from, config=s.distributed)
@@ -168,6 +176,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
                           keep_last=s.keep_checkpoints, on_step=on_step, stop=budget.stop)  # fmt: skip
             state = ranks.trainer_state()
             ranks.save_model(out)
+            trainer = trainer_processes(ranks, s.distributed)
         finally:
             ranks.close()
     budget.stamp()
@@ -184,6 +193,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         "tokens_per_example": statistics.fmean(lengths),
         "targets_per_example": statistics.fmean(targets),
         "steps": state.step,
+        "trainer": trainer,
         "steps_this_attempt": len(curve),
         "resumed_from": resume.name if resume else None,
         "tokens_this_attempt": tokens,
