@@ -22,9 +22,9 @@ from trainer_helpers import grpo_trainer
 from transformers import PreTrainedTokenizerBase
 
 from swerl.config import DistributedConfig
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer
+from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
-from swerl.train.distributed import init_rank
+from swerl.train.distributed import init_rank, load_sharded_model
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.ranks import DistributedTrainer, SFTRanks
 from swerl.train.sft import SFTTrainer, run_sft_steps, train_sft
@@ -65,7 +65,7 @@ def grpo_rank(model_dir: str, config: DistributedConfig, trap: str | None = None
     if trap:
         os.environ[TRAP_FILE] = trap
     ranks = init_rank(config)
-    model, tokenizer = load_model_and_tokenizer(model_dir)
+    model, tokenizer = load_sharded_model(Path(model_dir), ranks), load_tokenizer(model_dir)
     trainer = grpo_trainer(model, tokenizer=tokenizer, ranks=ranks, **GRPO_OPTIONS)
     trainer.__class__ = TrappedGRPO
     return trainer

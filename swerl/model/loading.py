@@ -98,7 +98,7 @@ def save_model_and_tokenizer(
     return out
 
 
-def _check_model_dir(path: Path) -> None:
+def check_model_dir(path: Path) -> None:
     """Raise FileNotFoundError naming what a local model directory lacks, before transformers sees it."""
     if not path.is_dir():
         raise FileNotFoundError(f"model path {path} is not a local directory (hub ids are never downloaded)")
@@ -128,7 +128,7 @@ def load_model_and_tokenizer(
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local model directory (checked as load_model_and_tokenizer checks it), without weights."""
     directory = Path(path)
-    _check_model_dir(directory)
+    check_model_dir(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     if tokenizer.chat_template is None:
         tokenizer.chat_template = CHAT_TEMPLATE

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
 from swerl.config import AgentConfig, EngineConfig, GRPOAlgorithmConfig, GRPOConfig, StrictModel
@@ -51,7 +51,7 @@ from swerl.stages.common import (
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
 from swerl.stages.runner import StageContext, StageResult
-from swerl.train.distributed import RankContext, device_of, init_rank
+from swerl.train.distributed import RankContext, device_of, init_rank, load_sharded_model
 from swerl.train.grpo_trainer import GRPOTrainer, Trainer, UpdateSettings
 from swerl.train.ranks import DistributedTrainer
 from swerl.train.trainer_process import TrainerProcess
@@ -130,10 +130,14 @@ def build_trainer(
     in each FSDP2 rank: a module-level function, so the children can import it)."""
     torch.set_num_threads(g.threads)
     d = g.distributed
-    model, tokenizer = load_model_and_tokenizer(start_dir, attn_implementation=d.attn_implementation)
-    reference = None
-    if g.algorithm.kl_coef > 0:
-        reference = load_model_and_tokenizer(start_dir, attn_implementation=d.attn_implementation)[0]
+
+    def load() -> PreTrainedModel:
+        if ranks is not None:  # no rank but rank 0 ever holds the whole model
+            return load_sharded_model(start_dir, ranks, d.attn_implementation)  # type: ignore[no-any-return]
+        return load_model_and_tokenizer(start_dir, attn_implementation=d.attn_implementation)[0]
+
+    model, tokenizer = load(), load_tokenizer(start_dir)
+    reference = load() if g.algorithm.kl_coef > 0 else None
     if ranks is None and d.device == "cuda":  # one process on one GPU: the parameters move, bf16 autocasts
         torch.nn.Module.to(model, device_of(d))
         if reference is not None:

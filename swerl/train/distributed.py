@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from swerl.config import DistributedConfig
+from swerl.model.loading import check_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,10 @@ def shard_model(model: ModuleT, ctx: RankContext, *, trainable: bool = True) -> 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     config = ctx.config
-    model.to(ctx.device)
+    if not any(
+        parameter.is_meta for parameter in model.parameters()
+    ):  # a meta model is allocated after sharding
+        model.to(ctx.device)
     if trainable and config.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     policy = MixedPrecisionPolicy(
@@ -177,6 +181,40 @@ def shard_model(model: ModuleT, ctx: RankContext, *, trainable: bool = True) -> 
             layer, mesh=ctx.mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward
         )
     fully_shard(model, mesh=ctx.mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+    return model
+
+
+def load_sharded_model(model_dir: Path, ctx: RankContext, attn_implementation: str | None = None) -> Any:
+    """The model of a local HF folder, sharded, without every rank holding all of it: rank 0 loads the weights
+    (float32, CPU), the other ranks build the architecture on the meta device; after fully_shard each rank
+    allocates only its shards and rank 0 broadcasts the weights tensor by tensor (set_model_state_dict with
+    broadcast_from_rank0), then the buffers that are not in a state dict (rotary inv_freq). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model_dir(model_dir)  # never a hub id: a clear error naming what the folder lacks
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    if ctx.is_main:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, dtype=torch.float32, **extra
+        )
+        weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    else:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra)
+        weights = {}
+    shard_model(model, ctx)
+    if not ctx.is_main:
+        model.to_empty(device=ctx.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=options)
+    persistent = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name not in persistent:
+            dist.broadcast(buffer, src=0)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
     return model
 
 

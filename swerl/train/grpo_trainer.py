@@ -45,7 +45,7 @@ from swerl.model.loading import save_model_and_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.rollout.step import PolicyTrainer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
-from swerl.train.distributed import RankContext, clip_gradients, full_state_dict, shard_model
+from swerl.train.distributed import RankContext, clip_gradients, full_state_dict, is_sharded, shard_model
 from swerl.train.grpo import (
     ImportanceSums,
     ISLevel,
@@ -308,9 +308,11 @@ class GRPOTrainer:
             raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
         seed_everything(seed)
         self.ranks = ranks
-        if ranks is not None:
-            model = shard_model(model, ranks)
-            if ref_model is not None:
+        if (
+            ranks is not None
+        ):  # sharded here unless the caller loaded it sharded (distributed.load_sharded_model)
+            model = model if is_sharded(model) else shard_model(model, ranks)
+            if ref_model is not None and not is_sharded(ref_model):
                 ref_model = shard_model(ref_model, ranks, trainable=False)
         self.settings = settings
         self.model = model.train()

@@ -396,8 +396,9 @@ class SFTTrainer:
             pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
         _log_data(self.data, seq_len, truncate_overlong)
-        if ranks is not None and not is_sharded(model):
-            seed_everything(seed)  # the same seed on every rank: the model is built before it is sharded
+        if ranks is not None and not is_sharded(
+            model
+        ):  # else loaded sharded (distributed.load_sharded_model)
             model = shard_model(model, ranks)
         self.model, self.ranks, self.tokenizer = model, ranks, tokenizer
         self.optimizer, self.state = _start(
