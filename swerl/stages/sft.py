@@ -25,7 +25,12 @@ from swerl.agent.traces import load_trace_rows, normalize_messages, traces_to_ex
 from swerl.config import AgentConfig, EngineConfig, SFTConfig, StrictModel
 from swerl.data.environments import resolve_environment
 from swerl.data.repos import iter_files
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+from swerl.model.loading import (
+    build_tiny_model,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    save_model_and_tokenizer,
+)
 from swerl.model.tokenizer import train_tokenizer
 from swerl.stages.common import (
     DurableCheckpoints,
@@ -37,7 +42,7 @@ from swerl.stages.common import (
 )
 from swerl.stages.runner import StageContext, StageResult
 from swerl.train.checkpoint import latest_checkpoint
-from swerl.train.distributed import device_of, init_rank
+from swerl.train.distributed import device_of, init_rank, load_sharded_model
 from swerl.train.ranks import SFTRanks
 from swerl.train.sft import SFTTrainer, StepMetrics, run_sft_steps, train_sft
 
@@ -229,9 +234,8 @@ def build_sft_rank(
     """In each FSDP2 rank (module level: spawned children import it): join the group, load, shard, build."""
     torch.set_num_threads(s.threads)
     ranks = init_rank(s.distributed)
-    model, tokenizer = load_model_and_tokenizer(
-        start_dir, attn_implementation=s.distributed.attn_implementation
-    )
+    model = load_sharded_model(start_dir, ranks, s.distributed.attn_implementation)
+    tokenizer = load_tokenizer(start_dir)
     return SFTTrainer(
         model, examples, **sft_arguments(s, seed, tokenizer), resume_from=resume_from, ranks=ranks
     )
