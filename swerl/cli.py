@@ -89,8 +89,26 @@ def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
     return message + "\nfix the config (see `swerl doctor`) or pass --ignore-doctor to run anyway"
 
 
+def plan_refusal(cfg: PipelineConfig) -> str | None:
+    """`swerl plan` before a run: the refusal (the failed checks, with their numbers), or None when it passes.
+    A plan cannot be ignored (--ignore-doctor does not skip it): what does not fit in memory fails later anyway."""
+    from swerl.plan import make_plan
+
+    plan = make_plan(cfg)
+    if plan.ok:
+        return None
+    return (
+        plan.refusal()
+        + "\nsee `swerl plan` for the whole placement; fix the config's cluster, engine or distributed"
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    refusal = plan_refusal(cfg)
+    if refusal is not None:
+        print(f"swerl run: {refusal}", file=sys.stderr)
+        return 1
     refusal = doctor_refusal(cfg, args.ignore_doctor)
     if refusal is not None:
         print(f"swerl run: {refusal}", file=sys.stderr)
@@ -243,6 +261,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from swerl.plan import make_plan
+
+    plan = make_plan(_load(args), source=args.config)
+    print(plan.text())
+    return 0 if plan.ok else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(dump_config(_load(args)), end="")
     return 0
@@ -296,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also check the images of these tasks (curate's train/eval.parquet, or a SWE-smith or "
                             "SWE-bench .parquet/.jsonl/.json): present, missing, pulls, disk (repeatable)")  # fmt: skip
     p_doc.set_defaults(func=cmd_doctor)
+
+    p_plan = sub.add_parser("plan", help="place engines and trainer ranks on the cluster and check their memory "
+                            "(non-zero: refused)")  # fmt: skip
+    with_config(p_plan)
+    p_plan.set_defaults(func=cmd_plan)
 
     p_cfg = sub.add_parser("config", help="print the resolved config")
     with_config(p_cfg)

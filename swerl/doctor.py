@@ -10,6 +10,9 @@ Given a task set (`swerl doctor CONFIG --tasks FILE`: the curate stage's train/e
 SWE-bench dataset file), it also reports the task images the configured backend needs: which the Docker engine
 has (and their size), which are missing, how long the pull budget takes to fetch those (docker.allow_pull,
 docker.pulls_per_hour); it never pulls. Missing images that cannot be pulled are a failed check.
+
+It also lists `swerl plan`'s checks (swerl.plan: engines and trainer ranks placed on the cluster's GPUs, memory per
+GPU and per node's host, ports) as plan.NAME; a plan that cannot be made (no architecture) is the failed check plan.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
 from swerl.data.environments import image_environment, is_image_reference
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.plan import PlanError, make_plan
 from swerl.sandbox.supervisor import helper_binary
 from swerl.sandbox.tmpfs import can_hold_tmpfs
 
@@ -411,11 +415,20 @@ def diagnose(
     task set when one is given (image_checks)."""
     machine = read_machine(cfg) if machine is None else machine
     need = demand(cfg)
-    report = DoctorReport(machine=machine, demand=need, checks=checks(cfg, machine, need))
+    report = DoctorReport(machine=machine, demand=need, checks=checks(cfg, machine, need) + plan_checks(cfg))
     if tasks is not None:
         report.images, image_check = image_checks(cfg, tasks)
         report.checks += image_check
     return report
+
+
+def plan_checks(cfg: PipelineConfig) -> list[Check]:
+    """`swerl plan`'s checks as the doctor's (plan.NAME): the same plan `swerl run` refuses on."""
+    try:
+        plan = make_plan(cfg)
+    except PlanError as exc:
+        return [Check("plan", False, str(exc))]
+    return [Check(f"plan.{c.name}", c.ok, c.detail) for c in plan.checks]
 
 
 # ----------------------------------------------------------------------------------------------------------------
