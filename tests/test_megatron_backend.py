@@ -15,6 +15,7 @@ below; export -> HF folder -> reload equals the weights.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -24,16 +25,15 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import settings
 from transformers import PreTrainedTokenizerBase
 
-from swerl.config import DistributedConfig, GRPOConfig, MegatronConfig
+from swerl.config import DistributedConfig, GRPOAlgorithmConfig, GRPOConfig, MegatronConfig
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.tokenizer import train_tokenizer
 from swerl.train import megatron_backend as mb
 from swerl.train.grpo import policy_loss, token_entropy
-from swerl.train.grpo_trainer import collate, score_groups
-from tests.test_grpo_trainer import MODEL, synthetic_groups
-from tests.test_grpo_trainer import tokenizer as tokenizer  # noqa: F401 - the module-scoped fixture
+from swerl.train.grpo_trainer import UpdateSettings, collate, score_groups
+from swerl.trajectory import EpisodeStatus, Trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,55 @@ ROOT = Path(__file__).resolve().parent.parent
 BF16_LOSS_RTOL, BF16_LOSS_ATOL = 0.05, 2e-3
 BF16_GRAD_NORM_RTOL = 0.10
 BF16_ENTROPY_ATOL = 0.05
+
+
+# Self-contained (no test helper that imports the stages): the GPU machine runs this file with swerl's trainer
+# dependencies only (scripts/device_check.sh), not prefect, mlflow or the sandboxes.
+CORPUS = ["name a digit: 0 1 2 3 4 5 6 7 8 9\n", "the quick brown fox jumps over the lazy dog\n",
+          "def add(left, right):\n    return left + right\n"]  # fmt: skip
+MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                             max_position_embeddings=128)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+    return train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=tmp_path_factory.mktemp("tokenizer"))
+
+
+def settings(**overrides: Any) -> UpdateSettings:
+    """grpo.algorithm's defaults with these fields changed, as the stage hands them to a trainer."""
+    return UpdateSettings(**GRPOAlgorithmConfig(**overrides).model_dump())
+
+
+def synthetic_groups(seed: int, vocab: int, num_groups: int = 3, attempts: int = 4) -> list[list[Trajectory]]:
+    """Groups of random trajectories: a prompt, then sampled and observation runs; behaviour log-probs random (so
+    the TIS weights, and with them the loss, depend on the trainer's log-probs); rewards 0 or 1."""
+    rng = random.Random(seed)
+    groups = []
+    for group in range(num_groups):
+        rows = []
+        for attempt in range(attempts):
+            prompt = rng.randint(3, 8)
+            ids, mask, behaviour = (
+                [rng.randrange(7, vocab) for _ in range(prompt)],
+                [0] * prompt,
+                [0.0] * prompt,
+            )
+            turns = rng.randint(1, 2)
+            for _ in range(turns):
+                sampled, observation = rng.randint(1, 6), rng.randint(0, 4)
+                ids += [rng.randrange(7, vocab) for _ in range(sampled + observation)]
+                mask += [1] * sampled + [0] * observation
+                behaviour += [-rng.uniform(0.5, 8.0) for _ in range(sampled)] + [0.0] * observation
+            reward = float(rng.random() < 0.5)
+            rows.append(Trajectory(
+                task_id=f"g{group}", attempt=attempt, group_id=f"g{group}",
+                status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED, reward=reward,
+                prompt_tokens=prompt, token_ids=ids, loss_mask=mask, behaviour_logprobs=behaviour,
+                token_weight_versions=[0 if m else -1 for m in mask], num_turns=turns,
+            ))  # fmt: skip
+        groups.append(rows)
+    return groups
 
 
 def megatron_config(**megatron: Any) -> DistributedConfig:
@@ -97,14 +146,16 @@ def test_guard_on_this_machine_matches_what_it_has() -> None:
 def test_selecting_megatron_without_the_extra_fails_clearly(tmp_path: Path) -> None:
     """The trainer itself, the GRPO config's builder and the stage's rank factory all stop at the guard, before
     touching the model folder (which does not exist here)."""
-    from swerl.stages.grpo import build_rank_trainer
-
     config = megatron_config()
     with pytest.raises(mb.MegatronUnavailable, match="cannot run here"):
         mb.MegatronGRPOTrainer(tmp_path / "absent", config, settings(), seed=0)
     grpo = GRPOConfig(distributed=config)
     with pytest.raises(mb.MegatronUnavailable, match="pip install"):
         mb.build_megatron_trainer(tmp_path / "absent", grpo, 1.0, 0)
+    try:  # the stages need the whole project's dependencies (absent on a lean GPU machine)
+        from swerl.stages.grpo import build_rank_trainer
+    except ImportError as exc:
+        pytest.skip(f"swerl.stages does not import here: {exc}")
     with pytest.raises(mb.MegatronUnavailable, match="megatron"):
         build_rank_trainer(tmp_path / "absent", grpo, 1.0, 0)
 
