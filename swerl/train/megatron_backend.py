@@ -878,9 +878,11 @@ class MegatronGRPOTrainer:
         version = self.step if version is None else version
         root = Path(out_dir)
         final = root / f"{EXPORT_PREFIX}{version:08d}"
-        temp = root / self._shared_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}" if self.is_main else None)
+        name = None
         if self.is_main:
-            root.mkdir(parents=True, exist_ok=True)
+            name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+            (root / name).mkdir(parents=True)
+        temp = root / self._shared_name(name)  # also the barrier: the folder exists from here
         self._write_hf(temp)
         if self.is_main:
             if final.exists():
@@ -938,8 +940,8 @@ class MegatronGRPOTrainer:
             for stale in root.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-            (root / name).mkdir()
-        temp = root / self._shared_name(name)
+            (root / name / MEGATRON_DIR).mkdir(parents=True)  # dist_checkpointing.save wants it to exist
+        temp = root / self._shared_name(name)  # also the barrier: the folder exists from here
         dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(temp / MEGATRON_DIR))
         rng = {"swerl": capture_rng_state(), "megatron": tensor_parallel.get_cuda_rng_tracker().get_states()}
         torch.save(rng, temp / RANK_RNG_FILE.format(rank=self.rank))
