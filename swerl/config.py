@@ -552,11 +552,12 @@ class DistributedConfig(StrictModel):
                     f"megatron: tensor x pipeline x context parallel ({self.megatron.model_parallel}) must divide "
                     f"ranks ({self.ranks})"
                 )
-            data_parallel = self.ranks // self.megatron.model_parallel
-            if data_parallel * self.megatron.context_parallel % self.megatron.expert_parallel:
+            m = self.megatron
+            experts = m.expert_tensor_parallel * m.expert_parallel * m.pipeline_parallel
+            if self.ranks % experts:  # megatron-core's expert grid: PP x ETP x EP x expert-data-parallel ranks
                 raise ValueError(
-                    f"megatron: expert_parallel ({self.megatron.expert_parallel}) must divide data x context "
-                    f"parallel ({data_parallel * self.megatron.context_parallel})"
+                    f"megatron: expert_tensor_parallel x expert_parallel x pipeline_parallel ({experts}) must "
+                    f"divide ranks ({self.ranks})"
                 )
         return self
 
@@ -645,6 +646,15 @@ class SFTConfig(StrictModel):
     """torch intra-op threads for training."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Trainer processes, devices, sharding (the default: one CPU process)."""
+
+    @model_validator(mode="after")
+    def _trainer(self) -> SFTConfig:
+        if self.distributed.backend == "megatron":
+            raise ValueError(
+                "distributed.backend megatron trains GRPO only (swerl/train/megatron_backend.py): SFT runs on torch "
+                "or fsdp2 ranks (sft.distributed.backend fsdp2)"
+            )
+        return self
 
 
 class GRPOScheduleConfig(StrictModel):

@@ -21,7 +21,7 @@ import torch
 from trainer_helpers import grpo_trainer
 from transformers import PreTrainedTokenizerBase
 
-from swerl.config import DistributedConfig
+from swerl.config import DistributedConfig, SFTConfig
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.distributed import init_rank, load_sharded_model
@@ -221,3 +221,13 @@ def test_distributed_config_refuses_what_cannot_run() -> None:
         DistributedConfig(backend="megatron")
     with pytest.raises(ValueError, match="must divide ranks"):
         DistributedConfig(backend="megatron", device="cuda", ranks=6, megatron={"tensor_parallel": 4})
+    with pytest.raises(
+        ValueError, match=r"expert_parallel x pipeline_parallel \(16\) must divide ranks \(8\)"
+    ):
+        DistributedConfig(backend="megatron", device="cuda", ranks=8, megatron={"expert_parallel": 16})
+    # megatron-core's own grid: TP 2 with EP 8 on 8 ranks is valid (the experts have a grid of their own)
+    DistributedConfig(
+        backend="megatron", device="cuda", ranks=8, megatron={"tensor_parallel": 2, "expert_parallel": 8}
+    )
+    with pytest.raises(ValueError, match="megatron trains GRPO only"):
+        SFTConfig(distributed={"backend": "megatron", "device": "cuda"})
