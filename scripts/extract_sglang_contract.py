@@ -5,8 +5,9 @@
         tests/data/sglang_contract.json
 
 The fields (name, annotation source, required) of the request classes swerl's engine client sends are read with
-`ast` from sglang/srt/managers/io_struct.py and sglang/srt/sampling/sampling_params.py inside the wheel; the
-wheel's version and sha256 are recorded. tests/test_engine_contract.py validates the client's payloads against
+`ast` from sglang/srt/managers/io_struct.py and sglang/srt/sampling/sampling_params.py inside the wheel, and so
+are the keys of a meta_info.weight_versions span (sglang/srt/utils/weight_versions.py:
+add_weight_versions_to_meta_info); the wheel's version and sha256 are recorded. tests/test_engine_contract.py validates the client's payloads against
 the JSON, and re-extracts from the wheel when it is in the local cache.
 """
 
@@ -26,9 +27,34 @@ SOURCES = {
         "UpdateWeightFromDiskReqInput",
         "PauseGenerationReqInput",
         "ContinueGenerationReqInput",
+        "InitWeightsUpdateGroupReqInput",
+        "DestroyWeightsUpdateGroupReqInput",
+        "BeginWeightUpdateReqInput",
+        "EndWeightUpdateReqInput",
+        "UpdateWeightsFromDistributedReqInput",
     ],
     "sglang/srt/sampling/sampling_params.py": ["SamplingParams"],
 }
+
+
+RESPONSE_SOURCES = {
+    "weight_version_span": ("sglang/srt/utils/weight_versions.py", "add_weight_versions_to_meta_info")
+}
+"""Response shapes: the string keys of the dict literals a function builds."""
+
+
+def dict_keys(tree: ast.Module, function: str) -> list[str]:
+    """The string keys of every dict literal in a top-level function, in source order."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return [
+                key.value
+                for child in ast.walk(node)
+                if isinstance(child, ast.Dict)
+                for key in child.keys
+                if isinstance(key, ast.Constant) and isinstance(key.value, str)
+            ]
+    raise ValueError(f"no function {function} in the module")
 
 
 def class_fields(tree: ast.Module) -> dict[str, tuple[list[str], dict[str, dict[str, Any]]]]:
@@ -70,12 +96,16 @@ def extract(wheel: Path) -> dict[str, Any]:
         "wheel": wheel.name,
         "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
         "classes": {},
+        "responses": {},
     }
     with zipfile.ZipFile(wheel) as archive:
         for source, wanted in SOURCES.items():
             classes = class_fields(ast.parse(archive.read(source).decode()))
             for cls in wanted:
                 contract["classes"][cls] = {"source": source, "fields": resolved_fields(classes, cls)}
+        for shape, (source, function) in RESPONSE_SOURCES.items():
+            keys = dict_keys(ast.parse(archive.read(source).decode()), function)
+            contract["responses"][shape] = {"source": f"{source}:{function}", "keys": keys}
     return contract
 
 
