@@ -65,7 +65,12 @@ class GenerateResponse(BaseModel):
                 ],
                 "weight_version": str(self.weight_version),
                 **(
-                    {"output_token_weight_versions": self.output_token_weight_versions}
+                    {
+                        "weight_versions": weight_version_spans(
+                            self.output_token_weight_versions, self.weight_version
+                        ),
+                        "output_token_weight_versions": self.output_token_weight_versions,
+                    }
                     if self.output_token_weight_versions is not None
                     else {}
                 ),
@@ -76,21 +81,66 @@ class GenerateResponse(BaseModel):
     def from_sglang(cls, body: dict[str, Any], default_weight_version: int = 0) -> GenerateResponse:
         """Parse SGLang's native /generate JSON (finish_reason may be a dict or null while streaming).
 
-        default_weight_version is used where the server does not report meta_info.weight_version.
+        default_weight_version is used where the server does not report meta_info.weight_version. Per-token
+        versions come from SGLang's meta_info.weight_versions spans (see versions_from_spans), else from the local
+        engine server's meta_info.output_token_weight_versions, else they are None.
         """
         meta = body["meta_info"]
         pairs = meta.get("output_token_logprobs") or []
         reason = meta.get("finish_reason") or {"type": "abort"}
         reason_type = reason["type"] if isinstance(reason, dict) else str(reason)
+        output_ids = body.get("output_ids") or [int(p[1]) for p in pairs]
+        weight_version = _version(meta.get("weight_version"), default_weight_version)
+        per_token: list[int] | None = None
+        if meta.get("weight_versions"):
+            per_token = versions_from_spans(meta["weight_versions"], len(output_ids), weight_version)
+        elif meta.get("output_token_weight_versions") is not None:
+            per_token = [int(version) for version in meta["output_token_weight_versions"]]
         return cls(
-            output_ids=body.get("output_ids") or [int(p[1]) for p in pairs],
+            output_ids=output_ids,
             output_token_logprobs=[float(p[0]) for p in pairs],
             finish_reason=reason_type if reason_type in ("stop", "length") else "abort",
-            weight_version=_version(meta.get("weight_version"), default_weight_version),
+            weight_version=weight_version,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", len(pairs))),
-            output_token_weight_versions=meta.get("output_token_weight_versions"),
+            output_token_weight_versions=per_token,
         )
+
+
+def weight_version_spans(versions: list[int], current: int) -> list[dict[str, Any]]:
+    """Per-token versions as SGLang's meta_info.weight_versions: [{"version": str, "start", "end"}], each span
+    the half-open range of output tokens [start, end) one version sampled; no tokens: one empty span of the
+    current version (sglang/srt/utils/weight_versions.py: compute_weight_version_spans,
+    add_weight_versions_to_meta_info)."""
+    if not versions:
+        return [{"version": str(current), "start": 0, "end": 0}]
+    spans: list[dict[str, Any]] = []
+    for index, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(version):
+            spans[-1]["end"] = index + 1
+        else:
+            spans.append({"version": str(version), "start": index, "end": index + 1})
+    return spans
+
+
+def versions_from_spans(spans: list[Any], num_tokens: int, default: int) -> list[int]:
+    """The version of each of num_tokens output tokens from SGLang's meta_info.weight_versions spans.
+
+    A span is {"version": str, "start": int, "end": int} over output tokens [start, end) (SGLang 0.5.23,
+    sglang/srt/utils/weight_versions.py: add_weight_versions_to_meta_info). A version that is not an integer
+    (SGLang's initial "default") reads as `default`. A token no span covers gets the oldest version reported, so
+    staleness is never under-counted.
+    """
+    per_token: list[int | None] = [None] * num_tokens
+    seen: list[int] = []
+    for span in spans:
+        version = _version(span["version"] if isinstance(span, dict) else span[0], default)
+        start, end = (int(span["start"]), int(span["end"])) if isinstance(span, dict) else map(int, span[1:3])
+        seen.append(version)
+        for index in range(max(0, start), min(end, num_tokens)):
+            per_token[index] = version
+    oldest = min(seen, default=default)
+    return [oldest if version is None else version for version in per_token]
 
 
 def _version(reported: Any, default: int) -> int:
