@@ -1,7 +1,9 @@
 """Contract: the JSON the engine client sends fits SGLang's own request definitions (pinned sglang version).
 
 tests/data/sglang_contract.json holds the fields of GenerateReqInput, SamplingParams, UpdateWeightFromDiskReqInput,
-PauseGenerationReqInput and ContinueGenerationReqInput, extracted with `ast` from the sglang wheel by
+PauseGenerationReqInput, ContinueGenerationReqInput and the weight-group requests (InitWeightsUpdateGroupReqInput,
+DestroyWeightsUpdateGroupReqInput, Begin/EndWeightUpdateReqInput, UpdateWeightsFromDistributedReqInput), and the
+keys of a meta_info.weight_versions span, extracted with `ast` from the sglang wheel by
 scripts/extract_sglang_contract.py (version and wheel sha256 recorded). Nothing is downloaded at test time; when
 the wheel is in the local cache (~/.cache/swerl/wheels or $SWERL_WHEEL_DIR), the contract is re-extracted from it
 and must equal the vendored one.
@@ -20,8 +22,13 @@ from typing import Any
 
 import pytest
 
-from swerl.engine.base import GenerateRequest, SamplingParams
-from swerl.engine.client import generate_payload, update_weights_payload
+from swerl.engine.base import GenerateRequest, GenerateResponse, SamplingParams, weight_version_spans
+from swerl.engine.client import (
+    generate_payload,
+    init_weights_update_group_payload,
+    update_weights_from_distributed_payload,
+    update_weights_payload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT_PATH = ROOT / "tests/data/sglang_contract.json"
@@ -112,10 +119,10 @@ def test_generate_payload_fits_generate_req_input(request_: GenerateRequest) -> 
 
 
 def test_weight_update_and_pause_payloads_fit() -> None:
-    assert (
-        violations(update_weights_payload("/ckpt/weights_v00000003", 3), "UpdateWeightFromDiskReqInput") == []
-    )
-    assert update_weights_payload("/p", 3)["weight_version"] == "3"
+    for flush in (True, False):
+        payload = update_weights_payload("/ckpt/weights_v00000003", 3, flush_cache=flush)
+        assert violations(payload, "UpdateWeightFromDiskReqInput") == [] and payload["flush_cache"] is flush
+    assert update_weights_payload("/p", 3, flush_cache=True)["weight_version"] == "3"
     for mode in ("in_place", "retract"):  # the router's pause modes
         assert violations({"mode": mode}, "PauseGenerationReqInput") == []
     assert violations({}, "ContinueGenerationReqInput") == []
@@ -147,3 +154,39 @@ def test_reextracted_from_the_cached_wheel_equals_the_vendored_contract() -> Non
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.extract(wheel) == CONTRACT
+
+
+def test_weight_group_payloads_fit() -> None:
+    init = init_weights_update_group_payload("10.0.0.1", 29500, 1, 3, "swerl-weights", "nccl")
+    assert violations(init, "InitWeightsUpdateGroupReqInput") == []
+    assert violations({"group_name": "swerl-weights"}, "DestroyWeightsUpdateGroupReqInput") == []
+    assert (
+        violations({}, "BeginWeightUpdateReqInput") == [] and violations({}, "EndWeightUpdateReqInput") == []
+    )
+    names, dtypes, shapes = (
+        ["model.norm.weight", "lm_head.weight"],
+        ["bfloat16", "float32"],
+        [[64], [300, 64]],
+    )
+    for version, flush in ((None, False), (7, True)):
+        payload = update_weights_from_distributed_payload(
+            names, dtypes, shapes, "g", version, flush_cache=flush
+        )
+        assert violations(payload, "UpdateWeightsFromDistributedReqInput") == []
+        assert payload["flush_cache"] is flush and payload.get("weight_version") == (
+            None if version is None else "7"
+        )
+    assert violations(
+        {"names": ["a"], "dtypes": ["float32"], "shapes": [[1.5]]}, "UpdateWeightsFromDistributedReqInput"
+    )
+
+
+def test_weight_version_spans_have_sglangs_shape() -> None:
+    """The local engine server's spans and the parser use the keys SGLang's add_weight_versions_to_meta_info writes."""
+    keys = CONTRACT["responses"]["weight_version_span"]["keys"]
+    spans = weight_version_spans([3, 3, 4], 4)
+    assert spans == [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]
+    assert all(list(span) == keys for span in spans)
+    body = {"output_ids": [5, 6, 7], "meta_info": {"weight_version": "4", "weight_versions": spans,
+            "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None], [-1.0, 7, None]]}}  # fmt: skip
+    assert GenerateResponse.from_sglang(body).output_token_weight_versions == [3, 3, 4]

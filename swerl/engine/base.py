@@ -161,6 +161,36 @@ class Engine(Protocol):
 
     async def health(self) -> bool: ...
 
+    # Weight sync over a process group (SGLang's API; swerl.engine.weight_sync holds the mechanics). The trainer
+    # is rank 0; this engine's ranks are rank_offset ... rank_offset + weight_group_ranks() - 1.
+
+    async def weight_group_ranks(self) -> int:
+        """Ranks this engine puts in a weight group (SGLang: its tensor-parallel size; a router: its engines')."""
+        ...
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        """Join the weight group (returns once every rank joined); WeightUpdateError if it cannot."""
+        ...
+
+    async def begin_weight_update(self) -> None:
+        """Open a weight-update session (SGLang >= 0.5.23 refuses update_weights_from_distributed outside one)."""
+        ...
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None = None, flush_cache: bool = True,
+    ) -> None:  # fmt: skip
+        """Receive one bucket broadcast by rank 0 and load it; weight_version (the sync's last bucket) moves the
+        engine's version. A refusal is a WeightUpdateError."""
+        ...
+
+    async def end_weight_update(self) -> None:
+        """Close the session opened by begin_weight_update."""
+        ...
+
 
 class InvalidRequestError(ValueError):
     """A request the engine refuses (the caller's bug, not an infrastructure error); SGLang answers HTTP 400."""

@@ -105,7 +105,10 @@ class RunningBatch(Generic[Row]):
         """Append rows with their prefilled (1, H_kv, P, D) caches, left-padding every cache to the longest."""
         lengths = [_filled_layers(cache)[0].get_seq_length() for _, cache in joining]
         caches = ([self.cache] if self.cache is not None else []) + [cache for _, cache in joining]
-        masks = ([self.mask] if self.rows else []) + [torch.ones(1, n, dtype=torch.long) for n in lengths]
+        device = _tensor(_filled_layers(joining[0][1])[0].keys).device
+        masks = ([self.mask] if self.rows else []) + [
+            torch.ones(1, n, dtype=torch.long, device=device) for n in lengths
+        ]
         length = max(mask.shape[1] for mask in masks)
         layers = []
         for parts in zip(*(_filled_layers(cache) for cache in caches), strict=True):
@@ -126,7 +129,7 @@ class RunningBatch(Generic[Row]):
         if not self.rows or self.cache is None:
             self.clear()
             return
-        indices = torch.tensor([i for i, kept in enumerate(keep) if kept])
+        indices = torch.tensor([i for i, kept in enumerate(keep) if kept], device=self.mask.device)
         start = int(self.mask.shape[1] - max(self.positions))
         self.mask = self.mask[indices, start:]
         layers = [

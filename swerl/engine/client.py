@@ -1,7 +1,10 @@
 """Async client for SGLang's native HTTP API; the local engine server speaks the same subset.
 
 Endpoints: POST /generate (input_ids, sampling_params, return_logprob), POST /update_weights_from_disk,
-POST /flush_cache, GET /health_generate, GET /get_model_info, POST /pause_generation, POST /continue_generation.
+POST /flush_cache, GET /health_generate, GET /get_model_info, POST /pause_generation, POST /continue_generation;
+weight sync over a process group: POST /init_weights_update_group, /destroy_weights_update_group,
+/begin_weight_update, /update_weights_from_distributed, /end_weight_update (never retried: a repeated join or
+receive would put the group out of step).
 
 Failure mapping (the failure rule): a timeout is InfraError(engine_timeout), an HTTP 5xx is
 InfraError(engine_http), a refused or dropped connection is InfraError(engine_unreachable); an HTTP 4xx is the
@@ -51,6 +54,7 @@ class EngineClient:
         control_retries: the same for weight updates, pause, continue and model info (None: `retries`).
         retry_backoff_s: first wait before a retry; doubled after each.
         weight_version: the version the server serves now (used where a response does not report one).
+        tp_size: ranks the server puts in a weight group (SGLang: its tensor-parallel size).
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class EngineClient:
         control_retries: int | None = None,
         retry_backoff_s: float,
         weight_version: int = 0,
+        tp_size: int = 1,
     ) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
@@ -79,6 +84,7 @@ class EngineClient:
         self.control_retries = retries if control_retries is None else control_retries
         self.retry_backoff_s = retry_backoff_s
         self.weight_version = weight_version
+        self.tp_size = tp_size
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -122,24 +128,66 @@ class EngineClient:
 
         return await self._with_retries(once, self.retries)
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        """POST /update_weights_from_disk; a refusal (bad path, wrong architecture) is a WeightUpdateError."""
-        payload = update_weights_payload(model_path, weight_version)
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: int, *, flush_cache: bool = True
+    ) -> None:
+        """POST /update_weights_from_disk; a refusal (bad path, wrong architecture) is a WeightUpdateError.
 
-        async def once() -> None:
-            try:
-                body = await self._request(
-                    "POST", "/update_weights_from_disk", payload, self.control_timeout_s
-                )
-            except InvalidRequestError as error:
-                raise WeightUpdateError(f"{self.base_url} refused weights {model_path}: {error}") from error
-            if not body.get("success", False):
-                raise WeightUpdateError(
-                    f"{self.base_url} refused weights {model_path}: {body.get('message')}"
-                )
-
-        await self._with_retries(once, self.control_retries)
+        flush_cache: SGLang refuses the update (HTTP 400, after loading) when it cannot flush because requests
+        hold KV cache, as under pause mode in_place (the router chooses it: router.flush_cache_allowed).
+        """
+        payload = update_weights_payload(model_path, weight_version, flush_cache=flush_cache)
+        await self._with_retries(
+            lambda: self._control("/update_weights_from_disk", payload, f"weights {model_path}"),
+            self.control_retries,
+        )
         self.weight_version = weight_version
+
+    async def weight_group_ranks(self) -> int:
+        return self.tp_size
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        """POST /init_weights_update_group: the server joins the group (answers once every rank joined)."""
+        payload = init_weights_update_group_payload(
+            master_address, master_port, rank_offset, world_size, group_name, backend
+        )
+        await self._control("/init_weights_update_group", payload, f"weight group {group_name!r}")
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        """POST /destroy_weights_update_group (SGLang refuses a second init under a name until then)."""
+        payload = {"group_name": group_name}
+        await self._control("/destroy_weights_update_group", payload, f"weight group {group_name!r}")
+
+    async def begin_weight_update(self) -> None:
+        await self._control("/begin_weight_update", {}, "a weight-update session")
+
+    async def end_weight_update(self) -> None:
+        await self._control("/end_weight_update", {}, "the end of a weight-update session")
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None = None, flush_cache: bool = True,
+    ) -> None:  # fmt: skip
+        """POST /update_weights_from_distributed: the server receives the bucket from rank 0 and loads it."""
+        payload = update_weights_from_distributed_payload(
+            names, dtypes, shapes, group_name, weight_version, flush_cache=flush_cache
+        )
+        await self._control("/update_weights_from_distributed", payload, f"{len(names)} tensors")
+        if weight_version is not None:
+            self.weight_version = weight_version
+
+    async def _control(self, path: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
+        """A weight-control POST answered {"success", "message"}; a 4xx or success false is a WeightUpdateError."""
+        try:
+            body = await self._request("POST", path, payload, self.control_timeout_s)
+        except InvalidRequestError as error:
+            raise WeightUpdateError(f"{self.base_url}{path} refused {what}: {error}") from error
+        if not body.get("success", False):
+            raise WeightUpdateError(f"{self.base_url}{path} refused {what}: {body.get('message')}")
+        return body
 
     async def flush_cache(self) -> bool:
         """POST /flush_cache; False when the server refuses (SGLang does while requests are running)."""
@@ -243,9 +291,45 @@ def generate_payload(request: GenerateRequest) -> dict[str, Any]:
     return payload
 
 
-def update_weights_payload(model_path: str, weight_version: int) -> dict[str, Any]:
+def update_weights_payload(model_path: str, weight_version: int, *, flush_cache: bool) -> dict[str, Any]:
     """The JSON body of POST /update_weights_from_disk (fields of SGLang's UpdateWeightFromDiskReqInput)."""
-    return {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True}
+    return {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": flush_cache}
+
+
+def init_weights_update_group_payload(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> dict[str, Any]:
+    """The JSON body of POST /init_weights_update_group (SGLang's InitWeightsUpdateGroupReqInput)."""
+    return {
+        "master_address": master_address,
+        "master_port": master_port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+        "group_name": group_name,
+        "backend": backend,
+    }
+
+
+def update_weights_from_distributed_payload(
+    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, weight_version: int | None,
+    *, flush_cache: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The JSON body of POST /update_weights_from_distributed (SGLang's UpdateWeightsFromDistributedReqInput);
+    weight_version is sent only where given (SGLang's version moves only with it)."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(
+            f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
+        )
+    payload: dict[str, Any] = {
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "shapes": [[int(size) for size in shape] for shape in shapes],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+    }
+    if weight_version is not None:
+        payload["weight_version"] = str(weight_version)
+    return payload
 
 
 def _dumps(value: Any) -> str:

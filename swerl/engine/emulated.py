@@ -29,6 +29,11 @@ from swerl.errors import InfraError
 from swerl.model.chat import IM_END
 from swerl.model.toolcall import format_tool_call
 
+NO_WEIGHT_GROUP = (
+    "the emulated engine has no model to receive weights into: use engine.weight_sync.method disk "
+    "(update_weights_from_disk emulates a sync's duration)"
+)
+
 
 @dataclass(frozen=True)
 class EpisodeProfile:
@@ -171,6 +176,30 @@ class EmulatedEngine:
 
     async def health(self) -> bool:
         return not self.closed
+
+    # No model to receive weights into: an emulated engine that joined a weight group would leave the trainer's
+    # broadcast waiting. Benchmarks emulate syncs through update_weights_from_disk (profile.weight_sync_s).
+
+    async def weight_group_ranks(self) -> int:
+        raise NotImplementedError(NO_WEIGHT_GROUP)
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        raise NotImplementedError(NO_WEIGHT_GROUP)
+
+    async def begin_weight_update(self) -> None:
+        raise NotImplementedError(NO_WEIGHT_GROUP)
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None = None, flush_cache: bool = True,
+    ) -> None:  # fmt: skip
+        raise NotImplementedError(NO_WEIGHT_GROUP)
+
+    async def end_weight_update(self) -> None:
+        raise NotImplementedError(NO_WEIGHT_GROUP)
 
     async def __aenter__(self) -> EmulatedEngine:
         return self

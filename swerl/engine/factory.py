@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import torch
+
 from swerl.config import EngineConfig
 from swerl.engine.base import Engine
 from swerl.engine.client import EngineClient
@@ -30,12 +32,16 @@ async def open_engine(
     """An engine serving `model_dir` at `weight_version` for a stage running `concurrency` episodes at once.
 
     local: LocalEngine in this process. http_local / sglang: `cfg.num_engines` servers launched on loopback (or
-    `cfg.urls`), behind an in-process Router; the servers are stopped (by pid) on exit.
+    `cfg.urls`), behind an in-process Router; the servers are stopped (by pid) on exit. Local engines run on
+    cfg.device in cfg.dtype (http_local with cuda: engine i on GPU i).
     """
+    if cfg.kind in ("local", "http_local") and cfg.device == "cuda" and not cfg.urls:
+        check_cuda(cfg.num_engines if cfg.kind == "http_local" else 1)
     if cfg.kind == "local":
         async with LocalEngine(
             model_dir, max_batch_size=cfg.max_batch_size, max_context_tokens=cfg.max_context_tokens, seed=seed,
             weight_version=weight_version, intra_op_threads=cfg.threads, prefix_cache_size=cfg.prefix_cache_size,
+            device=cfg.device, dtype=DTYPES[cfg.dtype], weight_sync_timeout_s=cfg.weight_sync.timeout_s,
         ) as engine:  # fmt: skip
             yield engine
         return
@@ -54,8 +60,8 @@ async def open_engine(
             EngineClient(url, pool_size=pool_size, connect_timeout_s=cfg.connect_timeout_s,
                          request_timeout_s=cfg.request_timeout_s, control_timeout_s=cfg.control_timeout_s,
                          health_timeout_s=cfg.health_timeout_s, retries=0, control_retries=cfg.retries,
-                         retry_backoff_s=cfg.retry_backoff_s,
-                         weight_version=weight_version)
+                         retry_backoff_s=cfg.retry_backoff_s, weight_version=weight_version,
+                         tp_size=cfg.tp_size if cfg.kind == "sglang" else 1)
             for url in urls
         ]  # fmt: skip
         log.info("engine limits: %d engines, %d connections each, request timeout %.0f s, retries %d, context %d",
@@ -75,10 +81,29 @@ def server_spec(
     cfg: EngineConfig, model_dir: str | Path, seed: int, weight_version: int
 ) -> LocalServerSpec | SGLangSpec:
     """What each launched engine process is started with (kind http_local or sglang)."""
+    sync = cfg.weight_sync
     if cfg.kind == "http_local":
         return LocalServerSpec(str(model_dir), cfg.max_batch_size, cfg.max_context_tokens, cfg.threads, seed,
-                               weight_version, cfg.prefix_cache_size)  # fmt: skip
+                               weight_version, cfg.prefix_cache_size, cfg.device, cfg.dtype, sync.timeout_s,
+                               sync.socket_ifname)  # fmt: skip
     if cfg.kind == "sglang":
         return SGLangSpec(str(model_dir), cfg.tp_size, cfg.max_context_tokens, cfg.mem_fraction_static,
-                          cfg.max_batch_size, seed, weight_version, tuple(cfg.sglang_args))  # fmt: skip
+                          cfg.max_batch_size, seed, weight_version, tuple(cfg.sglang_args),
+                          sync.socket_ifname)  # fmt: skip
     raise ValueError(f"engine kind {cfg.kind!r} runs in process: no server to launch")
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_cuda(gpus: int) -> None:
+    """engine.device cuda needs `gpus` GPUs visible to torch here; a clear error otherwise."""
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"engine.device is cuda but torch.cuda.is_available() is False (no GPU visible, or a CPU build of "
+            f"torch {torch.__version__}): set engine.device cpu"
+        )
+    if torch.cuda.device_count() < gpus:
+        raise ValueError(
+            f"engine.device cuda needs {gpus} GPUs (one per engine), {torch.cuda.device_count()} visible"
+        )

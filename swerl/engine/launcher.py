@@ -1,8 +1,9 @@
 """Start N engine server processes on 127.0.0.1, wait until each is healthy, stop them by process id.
 
-CPU: `python -m swerl.engine.server` (the local engine behind SGLang's API). GPU: `python -m
-sglang.launch_server` with the model path, tensor-parallel size, context-length cap, memory fraction and port
-from the config, each engine on its own GPUs (CUDA_VISIBLE_DEVICES). sglang is never imported here: the command
+Local: `python -m swerl.engine.server` (the local engine behind SGLang's API; on CPU, or engine i on GPU i with
+device cuda). GPU: `python -m sglang.launch_server` with the model path, tensor-parallel size, context-length cap,
+memory fraction and port from the config, each engine on its own GPUs (CUDA_VISIBLE_DEVICES). A weight-sync
+interface (socket_ifname) reaches every engine as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME. sglang is never imported here: the command
 runs in a child process, so a CPU machine needs only the `gpu` extra's absence checked (shutil.which / find_spec).
 Each engine's stdout and stderr go to its own log file; a start failure raises with the log's tail.
 """
@@ -30,6 +31,11 @@ class LocalServerSpec:
     seed: int
     weight_version: int = 0
     prefix_cache_size: int = 0
+    device: str = "cpu"
+    """cpu, or cuda: engine i runs on GPU i (CUDA_VISIBLE_DEVICES=i)."""
+    dtype: str = "float32"
+    weight_sync_timeout_s: float = 600.0
+    socket_ifname: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class SGLangSpec:
     seed: int
     weight_version: int = 0
     extra_args: tuple[str, ...] = ()
+    socket_ifname: str | None = None
 
 
 def local_server_command(spec: LocalServerSpec, host: str, port: int, index: int) -> list[str]:
@@ -58,6 +65,9 @@ def local_server_command(spec: LocalServerSpec, host: str, port: int, index: int
         "--seed", str(spec.seed + index),  # engines sample independent streams
         "--weight-version", str(spec.weight_version),
         "--prefix-cache-size", str(spec.prefix_cache_size),
+        "--device", spec.device,
+        "--dtype", spec.dtype,
+        "--weight-sync-timeout-s", str(spec.weight_sync_timeout_s),
         "--parent-pid", str(os.getpid()),  # the server exits when the process that launched it is gone
     ]  # fmt: skip
 
@@ -133,6 +143,13 @@ class EngineLauncher:
             else:
                 argv = local_server_command(self.spec, self.host, port, index)
                 env = {"OMP_NUM_THREADS": str(self.spec.threads)}
+                if self.spec.device == "cuda":
+                    env["CUDA_VISIBLE_DEVICES"] = str(index)
+            if self.spec.socket_ifname:
+                env |= {
+                    "GLOO_SOCKET_IFNAME": self.spec.socket_ifname,
+                    "NCCL_SOCKET_IFNAME": self.spec.socket_ifname,
+                }
             result.append((port, argv, env))
         return result
 

@@ -1,4 +1,5 @@
-"""The local CPU engine: a Hugging Face causal LM behind the Engine protocol, with continuous batching.
+"""The local engine: a Hugging Face causal LM behind the Engine protocol, with continuous batching, on CPU (the
+default) or a GPU (`device`).
 
 Concurrent `await engine.generate(request)` calls queue up; one scheduler task admits them (FIFO) into a running
 batch of at most `max_batch_size` requests, prefills each newly admitted one, and runs decode steps for the whole
@@ -15,7 +16,16 @@ Prefix cache (SGLang's radix cache, per trajectory): with `prefix_cache_size` > 
 is kept under its `rid` (least recently used first out); the next request with that rid (an agent's next turn,
 whose input starts with the previous input and output) prefills only the tokens past the longest common prefix.
 Weight updates and flush_cache empty it, as SGLang flushes its cache on a weight update, so a cached prefix was
-always computed by the weights now served.
+always computed by the weights now served (it holds finished requests only, so emptying it never conflicts with a
+running request: the flush_cache flag of a weight update is accepted and the cache is emptied either way).
+
+Weights arrive from disk (update_weights_from_disk) or over a process group, as SGLang takes them:
+init_weights_update_group joins the trainer's group (swerl.engine.weight_sync, one rank), begin_weight_update opens
+a session, each update_weights_from_distributed receives one bucket (empty tensors of the requested dtypes and
+shapes, broadcast from rank 0) and checks it against the model (names, shapes, tied embeddings); the buckets are
+staged and loaded together, between model steps, with the bucket that carries a weight_version (end_weight_update
+loads any staged after it). Loading is all-or-nothing: a refused bucket drops the session's staged tensors and
+the engine keeps serving its weights and version (SGLang loads bucket by bucket).
 
 Semantics follow SGLang's /generate, so one client drives both:
 - log-probs are of the temperature-scaled distribution softmax(logits / T), before top-p filtering; greedy
@@ -56,6 +66,14 @@ from swerl.engine.base import (
     WeightUpdateError,
 )
 from swerl.engine.batching import RunningBatch, request_seed, sample_token
+from swerl.engine.weight_sync import (
+    GroupBackend,
+    TensorSpec,
+    WeightGroup,
+    WeightGroupError,
+    open_group,
+    receive_list,
+)
 from swerl.errors import InfraError
 from swerl.model.loading import load_model_and_tokenizer
 
@@ -99,8 +117,16 @@ class _Request:
         )
 
 
+@dataclass(eq=False)
+class _WeightSession:
+    """A weight-update session: buckets received and checked, waiting to be loaded together."""
+
+    staged: dict[str, torch.Tensor] = field(default_factory=dict)
+    failed: str | None = None
+
+
 class LocalEngine:
-    """An in-process CPU inference engine: continuous batching, seeded sampling, weights swapped while serving.
+    """An in-process inference engine: continuous batching, seeded sampling, weights swapped while serving.
 
     swerl.engine.factory.open_engine maps EngineConfig (which holds the defaults) onto these arguments.
 
@@ -113,6 +139,9 @@ class LocalEngine:
             same rid (0: no prefix cache).
         seed: seeds every request's sampling generator (with its arrival number).
         dtype: model parameter dtype.
+        device: where the model and its KV cache live ("cpu", "cuda", "cuda:1"); sampling runs on CPU (the
+            request's seeded generator), one row of logits per token moved there.
+        weight_sync_timeout_s: how long joining a weight group, or one bucket's broadcast, may take.
         return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
         weight_version: version of the weights loaded from model_path.
         intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models
@@ -134,12 +163,24 @@ class LocalEngine:
         return_original_logprob: bool = False,
         weight_version: int = 0,
         intra_op_threads: int | None = 1,
+        device: str | torch.device = "cpu",
+        weight_sync_timeout_s: float = 600.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_size < 0:
             raise ValueError(f"prefix_cache_size must be >= 0, got {prefix_cache_size}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"engine device {self.device} asked for, but torch.cuda.is_available() is False (no GPU visible "
+                f"to this process, or a CPU build of torch {torch.__version__}); use device cpu"
+            )
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"engine device must be cpu or cuda, got {self.device}")
         model, tokenizer = _load_servable(model_path, dtype, max_context_tokens)
+        module: torch.nn.Module = model  # transformers types its own .to() too narrowly for a device
+        module.to(self.device)
         self.model: PreTrainedModel = model.eval()
         self.dtype = dtype
         self.max_batch_size = max_batch_size
@@ -171,6 +212,10 @@ class LocalEngine:
         self._prefixes = collections.OrderedDict()
         self.intra_op_threads = intra_op_threads
         self._worker = _model_thread(intra_op_threads)
+        self.weight_sync_timeout_s = weight_sync_timeout_s
+        self._groups: dict[str, WeightGroup] = {}
+        self._weight_session: _WeightSession | None = None
+        self._receive_lock = asyncio.Lock()  # one bucket on the wire at a time
 
     async def __aenter__(self) -> LocalEngine:
         return self
@@ -325,9 +370,9 @@ class LocalEngine:
         input_ids = state.request.input_ids
         cache = DynamicCache(config=self.model.config)
         reused = self._reuse_prefix(state.request.rid, input_ids, cache)
-        prompt = torch.tensor([input_ids[reused:]])  # (1, P - reused)
+        prompt = torch.tensor([input_ids[reused:]], device=self.device)  # (1, P - reused)
         output = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._sample_into(state, output.logits[0, -1], version)
+        self._sample_into(state, output.logits[0, -1].float().cpu(), version)
         self._counters["prefill_tokens"] += prompt.shape[1]
         self._counters["prefix_cached_tokens"] += reused
         self._seconds["prefill"] += time.perf_counter() - started
@@ -385,9 +430,11 @@ class LocalEngine:
         started = time.perf_counter()
         batch = self._batch
         rows = batch.rows
-        last_tokens = torch.tensor([[row.output_ids[-1]] for row in rows])  # (B, 1)
-        mask = torch.cat([batch.mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)  # (B, T + 1)
-        positions = torch.tensor([[position] for position in batch.positions])  # (B, 1)
+        device = self.device
+        last_tokens = torch.tensor([[row.output_ids[-1]] for row in rows], device=device)  # (B, 1)
+        ones = torch.ones(len(rows), 1, dtype=torch.long, device=device)
+        mask = torch.cat([batch.mask, ones], dim=1)  # (B, T + 1)
+        positions = torch.tensor([[position] for position in batch.positions], device=device)  # (B, 1)
         output = self.model(
             input_ids=last_tokens,
             attention_mask=mask,
@@ -397,7 +444,7 @@ class LocalEngine:
         )
         batch.mask = mask
         batch.positions = [position + 1 for position in batch.positions]
-        logits = output.logits[:, -1]  # (B, V)
+        logits = output.logits[:, -1].float().cpu()  # (B, V): sampled on CPU by the requests' generators
         for index, row in enumerate(rows):
             self._sample_into(row, logits[index], version)
         self._batch_sizes[len(rows)] += 1
@@ -424,19 +471,22 @@ class LocalEngine:
         if self._closed:
             raise InfraError("engine_unreachable", "the local engine is closed")
         state_dict = await asyncio.to_thread(self._read_weights, Path(model_path))
+        await self._between_steps(functools.partial(self._swap_weights, state_dict, True), weight_version)
+
+    async def _between_steps(self, swap: Callable[[], None], weight_version: int | None) -> None:
+        """Run swap on the worker between model steps, then serve weight_version (None: keep the version)."""
         if self._paused:  # the pause holds the step lock: no step is running, swap now
-            await self._in_worker(self._swap_weights, state_dict)
+            await self._in_worker(swap)
+        else:
+            self._step_lock_waiters += 1  # asks the worker to end its iteration after the step in flight
+            try:
+                async with self._step_lock:
+                    await self._in_worker(swap)
+            finally:
+                self._step_lock_waiters -= 1
+        if weight_version is not None:
             self.weight_version = weight_version
             self._counters["weight_updates"] += 1
-            return
-        self._step_lock_waiters += 1  # asks the worker to end its iteration after the step in flight
-        try:
-            async with self._step_lock:
-                await self._in_worker(self._swap_weights, state_dict)
-                self.weight_version = weight_version
-                self._counters["weight_updates"] += 1
-        finally:
-            self._step_lock_waiters -= 1
 
     async def pause_generation(self) -> None:
         """Stop scheduling after the step in flight (SGLang's in_place pause): requests keep their KV cache and
@@ -487,9 +537,140 @@ class LocalEngine:
         return new
 
     @torch.no_grad()
-    def _swap_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
-        self._prefixes.clear()  # computed by the old weights
+    def _swap_weights(self, state_dict: dict[str, torch.Tensor], strict: bool) -> None:
+        """Load (by name; a subset where not strict) and empty the prefix cache, computed by the old weights."""
+        self.model.load_state_dict(state_dict, strict=strict)
+        self._prefixes.clear()
+
+    async def weight_group_ranks(self) -> int:
+        """One rank: the whole model receives every tensor."""
+        return 1
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        """Join the trainer's weight group as rank rank_offset (returns once every rank joined); a group of the
+        same name is replaced. WeightUpdateError when the group does not form."""
+        if self._closed:
+            raise InfraError("engine_unreachable", "the local engine is closed")
+        if backend not in ("gloo", "nccl"):
+            raise WeightUpdateError(f"weight group backend must be gloo or nccl, got {backend!r}")
+        kind: GroupBackend = "gloo" if backend == "gloo" else "nccl"
+        old = self._groups.pop(group_name, None)
+        if old is not None:
+            old.close()
+        try:
+            group = await asyncio.to_thread(
+                open_group, master_address, master_port, rank_offset, world_size, kind, self.weight_sync_timeout_s,
+                self.device, group_name=group_name,
+            )  # fmt: skip
+        except (WeightGroupError, ValueError) as error:
+            raise WeightUpdateError(f"Failed to initialize custom process group: {error}") from error
+        self._groups[group_name] = group
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            raise WeightUpdateError("The group to be destroyed does not exist.")
+        group.close()
+
+    async def begin_weight_update(self) -> None:
+        if self._weight_session is not None:
+            raise WeightUpdateError("a weight-update session is already open; call end_weight_update() first")
+        self._weight_session = _WeightSession()
+
+    async def end_weight_update(self) -> None:
+        """Close the session; buckets staged after the last one with a weight_version load now (same version)."""
+        session = self._weight_session
+        if session is None:
+            raise WeightUpdateError("no weight-update session is open; call begin_weight_update() first")
+        self._weight_session = None
+        if session.staged and session.failed is None and not self._closed:
+            await self._between_steps(functools.partial(self._swap_weights, session.staged, False), None)
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None = None, flush_cache: bool = True,
+    ) -> None:  # fmt: skip
+        """Receive one bucket from rank 0 and stage it; with a weight_version, load every staged bucket (between
+        model steps) and serve that version. Raises WeightUpdateError (weights and version unchanged) for a bucket
+        that does not fit the model; it is still received, so the group stays in step."""
+        if self._closed:
+            raise InfraError("engine_unreachable", "the local engine is closed")
+        group = self._groups.get(group_name)
+        if group is None:
+            raise WeightUpdateError(
+                f"Group {group_name} not in {sorted(self._groups)}. Please call `init_weights_update_group` first."
+            )
+        session = self._weight_session
+        if session is None:
+            raise WeightUpdateError(
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            )
+        try:
+            if not len(names) == len(dtypes) == len(shapes):
+                raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes")
+            specs = [
+                TensorSpec(name, dtype, tuple(shape))
+                for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+            ]
+        except (ValueError, TypeError) as error:  # nothing can be received: the sender will time out
+            session.failed = f"bad request: {error}"
+            raise WeightUpdateError(f"Failed to receive weights: {error}") from error
+        async with self._receive_lock:
+            try:
+                tensors = await asyncio.to_thread(receive_list, group, specs, self.device)
+            except WeightGroupError as error:
+                session.failed = str(error)
+                self._groups.pop(group_name, None)
+                group.close()
+                raise WeightUpdateError(f"Failed to receive weights: {error}") from error
+        if session.failed is not None:
+            raise WeightUpdateError(
+                f"an earlier bucket of this update was refused ({session.failed}): not loaded"
+            )
+        problems = self._misfits(specs, tensors, session.staged)
+        if problems:
+            session.failed = problems[0]
+            session.staged.clear()
+            raise WeightUpdateError(
+                f"the weights do not fit the served model, nothing of this update is loaded: {problems[:8]}"
+            )
+        session.staged.update(zip(names, tensors, strict=True))
+        self._counters["weight_sync_bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+        if weight_version is not None:
+            staged, session.staged = session.staged, {}
+            await self._between_steps(functools.partial(self._swap_weights, staged, False), weight_version)
+
+    def _misfits(
+        self, specs: list[TensorSpec], tensors: list[torch.Tensor], staged: dict[str, torch.Tensor]
+    ) -> list[str]:
+        """Why a received bucket cannot load: unknown names, shapes unlike the model's, a name twice, or tied
+        weights (one tensor under two names, e.g. embed_tokens and lm_head) given two different values."""
+        current = self.model.state_dict()
+        problems: list[str] = []
+        names = [spec.name for spec in specs]
+        problems += [f"{name}: sent twice" for name in sorted({n for n in names if names.count(n) > 1})]
+        for spec in specs:
+            if spec.name not in current:
+                problems.append(f"{spec.name}: no such weight in the model")
+            elif tuple(current[spec.name].shape) != spec.shape:
+                problems.append(
+                    f"{spec.name}: shape {list(spec.shape)} != the model's {list(current[spec.name].shape)}"
+                )
+        if problems:
+            return problems
+        incoming = {**staged, **dict(zip(names, tensors, strict=True))}
+        by_storage: dict[int, list[str]] = {}
+        for name, tensor in current.items():
+            by_storage.setdefault(tensor.data_ptr(), []).append(name)
+        for aliases in by_storage.values():
+            given = [name for name in aliases if name in incoming]
+            for name in given[1:]:
+                if not torch.equal(incoming[given[0]].to(incoming[name].dtype), incoming[name]):
+                    problems.append(f"{given[0]} and {name} are one tied tensor in the model but differ")
+        return problems
 
     async def flush_cache(self) -> bool:
         """SGLang's /flush_cache: empty the prefix cache (between model steps)."""
@@ -522,6 +703,7 @@ class LocalEngine:
                     "decode_tokens",
                     "prefix_cached_tokens",
                     "weight_updates",
+                    "weight_sync_bytes",
                 )
             },
             "prefill_seconds": self._seconds["prefill"],
@@ -546,6 +728,9 @@ class LocalEngine:
             await asyncio.gather(self._scheduler, return_exceptions=True)
         self._fail_all(InfraError("engine_unreachable", "the local engine was closed"))
         self._worker.shutdown(wait=False)  # idle now: the scheduler has stopped
+        for group in self._groups.values():
+            group.close()
+        self._groups.clear()
 
     def _fail_all(self, error: InfraError) -> None:
         for state in [*self._waiting, *self._batch.rows]:

@@ -12,6 +12,14 @@
   request may span versions (the local engine reports each token's version);
   mode "drain" stops sending new requests, waits for those in flight to finish, updates and resumes, so every
   response comes from one version. Either way every response carries the weight version it was generated with.
+  flush_cache is sent only where SGLang accepts it for the mode (flush_cache_allowed).
+- Weight sync over a process group (SGLang's API): weight_group_ranks probes the engines and counts their ranks,
+  init_weights_update_group has engine i join as ranks 1 + (ranks of engines before it) ...; a sync is
+  begin_weight_update (pause or drain, then every member's session), one update_weights_from_distributed per
+  bucket to every member, end_weight_update (sessions closed, engines continue). A member that fails (no answer)
+  breaks the group (a broadcast needs every rank): it is taken out and the next sync needs a new group; a member
+  that refuses a bucket is taken out of rotation (SGLang loads bucket by bucket, so its weights are unknown) and
+  comes back once it takes a whole sync.
 
 The router runs in the caller's process: no proxy hop serialises the calls (see docs/architecture.md).
 """
@@ -32,6 +40,42 @@ from swerl.errors import InfraError
 log = logging.getLogger("swerl.engine.router")
 
 WeightUpdateMode = Literal["pause", "drain"]
+
+
+def flush_cache_allowed(weight_update_mode: str, pause_mode: str) -> bool:
+    """Whether SGLang (0.5.23) accepts flush_cache with a weight update made under this discipline.
+
+    SGLang flushes after loading only when its scheduler is idle (sglang/srt/managers/scheduler.py:
+    Scheduler.flush_cache, is_fully_idle(ignore_waiting=<engine paused>)); a flush it cannot do fails the update,
+    HTTP 400 after the weights loaded (scheduler_components/weight_updater.py: flush_cache_after_weight_update).
+    pause_generation (scheduler.py: pause_generation; io_struct.py: PauseGenerationReqInput) leaves running
+    requests in the running batch under in_place (not idle while one runs), moves them to the waiting queue under
+    retract (ignored while paused: idle) and ends them under abort. An update without a pause (drain) takes the
+    model-update writer lock, which waits for running requests, after swerl has waited for its own: idle.
+    """
+    return not (weight_update_mode == "pause" and pause_mode == "in_place")
+
+
+@dataclass(eq=False)
+class _WeightGroup:
+    """The weight group the router's engines joined (init_weights_update_group)."""
+
+    name: str
+    members: list[EngineSlot]
+    world_size: int
+    broken: str | None = None
+    """Why a broadcast can no longer complete (a member failed); None while usable."""
+
+
+@dataclass(eq=False)
+class _SyncSession:
+    """One weight sync under way (begin_weight_update .. end_weight_update)."""
+
+    paused: list[EngineSlot] = field(default_factory=list)
+    drained: bool = False
+    refused: set[EngineSlot] = field(default_factory=set)
+    version: int | None = None
+    """The version the sync's versioned bucket carried (every member that refused nothing serves it)."""
 
 
 @dataclass(eq=False)
@@ -96,7 +140,12 @@ class Router:
         self.weight_update_mode = weight_update_mode
         self.pause_mode = pause_mode
         self.weight_version = weight_version
+        self.flush_cache_on_update = flush_cache_allowed(weight_update_mode, pause_mode)
         self._weights_path: str | None = None
+        self._weights_distributed = False  # the current version came over a weight group (no path to reload)
+        self._group: _WeightGroup | None = None
+        self._candidates: list[EngineSlot] | None = None  # the engines weight_group_ranks counted
+        self._session: _SyncSession | None = None
         self._sticky: collections.OrderedDict[str, EngineSlot] = collections.OrderedDict()
         self._admitting = asyncio.Event()  # cleared while a drain-mode update runs
         self._admitting.set()
@@ -201,6 +250,7 @@ class Router:
                             weight_version)  # fmt: skip
                 self.weight_version = weight_version
                 self._weights_path = model_path
+                self._weights_distributed = False
                 return
             if not healthy:
                 raise InfraError("engine_unreachable", "no healthy engine to update")
@@ -215,6 +265,7 @@ class Router:
                 await self._update_all(healthy, model_path, weight_version, pause=True)
             self.weight_version = weight_version
             self._weights_path = model_path
+            self._weights_distributed = False
 
     async def _update_all(
         self, slots: list[EngineSlot], model_path: str, weight_version: int, pause: bool = False
@@ -244,11 +295,247 @@ class Router:
 
     async def _update_one(self, slot: EngineSlot, model_path: str, weight_version: int) -> None:
         try:
-            await slot.client.update_weights_from_disk(model_path, weight_version)
+            await slot.client.update_weights_from_disk(
+                model_path, weight_version, flush_cache=self.flush_cache_on_update
+            )
         except InfraError as error:
             self._take_out(slot, error)  # the health loop brings it back at the current version
             return
         slot.weight_version = weight_version
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Weight sync over a process group
+
+    async def weight_group_ranks(self) -> int:
+        """Probe every engine; the ranks of those that answer (they are the next init_weights_update_group's
+        members, engines out of rotation included: a whole sync brings them back)."""
+        alive = await asyncio.gather(*(slot.client.health() for slot in self.slots))
+        self._candidates = [slot for slot, ok in zip(self.slots, alive, strict=True) if ok]
+        if not self._candidates:
+            raise InfraError(
+                "engine_unreachable", f"no engine among {len(self.slots)} answers: no weight group"
+            )
+        return sum(slot.client.tp_size for slot in self._candidates)
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        """Every member joins the group, engine i (in order) at rank rank_offset + the ranks of those before it;
+        returns once all (and the trainer, rank 0) joined. world_size must be rank_offset + weight_group_ranks()."""
+        if self._candidates is None:
+            await self.weight_group_ranks()
+        assert self._candidates is not None
+        members = list(self._candidates)
+        ranks = sum(slot.client.tp_size for slot in members)
+        if world_size != rank_offset + ranks:
+            raise ValueError(
+                f"world_size {world_size} != rank_offset {rank_offset} + {ranks} ranks of {len(members)} engines "
+                "(from weight_group_ranks(); call it again if engines came or went)"
+            )
+        async with self._update_lock:
+            if (
+                self._group is not None
+            ):  # SGLang refuses a second init under one name until the first is destroyed
+                old = self._group
+                self._group = None
+                await asyncio.gather(
+                    *(slot.client.destroy_weights_update_group(old.name) for slot in old.members),
+                    return_exceptions=True,
+                )
+            offsets = [rank_offset]
+            for slot in members[:-1]:
+                offsets.append(offsets[-1] + slot.client.tp_size)
+            results = await asyncio.gather(
+                *(
+                    slot.client.init_weights_update_group(
+                        master_address, master_port, offset, world_size, group_name, backend
+                    )
+                    for slot, offset in zip(members, offsets, strict=True)
+                ),
+                return_exceptions=True,
+            )
+            errors = self._settle(members, results)
+            self._candidates = None
+            if errors:
+                raise errors[0]
+            self._group = _WeightGroup(group_name, members, world_size)
+        log.info("weight group %r: %d engines joined, world size %d", group_name, len(members), world_size)
+
+    def _settle(self, slots: list[EngineSlot], results: list[Any]) -> list[BaseException]:
+        """Take out the engines whose call failed with an InfraError; the errors, refusals first."""
+        errors: list[BaseException] = []
+        for slot, result in zip(slots, results, strict=True):
+            if isinstance(result, InfraError):
+                self._take_out(slot, result)
+            if isinstance(result, BaseException):
+                errors.append(result)
+        return sorted(errors, key=lambda error: not isinstance(error, WeightUpdateError))
+
+    def _usable_group(self) -> _WeightGroup:
+        group = self._group
+        if group is None:
+            raise WeightUpdateError(
+                "no weight group: call weight_group_ranks and init_weights_update_group first"
+            )
+        if group.broken is not None:
+            raise WeightUpdateError(
+                f"weight group {group.name!r} is broken ({group.broken}): form it again "
+                "(weight_group_ranks, init_weights_update_group)"
+            )
+        return group
+
+    def _break(self, group: _WeightGroup, slot: EngineSlot, error: Exception) -> None:
+        self._take_out(slot, error)
+        if group.broken is None:
+            group.broken = f"engine {slot.client.base_url} failed: {error}"
+            log.warning("weight group %r broken: %s", group.name, group.broken)
+
+    async def begin_weight_update(self) -> None:
+        """Start a sync: stop generation as weight_update_mode says (pause or drain), open every member's session.
+
+        Engines in rotation that are not members are taken out (the sync would leave them on old weights). Holds
+        the router's update lock until end_weight_update."""
+        group = self._usable_group()
+        await self._update_lock.acquire()
+        session = _SyncSession()
+        try:
+            for slot in self.slots:
+                if slot.healthy and slot not in group.members:
+                    self._take_out(slot, WeightUpdateError(f"not a member of weight group {group.name!r}"))
+            alive = await asyncio.gather(*(slot.client.health() for slot in group.members))
+            for slot, ok in zip(group.members, alive, strict=True):
+                if not ok:
+                    self._break(group, slot, InfraError("engine_unreachable", "health probe failed"))
+            self._usable_group()
+            live = [slot for slot in group.members if slot.healthy]
+            if self.weight_update_mode == "drain":
+                session.drained = True
+                self._admitting.clear()
+                await asyncio.gather(*(slot.idle.wait() for slot in live))
+            else:
+                results = await asyncio.gather(
+                    *(slot.client.pause_generation(self.pause_mode) for slot in live), return_exceptions=True
+                )
+                session.paused = [slot for slot, result in zip(live, results, strict=True) if result is None]
+                for slot, result in zip(live, results, strict=True):
+                    if isinstance(result, BaseException):
+                        self._break(
+                            group, slot, result if isinstance(result, Exception) else Exception(result)
+                        )
+                self._usable_group()
+            results = await asyncio.gather(
+                *(slot.client.begin_weight_update() for slot in group.members), return_exceptions=True
+            )
+            for slot, result in zip(group.members, results, strict=True):
+                if isinstance(result, InfraError):
+                    self._break(group, slot, result)
+            errors = self._settle(group.members, [None if isinstance(r, InfraError) else r for r in results])
+            if errors or group.broken is not None:
+                opened = [slot for slot, result in zip(group.members, results, strict=True) if result is None]
+                await asyncio.gather(
+                    *(slot.client.end_weight_update() for slot in opened), return_exceptions=True
+                )
+                if errors:
+                    raise errors[0]
+                self._usable_group()
+        except BaseException:
+            await self._resume(session)
+            self._update_lock.release()
+            raise
+        self._session = session
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None = None, flush_cache: bool = True,
+    ) -> None:  # fmt: skip
+        """One bucket to every member (inside begin_weight_update .. end_weight_update). flush_cache is sent only
+        where the pause mode allows it (flush_cache_allowed). A member that fails breaks the group: the others'
+        requests are abandoned and the InfraError raised; a refusal takes the member out of rotation and is raised
+        once every member answered. With weight_version, every member that refused nothing in this sync serves it,
+        and the router does when none refused."""
+        session = self._session
+        group = self._usable_group()
+        if session is None:
+            raise WeightUpdateError(
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            )
+        if group_name != group.name:
+            raise WeightUpdateError(f"the router's weight group is {group.name!r}, not {group_name!r}")
+        flush = flush_cache and self.flush_cache_on_update
+        tasks = {
+            asyncio.ensure_future(
+                slot.client.update_weights_from_distributed(
+                    names, dtypes, shapes, group_name, weight_version, flush
+                )
+            ): slot
+            for slot in group.members
+        }
+        refusals: list[WeightUpdateError] = []
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                slot, error = tasks[task], task.exception()
+                if isinstance(error, WeightUpdateError):
+                    session.refused.add(slot)
+                    refusals.append(error)
+                    self._take_out(
+                        slot, error
+                    )  # SGLang has loaded the buckets before: its weights are unknown
+                elif error is not None:
+                    self._break(group, slot, error if isinstance(error, Exception) else Exception(error))
+                    for other in pending:
+                        other.cancel()  # those engines wait for a broadcast that cannot complete
+                    raise error
+        if weight_version is not None:
+            session.version = weight_version
+            for slot in group.members:
+                if slot not in session.refused:
+                    slot.weight_version = weight_version
+            if not session.refused:
+                self.weight_version = weight_version
+                self._weights_path = None
+                self._weights_distributed = True
+        if refusals:
+            raise refusals[0]
+
+    async def end_weight_update(self) -> None:
+        """Close every member's session, bring back members that took the whole sync, resume generation."""
+        session = self._session
+        if session is None:
+            raise WeightUpdateError("no weight-update session is open; call begin_weight_update() first")
+        self._session = None
+        group = self._group
+        try:
+            if group is not None:
+                results = await asyncio.gather(
+                    *(slot.client.end_weight_update() for slot in group.members), return_exceptions=True
+                )
+                for slot, result in zip(group.members, results, strict=True):
+                    if isinstance(result, InfraError):
+                        self._break(group, slot, result)
+                    elif isinstance(result, BaseException):
+                        slot.last_error = str(result)
+                    elif session.version is not None and slot not in session.refused and not slot.healthy:
+                        slot.healthy = True  # it took the whole sync: it serves what the others serve
+                        slot.client.weight_version = session.version
+                        log.info(
+                            "engine %s back in rotation at version %d", slot.client.base_url, session.version
+                        )
+        finally:
+            await self._resume(session)
+            self._update_lock.release()
+
+    async def _resume(self, session: _SyncSession) -> None:
+        if session.drained:
+            self._admitting.set()
+        results = await asyncio.gather(
+            *(slot.client.continue_generation() for slot in session.paused), return_exceptions=True
+        )
+        for slot, result in zip(session.paused, results, strict=True):
+            if isinstance(result, InfraError):
+                self._take_out(slot, result)
 
     async def flush_cache(self) -> bool:
         results = await asyncio.gather(*(slot.client.flush_cache() for slot in self.slots if slot.healthy))
@@ -273,8 +560,15 @@ class Router:
         try:
             info = await slot.client.model_info()
             reported = str(info.get("weight_version", ""))
+            if reported != str(self.weight_version) and self._weights_distributed:
+                slot.last_error = (
+                    f"serves weight version {reported}, the router {self.weight_version} (sent over the weight "
+                    "group): back after it takes a whole weight sync"
+                )
+                return
             if self._weights_path is not None and reported != str(self.weight_version):
                 async with self._update_lock:
+                    # out of rotation, so idle: SGLang can flush whatever the pause mode
                     await slot.client.update_weights_from_disk(self._weights_path, self.weight_version)
             slot.client.weight_version = self.weight_version
             slot.weight_version = self.weight_version
@@ -309,7 +603,15 @@ class Router:
                     "removals": slot.removals,
                     "weight_version": slot.weight_version,
                     "last_error": slot.last_error,
+                    "in_weight_group": self._group is not None and slot in self._group.members,
                 }
                 for slot in self.slots
             ],
+            "weight_group": None
+            if self._group is None
+            else {
+                "name": self._group.name,
+                "world_size": self._group.world_size,
+                "broken": self._group.broken,
+            },
         }

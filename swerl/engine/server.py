@@ -1,11 +1,14 @@
-"""The local CPU engine as an HTTP server speaking the subset of SGLang's native API that swerl uses.
+"""The local engine as an HTTP server speaking the subset of SGLang's native API that swerl uses.
 
     python -m swerl.engine.server --model DIR --port N [--host 127.0.0.1] [--max-batch-size 8]
         [--max-context-tokens 2048] [--threads 1] [--seed 0] [--weight-version 0] [--prefix-cache-size 0]
+        [--device cpu|cuda] [--dtype float32|bfloat16] [--weight-sync-timeout-s 600]
 
 Routes: POST /generate, POST /update_weights_from_disk, GET|POST /flush_cache, GET /health, GET /health_generate,
-GET /get_model_info (and /model_info), POST /pause_generation, POST /continue_generation, and GET /engine_stats
-(swerl's counters). Concurrent /generate calls share the LocalEngine's continuous batch; a request that reaches
+GET /get_model_info (and /model_info), POST /pause_generation, POST /continue_generation, GET /engine_stats
+(swerl's counters), and weight sync over a process group as SGLang serves it: POST /init_weights_update_group,
+/destroy_weights_update_group, /begin_weight_update, /update_weights_from_distributed, /end_weight_update (each
+answers {"success", "message"}, HTTP 200 or 400). Concurrent /generate calls share the LocalEngine's continuous batch; a request that reaches
 the context cap finishes with reason length, as SGLang does. Bad input answers 400 with {"error": {"message"}}
 and the engine keeps serving; an engine failure answers 503.
 """
@@ -22,6 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -38,6 +42,7 @@ SAMPLING_ACCEPTED_AS_NO_OPS = frozenset(
 """SGLang sampling params that only shape detokenized text, which this token-only engine never produces."""
 GENERATE_ACCEPTED_AS_NO_OPS = frozenset({"stream", "logprob_start_len", "return_text_in_logprobs"})
 """/generate fields accepted with their default meaning (no streaming, output log-probs only)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class UpdateWeightsBody(BaseModel):
@@ -46,6 +51,40 @@ class UpdateWeightsBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model_path: str
+    weight_version: str | None = None
+
+
+class InitGroupBody(BaseModel):
+    """SGLang's InitWeightsUpdateGroupReqInput (its defaults)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class GroupNameBody(BaseModel):
+    """SGLang's DestroyWeightsUpdateGroupReqInput."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    group_name: str = "weight_update_group"
+
+
+class DistributedUpdateBody(BaseModel):
+    """The fields of SGLang's UpdateWeightsFromDistributedReqInput this engine honours (others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
     weight_version: str | None = None
 
 
@@ -105,6 +144,67 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             return JSONResponse({"success": False, "message": str(error)}, status_code=503)
         state["model_path"] = body.model_path
         return _update_result(True, f"weights from {body.model_path} serve as version {target}")
+
+    async def weight_call(
+        raw: Request, body_type: type[BaseModel] | None, call: Callable[[Any], Any]
+    ) -> JSONResponse:
+        """A weight-control route: parse, call, answer SGLang's {"success", "message"} (400 when refused)."""
+        try:
+            body = body_type.model_validate(await raw.json()) if body_type is not None else None
+        except (ValueError, ValidationError) as error:
+            return _update_result(False, f"bad request: {error}")
+        try:
+            message = await call(body)
+        except WeightUpdateError as error:
+            return _update_result(False, str(error))
+        except InfraError as error:
+            return JSONResponse({"success": False, "message": str(error)}, status_code=503)
+        return _update_result(True, message)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(raw: Request) -> JSONResponse:
+        async def call(body: InitGroupBody) -> str:
+            await engine().init_weights_update_group(body.master_address, body.master_port, body.rank_offset,
+                                                     body.world_size, body.group_name, body.backend)  # fmt: skip
+            return "Succeeded to initialize custom process group."
+
+        return await weight_call(raw, InitGroupBody, call)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(raw: Request) -> JSONResponse:
+        async def call(body: GroupNameBody) -> str:
+            await engine().destroy_weights_update_group(body.group_name)
+            return "Succeeded to destroy custom process group."
+
+        return await weight_call(raw, GroupNameBody, call)
+
+    @app.post("/begin_weight_update")
+    async def begin_weight_update(raw: Request) -> JSONResponse:
+        async def call(body: None) -> str:
+            await engine().begin_weight_update()
+            return "Success"
+
+        return await weight_call(raw, None, call)
+
+    @app.post("/end_weight_update")
+    async def end_weight_update(raw: Request) -> JSONResponse:
+        async def call(body: None) -> str:
+            await engine().end_weight_update()
+            return "Success"
+
+        return await weight_call(raw, None, call)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(raw: Request) -> JSONResponse:
+        async def call(body: DistributedUpdateBody) -> str:
+            version = int(body.weight_version) if body.weight_version is not None else None
+            await engine().update_weights_from_distributed(
+                body.names, body.dtypes, body.shapes, body.group_name, version, body.flush_cache
+            )
+            message = "Succeeded to update parameter online."
+            return message + (f" Weight version updated to {version}." if version is not None else "")
+
+        return await weight_call(raw, DistributedUpdateBody, call)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
@@ -220,6 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--prefix-cache-size", type=int, default=0, help="finished requests kept for reuse by rid"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model and its KV cache)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="weights and forward passes"
+    )
+    parser.add_argument("--weight-sync-timeout-s", type=float, default=600.0,
+                        help="joining a weight group, or one bucket's broadcast, may take this long")  # fmt: skip
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (pending connections)")
     parser.add_argument("--limit-concurrency", type=int, default=None, help="uvicorn's cap (None: none)")
     parser.add_argument("--parent-pid", type=int, default=None,
@@ -244,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
             weight_version=args.weight_version,
             intra_op_threads=args.threads,
             prefix_cache_size=args.prefix_cache_size,
+            device=args.device,
+            dtype=DTYPES[args.dtype],
+            weight_sync_timeout_s=args.weight_sync_timeout_s,
         )
 
     app = create_app(build, model)
