@@ -53,35 +53,77 @@ def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
     assert (tmp_path / "two" / "tokenizer.json").is_file()
 
 
-def _grpo(distributed: DistributedConfig | None = None, **weight_sync: Any) -> GRPOStage:
-    """One synchronous step, episodes one at a time (the engine's seeded sampling then sees the same arrival
-    order in both runs, so both train on the same groups)."""
+def _grpo(distributed: DistributedConfig | None = None, steps: int = 1, **weight_sync: Any) -> GRPOStage:
+    """Synchronous steps, episodes one at a time (the engine's seeded sampling then sees the same arrival order in
+    every run, so runs whose engines hold the same weights train on the same groups)."""
     grpo = GRPO.model_validate(
         GRPO.model_dump()
-        | {
-            "schedule": GRPO.schedule.model_dump() | {"steps": 1},
-            "rollout": GRPO.rollout.model_dump() | {"concurrency": 1},
-        }
+        | {"schedule": GRPO.schedule.model_dump() | {"steps": steps},
+           "rollout": GRPO.rollout.model_dump() | {"concurrency": 1}}
         | ({"distributed": distributed.model_dump()} if distributed else {})
-    )
+    )  # fmt: skip
     engine = ENGINE.model_copy(update={"weight_sync": ENGINE.weight_sync.model_copy(update=weight_sync)})
     return GRPOStage(grpo=grpo, agent=AGENT, engine=engine)
 
 
-def test_the_grpo_stage_on_two_ranks_matches_the_one_process_first_step(
+SAME_GROUPS = ("reward_mean", "trajectories_trained", "loss_tokens", "response_tokens_mean")
+
+
+def _same_step(actual: dict[str, float], expected: dict[str, float]) -> None:
+    assert expected["trajectories_trained"] > 0 and expected["loss_tokens"] > 0
+    for key in SAME_GROUPS:
+        assert actual[key] == expected[key], key  # the same groups
+    for key in ("loss", "grad_norm", "entropy_mean"):
+        assert actual[key] == pytest.approx(expected[key], rel=RTOL, abs=1e-7), key
+
+
+def test_the_grpo_stage_on_two_ranks_with_the_weights_over_a_process_group(
     env: Env,  # noqa: F811
     curate: Manifest,  # noqa: F811
     sft: Manifest,  # noqa: F811
     tmp_path: Path,
 ) -> None:
+    """1 process through disk (the default), 2 ranks through disk, 2 ranks over a gloo weight group into the
+    engine: the same first step; the two 2-rank runs also the same second step, whose rollouts the synced engine
+    sampled (a sync that loaded other weights would sample other tokens)."""
     one = env.json(env.run("grpo-1rank", run_grpo, _grpo(), [curate, sft]).manifest, "grpo_report.json")
-    manifest = env.run("grpo-2ranks", run_grpo, _grpo(TWO_RANKS), [curate, sft]).manifest
-    two = env.json(manifest, "grpo_report.json")
-    first, second = one["history"][0], two["history"][0]
-    assert first["trajectories_trained"] > 0 and first["loss_tokens"] > 0
-    for key in ("reward_mean", "trajectories_trained", "loss_tokens", "response_tokens_mean"):
-        assert second[key] == first[key], key  # the same groups
-    for key in ("loss", "grad_norm", "entropy_mean"):
-        assert second[key] == pytest.approx(first[key], rel=RTOL, abs=1e-7), key
-    assert two["steps"] == 1
-    assert (one["trainer"]["ranks"], two["trainer"]["ranks"], two["trainer"]["backend"]) == (1, 2, "fsdp2")
+    disk = env.json(env.run("grpo-2ranks", run_grpo, _grpo(TWO_RANKS, 2), [curate, sft]).manifest,
+                    "grpo_report.json")  # fmt: skip
+    group = env.json(
+        env.run("grpo-2ranks-group", run_grpo, _grpo(TWO_RANKS, 2, method="distributed", bucket_mb=1),
+                [curate, sft]).manifest, "grpo_report.json",
+    )  # fmt: skip
+    _same_step(disk["history"][0], one["history"][0])
+    _same_step(group["history"][0], one["history"][0])
+    second_disk, second_group = disk["history"][1], group["history"][1]
+    for key in SAME_GROUPS:
+        assert second_group[key] == second_disk[key], key
+    assert second_group["loss"] == pytest.approx(second_disk["loss"], rel=RTOL)
+    assert (one["trainer"]["ranks"], group["trainer"]["ranks"], group["trainer"]["backend"]) == (
+        1,
+        2,
+        "fsdp2",
+    )
+    weights = state_dict(get_dir(env.store, sft, "model", tmp_path / "sft"))
+    for stats in group["history"]:  # per-sync seconds and bytes: every tensor of the state dict in fp32, once
+        assert stats["weight_sync/bytes"] == sum(tensor.numel() * 4 for tensor in weights.values())
+        assert stats["weight_sync/tensors"] == len(weights)
+        assert stats["weight_sync/buckets"] >= 1 and stats["weight_sync/seconds"] > 0
+    assert disk["history"][0]["weight_sync/bytes"] > 0  # the exported safetensors
+
+
+def test_a_distributed_weight_sync_with_evaluation_beside_training_is_refused(
+    env: Env,  # noqa: F811
+    curate: Manifest,  # noqa: F811
+    sft: Manifest,  # noqa: F811
+) -> None:
+    cfg = _grpo(method="distributed")
+    cfg = cfg.model_copy(
+        update={
+            "grpo": cfg.grpo.model_copy(
+                update={"mode": "async", "eval": cfg.grpo.eval.model_copy(update={"every": 1})}
+            )
+        }
+    )
+    with pytest.raises(ValueError, match="exports none"):
+        env.run("grpo-refused", run_grpo, cfg, [curate, sft])

@@ -28,7 +28,7 @@ from swerl.rollout.journal import FinishedGroup, Ledger
 from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
-from swerl.rollout.step import PolicyTrainer, train_and_sync
+from swerl.rollout.step import DistributedWeights, PolicyTrainer, train_and_sync
 from swerl.rollout.sync_loop import NothingTrainable, nothing_trainable_reason, trainable
 from swerl.trajectory import Trajectory
 
@@ -163,6 +163,7 @@ async def train_async(
     save: Callable[[Ledger], None],
     infra_counts: dict[str, int] | None = None,
     on_export: Callable[[Path, int], None] | None = None,
+    weights: DistributedWeights | None = None,
 ) -> bool:
     """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent); returns
     whether the time budget ended it (said as a warning).
@@ -171,7 +172,8 @@ async def train_async(
     in a row raise NothingTrainable.
 
     on_export(path, step) sees every exported checkpoint once the engine has loaded it; it must not block (it
-    runs on the event loop; an evaluation it starts runs as its own task).
+    runs on the event loop; an evaluation it starts runs as its own task). With `weights` (the weights go over a
+    process group) nothing is exported and on_export is not called.
     """
     started = time.monotonic()
     deadline = None if settings.time_budget_s is None else started + settings.time_budget_s
@@ -215,10 +217,10 @@ async def train_async(
                                returned)  # fmt: skip
                 return True
             waited = time.monotonic() - step_started
-            outcome = await train_and_sync(trainer, engine, batch.groups, export_dir)
+            outcome = await train_and_sync(trainer, engine, batch.groups, export_dir, weights)
             ledger.record_scored(trainer.step, outcome.scored)
             last_update_s = outcome.update_s
-            if on_export is not None:
+            if on_export is not None and outcome.export is not None:
                 on_export(outcome.export, trainer.step)
             timings = {"time_wait_rollouts_s": waited, "time_weight_sync_s": outcome.sync_s,
                        "time_total_s": time.monotonic() - step_started}  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from swerl.engine.base import Engine
 from swerl.rollout.groups import EpisodeFn, rollout_groups
-from swerl.rollout.step import PolicyTrainer, train_and_sync
+from swerl.rollout.step import DistributedWeights, PolicyTrainer, train_and_sync
 from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ async def train_sync(
     on_step: Callable[[dict[str, float], list[list[Trajectory]]], None],
     save: Callable[[], Any],
     progress: SyncProgress | None = None,
+    weights: DistributedWeights | None = None,
 ) -> None:
     """Sample, update and sync until trainer.step reaches settings.steps (or the deadline passes).
 
@@ -133,7 +134,7 @@ async def train_sync(
                 )
             continue
         progress.empty_in_a_row = 0
-        outcome = await train_and_sync(trainer, engine, groups, export_dir)
+        outcome = await train_and_sync(trainer, engine, groups, export_dir, weights)
         stats = outcome.stats | {
             "time_rollout_s": rollout_s,
             "time_weight_sync_s": outcome.sync_s,

@@ -33,6 +33,7 @@ from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
 from swerl.model.loading import context_length, load_model_and_tokenizer, load_tokenizer
 from swerl.rollout.environments import EnvironmentPlanner, ProviderEnvironments
+from swerl.rollout.step import DistributedWeights
 from swerl.rollout.sync_loop import SyncProgress, SyncSettings, train_sync
 from swerl.sandbox.pool import SandboxPool
 from swerl.stages.common import (
@@ -78,11 +79,36 @@ def check_config(cfg: GRPOStage, context: int) -> None:
     over = {k: v for k, v in caps.items() if context and v > context}
     if over:
         raise ValueError(f"token caps exceed the model's context of {context} tokens: {over}")
+    if cfg.engine.weight_sync.method == "distributed":
+        if cfg.grpo.eval.every > 0:
+            raise ValueError(
+                "grpo.eval.every evaluates the weights exported for the engine, and engine.weight_sync.method "
+                "distributed exports none: set one of them back (eval.every 0, or method disk)"
+            )
+        if cfg.grpo.distributed.backend == "megatron":
+            raise ValueError(
+                "engine.weight_sync.method distributed is not built for the megatron backend yet: use method disk"
+            )
     if cfg.agent.max_trajectory_tokens > cfg.engine.max_context_tokens:
         raise ValueError(
             f"agent.max_trajectory_tokens ({cfg.agent.max_trajectory_tokens}) exceeds engine.max_context_tokens "
             f"({cfg.engine.max_context_tokens}): episodes would be cut by the engine, not by the agent's cap"
         )
+
+
+def distributed_weights(engine: EngineConfig, g: GRPOConfig) -> DistributedWeights | None:
+    """engine.weight_sync as the loops' DistributedWeights (None: through disk, the default)."""
+    w = engine.weight_sync
+    if w.method != "distributed":
+        return None
+    backend = (
+        w.process_group
+        if w.process_group != "auto"
+        else ("nccl" if g.distributed.device == "cuda" else "gloo")
+    )
+    return DistributedWeights(master_addr=w.master_addr, master_port=w.master_port, backend=backend,
+                              group_name=w.group_name, bucket_bytes=w.bucket_mb << 20, dtype=engine.dtype,
+                              timeout_s=w.timeout_s, socket_ifname=w.socket_ifname)  # fmt: skip
 
 
 def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
@@ -301,6 +327,7 @@ async def _sample_and_train(
             env_dir = await planner.environment(task)
             return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.rollout.attempts_per_task)
 
+        weights = distributed_weights(cfg.engine, g)
         if run.asynchronous is None:
             budget = g.schedule.time_budget_s
             deadline = None if budget is None else started + budget - run.elapsed_before_s
@@ -309,14 +336,15 @@ async def _sample_and_train(
                                     checkpoint_every=g.schedule.checkpoint_every, deadline=deadline,
                                     max_empty_steps=g.schedule.max_empty_steps)  # fmt: skip
             await train_sync(trainer, engine, run.order, episode, settings, export_dir=ctx.workdir / "exports",
-                             on_step=run.on_sync_step, save=run.save, progress=run.progress)  # fmt: skip
+                             on_step=run.on_sync_step, save=run.save, progress=run.progress,
+                             weights=weights)  # fmt: skip
             return
         trained = False
         try:
             await run.asynchronous.run(trainer, engine, episode, run.counts, run.history, run.save,
                                        lambda groups: episode_stats(groups) | provider.step_metrics(),
                                        on_export=run.evaluator.after_export if run.evaluator else None,
-                                       prewarm=prewarm)  # fmt: skip
+                                       prewarm=prewarm, weights=weights)  # fmt: skip
             trained = True
         finally:  # a crash cancels a running evaluation; a finished stage follows grpo.eval.at_end
             if run.evaluator is not None:

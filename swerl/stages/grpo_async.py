@@ -18,6 +18,7 @@ from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.longtail import write_histograms
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
+from swerl.rollout.step import DistributedWeights
 from swerl.stages.runner import StageContext
 from swerl.train.grpo_trainer import Trainer
 from swerl.trajectory import Trajectory
@@ -68,6 +69,7 @@ class AsyncGRPO:
         step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
         on_export: Callable[[Path, int], None] | None = None,
         prewarm: Callable[[TaskInstance], Awaitable[Callable[[], None]]] | None = None,
+        weights: DistributedWeights | None = None,
     ) -> None:
         """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
         step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the
@@ -104,7 +106,7 @@ class AsyncGRPO:
 
         await train_async(trainer, engine, manager, settings_from_config(g), self.ledger,
                           export_dir=ctx.workdir / "exports", on_step=on_step, save=checkpoint,
-                          infra_counts=infra_counts, on_export=on_export)  # fmt: skip
+                          infra_counts=infra_counts, on_export=on_export, weights=weights)  # fmt: skip
         self.next_seq = manager.next_seq
 
     def log_histograms(self) -> None:

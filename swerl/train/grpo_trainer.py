@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from swerl.engine.weight_sync import GroupBackend, TensorSpec, open_group, send_tensors, torch_dtype
 from swerl.model.loading import save_model_and_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.rollout.step import PolicyTrainer
@@ -577,6 +578,48 @@ class GRPOTrainer:
         for old in exports[: -self.keep_exports]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    # -- weights to engines over a process group (engine.weight_sync.method: distributed) --------------------
+
+    def weight_specs(self, dtype: str) -> list[TensorSpec]:
+        """Name, dtype and full shape of every tensor the engines get (the model's state dict under its HF names),
+        in the dtype they travel in."""
+        return [
+            TensorSpec(name, dtype, tuple(tensor.shape)) for name, tensor in self.model.state_dict().items()
+        ]
+
+    def open_weight_group(
+        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float,
+        group_name: str, socket_ifname: str | None = None,
+    ) -> None:  # fmt: skip
+        """Rank 0 hosts the weight group as its rank 0 (the engines join as ranks 1..world_size-1 meanwhile); the
+        other ranks have no part in it. A group formed before is closed first."""
+        if not self.is_main:
+            return
+        old = getattr(self, "_weight_group", None)
+        if old is not None:
+            old.close()
+        backend_name: GroupBackend = "nccl" if backend == "nccl" else "gloo"
+        self._weight_group = open_group(
+            master_addr, master_port, 0, world_size, backend_name, timeout_s, self.device,
+            group_name=group_name, socket_ifname=socket_ifname,
+        )  # fmt: skip
+
+    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
+        """One bucket: every rank gathers each named tensor in full (a collective when sharded), rank 0 broadcasts
+        them in order to the weight group; returns the bytes sent (0 on other ranks)."""
+        state = self.model.state_dict()
+        tensors = []
+        for name in names:
+            tensor = state[name]
+            full = getattr(tensor, "full_tensor", None)
+            tensors.append((full() if full is not None else tensor).detach().to(torch_dtype(dtype)))
+        if not self.is_main:
+            return 0
+        group = getattr(self, "_weight_group", None)
+        if group is None:
+            raise RuntimeError("broadcast_weights before open_weight_group: there is no weight group")
+        return send_tensors(group, tensors)
 
     def save_model(self, out_dir: str | Path) -> Path:
         """The policy (and tokenizer, when given) in Hugging Face format under out_dir, for the next stage."""

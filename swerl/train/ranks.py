@@ -177,6 +177,34 @@ class DistributedTrainer(RankGroup):
         state: TrainerState = self.call("load", Path(path))
         return state
 
+    def weight_specs(self, dtype: str) -> list[Any]:
+        """The trainer's weight_specs (TensorSpec list)."""
+        return list(self.call("weight_specs", dtype))
+
+    def open_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
+        socket_ifname: str | None = None,
+    ) -> None:
+        self.call(
+            "open_weight_group",
+            master_addr,
+            master_port,
+            world_size,
+            backend,
+            timeout_s,
+            group_name,
+            socket_ifname,
+        )
+
+    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
+        return int(self.call("broadcast_weights", list(names), dtype))
+
     def save_model(self, out_dir: str | Path) -> Path:
         return Path(self.call("save_model", Path(out_dir)))
 

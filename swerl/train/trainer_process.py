@@ -196,6 +196,34 @@ class TrainerProcess:
         state: TrainerState = self._call("load", Path(path))
         return state
 
+    def weight_specs(self, dtype: str) -> list[Any]:
+        """The trainer's weight_specs (TensorSpec list)."""
+        return list(self._call("weight_specs", dtype))
+
+    def open_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
+        socket_ifname: str | None = None,
+    ) -> None:
+        self._call(
+            "open_weight_group",
+            master_addr,
+            master_port,
+            world_size,
+            backend,
+            timeout_s,
+            group_name,
+            socket_ifname,
+        )
+
+    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
+        return int(self._call("broadcast_weights", list(names), dtype))
+
     def save_model(self, out_dir: str | Path) -> Path:
         return Path(self._call("save_model", Path(out_dir)))
 
