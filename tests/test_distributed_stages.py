@@ -53,7 +53,9 @@ def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
     assert (tmp_path / "two" / "tokenizer.json").is_file()
 
 
-def _grpo(distributed: DistributedConfig | None = None, steps: int = 1, **weight_sync: Any) -> GRPOStage:
+def _grpo(
+    distributed: DistributedConfig | None = None, steps: int = 1, kind: str = "local", **weight_sync: Any
+) -> GRPOStage:
     """Synchronous steps, episodes one at a time (the engine's seeded sampling then sees the same arrival order in
     every run, so runs whose engines hold the same weights train on the same groups)."""
     grpo = GRPO.model_validate(
@@ -62,7 +64,9 @@ def _grpo(distributed: DistributedConfig | None = None, steps: int = 1, **weight
            "rollout": GRPO.rollout.model_dump() | {"concurrency": 1}}
         | ({"distributed": distributed.model_dump()} if distributed else {})
     )  # fmt: skip
-    engine = ENGINE.model_copy(update={"weight_sync": ENGINE.weight_sync.model_copy(update=weight_sync)})
+    engine = ENGINE.model_copy(
+        update={"kind": kind, "weight_sync": ENGINE.weight_sync.model_copy(update=weight_sync)}
+    )
     return GRPOStage(grpo=grpo, agent=AGENT, engine=engine)
 
 
@@ -83,14 +87,14 @@ def test_the_grpo_stage_on_two_ranks_with_the_weights_over_a_process_group(
     sft: Manifest,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """1 process through disk (the default), 2 ranks through disk, 2 ranks over a gloo weight group into the
-    engine: the same first step; the two 2-rank runs also the same second step, whose rollouts the synced engine
+    """1 process through disk into the in-process engine (the default), 2 ranks through disk, 2 ranks over a gloo
+    weight group into a local engine server (its own process, behind the router): the same first step; the two 2-rank runs also the same second step, whose rollouts the synced engine
     sampled (a sync that loaded other weights would sample other tokens)."""
     one = env.json(env.run("grpo-1rank", run_grpo, _grpo(), [curate, sft]).manifest, "grpo_report.json")
     disk = env.json(env.run("grpo-2ranks", run_grpo, _grpo(TWO_RANKS, 2), [curate, sft]).manifest,
                     "grpo_report.json")  # fmt: skip
     group = env.json(
-        env.run("grpo-2ranks-group", run_grpo, _grpo(TWO_RANKS, 2, method="distributed", bucket_mb=1),
+        env.run("grpo-2ranks-group", run_grpo, _grpo(TWO_RANKS, 2, "http_local", method="distributed", bucket_mb=1),
                 [curate, sft]).manifest, "grpo_report.json",
     )  # fmt: skip
     _same_step(disk["history"][0], one["history"][0])
