@@ -20,15 +20,14 @@ import concurrent.futures
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from swerl.config import DistributedConfig
 from swerl.train.checkpoint import TrainerState
 from swerl.train.sft import StepMetrics
-from swerl.train.trainer_process import TrainerProcess, TrainerProcessDied
-from swerl.trajectory import Trajectory
+from swerl.train.trainer_process import RemoteTrainer, TrainerProcess, TrainerProcessDied
 
 logger = logging.getLogger(__name__)
 
@@ -141,72 +140,11 @@ class RankGroup:
         self.close()
 
 
-class DistributedTrainer(RankGroup):
-    """The GRPO stage's trainer (grpo_trainer.Trainer) served by FSDP2 ranks."""
+class DistributedTrainer(RankGroup, RemoteTrainer):
+    """The GRPO stage's trainer (grpo_trainer.Trainer) served by FSDP2 (or Megatron) ranks."""
 
-    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-        # The conversation text is for traces and debugging, never for the loss: it does not cross the pipes.
-        lean = [[t.model_copy(update={"messages": []}) for t in group] for group in groups]
-        result: dict[str, float] = self.call("train_step", lean)
-        return result
-
-    def scored_attempts(self) -> list[tuple[str, int]]:
-        return [(str(group), int(attempt)) for group, attempt in self.call("scored_attempts")]
-
-    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
-        return Path(self.call("export_weights", Path(out_dir), version))
-
-    def save(
-        self,
-        checkpoint_dir: str | Path,
-        *,
-        epoch: int = 0,
-        example_index: int = 0,
-        num_examples: int = 0,
-        data_fingerprint: str = "",
-        keep_last: int = 2,
-    ) -> Path:
-        return Path(
-            self.call(
-                "save", Path(checkpoint_dir), epoch=epoch, example_index=example_index, num_examples=num_examples,
-                data_fingerprint=data_fingerprint, keep_last=keep_last,
-            )
-        )  # fmt: skip
-
-    def load(self, path: str | Path) -> TrainerState:
-        state: TrainerState = self.call("load", Path(path))
-        return state
-
-    def weight_specs(self, dtype: str) -> list[Any]:
-        """The trainer's weight_specs (TensorSpec list)."""
-        return list(self.call("weight_specs", dtype))
-
-    def open_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-        group_name: str,
-        socket_ifname: str | None = None,
-    ) -> None:
-        self.call(
-            "open_weight_group",
-            master_addr,
-            master_port,
-            world_size,
-            backend,
-            timeout_s,
-            group_name,
-            socket_ifname,
-        )
-
-    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
-        return int(self.call("broadcast_weights", list(names), dtype))
-
-    def save_model(self, out_dir: str | Path) -> Path:
-        return Path(self.call("save_model", Path(out_dir)))
+    def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.call(method, *args, **kwargs)
 
 
 class SFTRanks(RankGroup):

@@ -18,6 +18,7 @@ a child that dies mid-call (killed, out of memory) raises TrainerProcessDied nam
 
 from __future__ import annotations
 
+import abc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -90,7 +91,80 @@ def _portable(exc: BaseException) -> BaseException:
     return exc
 
 
-class TrainerProcess:
+class RemoteTrainer(abc.ABC):
+    """The GRPO trainer's methods (grpo_trainer.Trainer) as calls to trainers elsewhere: `_invoke(method, ...)` is
+    one process's pipe (TrainerProcess) or every rank's at once (swerl.train.ranks.DistributedTrainer)."""
+
+    @abc.abstractmethod
+    def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call `method` on the trainer(s) and return (rank 0's) result."""
+
+    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+        # The conversation text is for traces and debugging, never for the loss: it does not cross the pipe.
+        lean = [[t.model_copy(update={"messages": []}) for t in group] for group in groups]
+        result: dict[str, float] = self._invoke("train_step", lean)
+        return result
+
+    def scored_attempts(self) -> list[tuple[str, int]]:
+        return [(str(group), int(attempt)) for group, attempt in self._invoke("scored_attempts")]
+
+    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
+        return Path(self._invoke("export_weights", Path(out_dir), version))
+
+    def save(
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        epoch: int = 0,
+        example_index: int = 0,
+        num_examples: int = 0,
+        data_fingerprint: str = "",
+        keep_last: int = 2,
+    ) -> Path:
+        return Path(
+            self._invoke(
+                "save", Path(checkpoint_dir), epoch=epoch, example_index=example_index,
+                num_examples=num_examples, data_fingerprint=data_fingerprint, keep_last=keep_last,
+            )
+        )  # fmt: skip
+
+    def load(self, path: str | Path) -> TrainerState:
+        state: TrainerState = self._invoke("load", Path(path))
+        return state
+
+    def weight_specs(self, dtype: str) -> list[Any]:
+        """The trainer's weight_specs (TensorSpec list)."""
+        return list(self._invoke("weight_specs", dtype))
+
+    def open_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
+        socket_ifname: str | None = None,
+    ) -> None:
+        self._invoke(
+            "open_weight_group",
+            master_addr,
+            master_port,
+            world_size,
+            backend,
+            timeout_s,
+            group_name,
+            socket_ifname,
+        )
+
+    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
+        return int(self._invoke("broadcast_weights", list(names), dtype))
+
+    def save_model(self, out_dir: str | Path) -> Path:
+        return Path(self._invoke("save_model", Path(out_dir)))
+
+
+class TrainerProcess(RemoteTrainer):
     """A GRPOTrainer served by a spawned child process; the methods the GRPO loops call, with the same results."""
 
     def __init__(
@@ -163,69 +237,8 @@ class TrainerProcess:
                 raise TrainerProcessDied(f"the trainer process ended before {method}") from exc
             return self._reply(method)
 
-    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-        # The conversation text is for traces and debugging, never for the loss: it does not cross the pipe.
-        lean = [[t.model_copy(update={"messages": []}) for t in group] for group in groups]
-        result: dict[str, float] = self._call("train_step", lean)
-        return result
-
-    def scored_attempts(self) -> list[tuple[str, int]]:
-        return [(str(group), int(attempt)) for group, attempt in self._call("scored_attempts")]
-
-    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
-        return Path(self._call("export_weights", Path(out_dir), version))
-
-    def save(
-        self,
-        checkpoint_dir: str | Path,
-        *,
-        epoch: int = 0,
-        example_index: int = 0,
-        num_examples: int = 0,
-        data_fingerprint: str = "",
-        keep_last: int = 2,
-    ) -> Path:
-        return Path(
-            self._call(
-                "save", Path(checkpoint_dir), epoch=epoch, example_index=example_index,
-                num_examples=num_examples, data_fingerprint=data_fingerprint, keep_last=keep_last,
-            )
-        )  # fmt: skip
-
-    def load(self, path: str | Path) -> TrainerState:
-        state: TrainerState = self._call("load", Path(path))
-        return state
-
-    def weight_specs(self, dtype: str) -> list[Any]:
-        """The trainer's weight_specs (TensorSpec list)."""
-        return list(self._call("weight_specs", dtype))
-
-    def open_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-        group_name: str,
-        socket_ifname: str | None = None,
-    ) -> None:
-        self._call(
-            "open_weight_group",
-            master_addr,
-            master_port,
-            world_size,
-            backend,
-            timeout_s,
-            group_name,
-            socket_ifname,
-        )
-
-    def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
-        return int(self._call("broadcast_weights", list(names), dtype))
-
-    def save_model(self, out_dir: str | Path) -> Path:
-        return Path(self._call("save_model", Path(out_dir)))
+    def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call(method, *args, **kwargs)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the child (asked first, killed if it does not end within timeout_s); idempotent."""
