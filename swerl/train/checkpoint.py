@@ -21,6 +21,7 @@ only the newest N plus those a published result references.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -29,7 +30,7 @@ import shutil
 import struct
 import uuid
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -182,31 +183,57 @@ def _save_sharded_checkpoint(
     engines load the folder as they load any other) and trainer_state.pt without an optimizer (marked sharded).
     The temporary directory is named by rank 0 and renamed by it after every rank has written.
     """
+    with sharded_checkpoint(checkpoint_dir, state, keep_last, ranks.is_main, ranks.broadcast_object,
+                            ranks.barrier) as temp:  # fmt: skip
+        save_sharded(temp, model, optimizer)
+        torch.save(capture_rng_state(), temp / RANK_RNG_FILE.format(rank=ranks.rank))
+        weights = full_state_dict(model, ranks)  # collective
+        if ranks.is_main:
+            model.save_pretrained(temp, state_dict=weights, safe_serialization=True)
+            if tokenizer is not None:
+                save_tokenizer(tokenizer, temp)
+            payload = {"trainer_state": asdict(state), "optimizer": None, "sharded": ranks.world_size,
+                       "rng": capture_rng_state()}  # fmt: skip
+            torch.save(payload, temp / STATE_FILE)
+    return Path(checkpoint_dir) / checkpoint_name(state.step)
+
+
+@contextlib.contextmanager
+def sharded_checkpoint(
+    checkpoint_dir: str | Path,
+    state: TrainerState,
+    keep_last: int,
+    is_main: bool,
+    share: Callable[[Any], Any],
+    barrier: Callable[[], None],
+    subdirs: Iterable[str] = (),
+) -> Iterator[Path]:
+    """A checkpoint every rank of a sharded trainer writes together (FSDP2 here, megatron's backend too).
+
+    Rank 0 removes stale temporaries and makes the temporary folder (and `subdirs` in it); `share` hands its name
+    to every rank (a broadcast: also the barrier after which the folder exists); each rank writes its part in the
+    with-block; after `barrier` (every rank's part is on disk) rank 0 publishes it (the readable state, the rename,
+    pruning to keep_last), and a last barrier holds every rank until the checkpoint is in place.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     root = Path(checkpoint_dir)
     final = root / checkpoint_name(state.step)
-    temp_name = None
-    if ranks.is_main:
+    name = None
+    if is_main:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        temp_name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-        (root / temp_name).mkdir()
-    temp = root / str(ranks.broadcast_object(temp_name))  # also the barrier: the directory exists from here
-    save_sharded(temp, model, optimizer)
-    torch.save(capture_rng_state(), temp / RANK_RNG_FILE.format(rank=ranks.rank))
-    weights = full_state_dict(model, ranks)  # collective
-    if ranks.is_main:
-        model.save_pretrained(temp, state_dict=weights, safe_serialization=True)
-        if tokenizer is not None:
-            save_tokenizer(tokenizer, temp)
-        payload = {"trainer_state": asdict(state), "optimizer": None, "sharded": ranks.world_size,
-                   "rng": capture_rng_state()}  # fmt: skip
-        torch.save(payload, temp / STATE_FILE)
-    ranks.barrier()  # every rank's shards are on disk
-    if ranks.is_main:
+        name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        (root / name).mkdir()
+        for sub in subdirs:
+            (root / name / sub).mkdir(parents=True)
+    temp = root / str(share(name))
+    yield temp
+    barrier()
+    if is_main:
         _publish(temp, final, state, keep_last)
-    ranks.barrier()
-    return final
+    barrier()
 
 
 def check_checkpoint_dir(path: str | Path) -> Path:

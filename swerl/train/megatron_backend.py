@@ -81,13 +81,12 @@ from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import (
     RANK_RNG_FILE,
     STATE_FILE,
-    STATE_JSON,
     TrainerState,
     capture_rng_state,
     check_checkpoint_dir,
     checkpoint_name,
-    list_checkpoints,
     restore_rng_state,
+    sharded_checkpoint,
 )
 from swerl.train.grpo import ImportanceSums, PolicyLossStats, importance_sums, policy_loss
 from swerl.train.grpo_trainer import (
@@ -929,37 +928,21 @@ class MegatronGRPOTrainer:
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
 
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         state = TrainerState(self.step, epoch, example_index, self.seed, num_examples, data_fingerprint)
-        root = Path(checkpoint_dir)
-        final = root / checkpoint_name(state.step)
-        name = None
-        if self.is_main:
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in root.glob(".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            name = f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-            (root / name / MEGATRON_DIR).mkdir(parents=True)  # dist_checkpointing.save wants it to exist
-        temp = root / self._shared_name(name)  # also the barrier: the folder exists from here
-        dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(temp / MEGATRON_DIR))
-        rng = {"swerl": capture_rng_state(), "megatron": tensor_parallel.get_cuda_rng_tracker().get_states()}
-        torch.save(rng, temp / RANK_RNG_FILE.format(rank=self.rank))
-        self._write_hf(temp)
-        if self.is_main:
-            payload = {"trainer_state": asdict(state), "optimizer": None, "sharded": f"megatron x {self.config.ranks}",
-                       "rng": capture_rng_state()}  # fmt: skip
-            torch.save(payload, temp / STATE_FILE)
-            (temp / STATE_JSON).write_text(json.dumps(asdict(state), indent=2) + "\n")
-        dist.barrier()  # every rank's shards are on disk
-        if self.is_main:
-            if final.exists():
-                shutil.rmtree(final)
-            temp.rename(final)
-            for old in list_checkpoints(root)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
-        return final
+        with sharded_checkpoint(checkpoint_dir, state, keep_last, self.is_main, self._shared_name, dist.barrier,
+                                subdirs=[MEGATRON_DIR]) as temp:  # fmt: skip
+            dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(temp / MEGATRON_DIR))
+            rng = {
+                "swerl": capture_rng_state(),
+                "megatron": tensor_parallel.get_cuda_rng_tracker().get_states(),
+            }
+            torch.save(rng, temp / RANK_RNG_FILE.format(rank=self.rank))
+            self._write_hf(temp)
+            if self.is_main:
+                payload = {"trainer_state": asdict(state), "optimizer": None,
+                           "sharded": f"megatron x {self.config.ranks}", "rng": capture_rng_state()}  # fmt: skip
+                torch.save(payload, temp / STATE_FILE)
+        return Path(checkpoint_dir) / checkpoint_name(state.step)
 
     def load(self, path: str | Path) -> TrainerState:
         """Restore a checkpoint `save` wrote (same parallel layout up to data-parallel resharding, same seed);
