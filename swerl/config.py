@@ -554,7 +554,8 @@ class DistributedConfig(StrictModel):
                 )
             m = self.megatron
             experts = m.expert_tensor_parallel * m.expert_parallel * m.pipeline_parallel
-            if self.ranks % experts:  # megatron-core's expert grid: PP x ETP x EP x expert-data-parallel ranks
+            # megatron-core's expert grid: PP x ETP x EP x expert-data-parallel ranks
+            if self.ranks % experts:
                 raise ValueError(
                     f"megatron: expert_tensor_parallel x expert_parallel x pipeline_parallel ({experts}) must "
                     f"divide ranks ({self.ranks})"
