@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swerl.config import DistributedConfig
-from swerl.stages.common import get_dir
+from swerl.stages.common import DurableCheckpoints, get_dir
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import Manifest
 from swerl.stages.sft import SFTStage, run_sft
@@ -39,6 +39,7 @@ def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
     traces: Manifest,  # noqa: F811
     sft: Manifest,  # noqa: F811
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = SFTStage.build(SFT.model_copy(update={"distributed": TWO_RANKS}), AGENT, ENGINE)
     manifest = env.run("sft-2ranks", run_sft, cfg, [curate, traces]).manifest
@@ -48,9 +49,29 @@ def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
     assert (one["trainer"]["ranks"], two["trainer"]["ranks"], two["trainer"]["backend"]) == (1, 2, "fsdp2")
     assert len(set(two["trainer"]["pids"])) == 2
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=RTOL)
-    _close(state_dict(get_dir(env.store, manifest, "model", tmp_path / "two")),
-           state_dict(get_dir(env.store, sft, "model", tmp_path / "one")))  # fmt: skip
+    two_ranks = state_dict(get_dir(env.store, manifest, "model", tmp_path / "two"))
+    _close(two_ranks, state_dict(get_dir(env.store, sft, "model", tmp_path / "one")))
     assert (tmp_path / "two" / "tokenizer.json").is_file()
+
+    # A crash after step 4's sharded checkpoint reached the store: the rerun starts 2 new ranks from it (through
+    # the store: shards, rank RNG files, DCP metadata) and ends bitwise equal to the uninterrupted 2-rank run.
+    original = DurableCheckpoints.sync
+
+    def crashing_sync(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if "step_00000004" in done:
+            raise RuntimeError("injected crash after step_00000004 was synced")
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        env.run("sft-2ranks-crash", run_sft, cfg, [curate, traces])
+    monkeypatch.undo()
+    resumed = env.run("sft-2ranks-crash", run_sft, cfg, [curate, traces]).manifest
+    report = env.json(resumed, "sft_report.json")
+    assert (report["resumed_from"], report["steps_this_attempt"], report["steps"]) == ("step_00000004", 2, 6)
+    weights = state_dict(get_dir(env.store, resumed, "model", tmp_path / "resumed"))
+    assert all(torch.equal(weights[k], two_ranks[k]) for k in two_ranks)
 
 
 def _grpo(
