@@ -6,8 +6,17 @@ Parts (`--parts`, comma-separated; default sft,grpo,sync):
   MixedPrecisionPolicy, fp32 master weights), packed rows of random tokens with the assistant mask on half.
 - grpo: GRPOTrainer (swerl.train.grpo_trainer) on the same rank: synthetic groups (random tokens, sampled runs and
   observations, random behaviour log-probs, rewards 0/1), one optimizer update per step.
-- sync: the GRPO trainer's export (HF folder) and the local engine loading it (update_weights_from_disk), seconds
-  per GB of weights, on the GPU where the engine takes a device.
+- sync: the GRPO trainer's weights into a local engine (on the GPU, bf16; on CPU, float32), two ways side by side:
+  through disk (export_weights to an HF folder, LocalEngine.update_weights_from_disk) and over a process group
+  (swerl.rollout.step.DistributedWeights, the GRPO loops' engine.weight_sync.method distributed: the trainer's
+  broadcast_weights to the engine's update_weights_from_distributed, buckets of weight_sync.bucket_mb): a warm-up
+  sync that forms the group, then --syncs timed ones; seconds per sync, GB per sync, seconds per GB and GB/s. The
+  backend: gloo on CPU; on GPUs NCCL with the engine on a second GPU, and on a machine with one GPU whatever a
+  child process finds NCCL does with two ranks on that one device (NCCL >= 2.5 refuses: "Duplicate GPU
+  detected"), gloo carrying the CUDA tensors when it refuses (group_placement; --sync-backend forces one). Then a
+  check that the engine holds the trainer's weights: it starts from zeroed weights, and after the syncs its state
+  dict equals the trainer's cast to the engine dtype, bit for bit, and its greedy tokens equal those of an engine
+  built from an export of the same weights; a failed check fails the part.
 - megatron: swerl.train.megatron_backend on a tiny Qwen3-MoE built from config (forward, backward, optimizer
   step); skipped with the reason where the megatron extra is not installed.
 The model is a Qwen3 built from config (random weights; nothing downloaded): Qwen3-0.6B's shape by default
@@ -21,19 +30,21 @@ GPU's dense bf16 peak (--peak-tflops, H200: 989). On CPU there is no MFU.
 
     python scripts/device_bench.py                       # on the GPU (scripts/device_check.sh runs it)
     python scripts/device_bench.py --cpu --tiny          # smoke test on CPU: a few seconds
-Prints a summary table; writes JSON to --out, or to $OUT/device_bench.json when OUT is set.
+Prints a summary table; writes JSON to --out, or to $OUT/device_bench.json when OUT is set (after every part, so a
+part cut off by the device check's time limit leaves the earlier figures): "sync" (disk) and "sync_group" (the
+process group, with its "weights_check").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import os
 import platform
 import random
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +74,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/device_bench.json)")
+    parser.add_argument(
+        "--syncs", type=int, default=3, help="timed syncs over the process group (after a warm-up)"
+    )
+    parser.add_argument(
+        "--sync-backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="the process group's backend (auto: gloo on CPU; nccl on GPUs, see group_placement)",
+    )
+    parser.add_argument(
+        "--nccl-probe", action="store_true", help=argparse.SUPPRESS
+    )  # the child of probe_nccl_one_gpu
     return parser.parse_args(argv)
 
 
@@ -259,8 +282,23 @@ def bench_grpo(
     return result, trainer
 
 
-def bench_sync(args: argparse.Namespace, trainer: Any, work: Path) -> dict[str, Any]:
-    """Export the GRPO trainer's weights (HF folder) and load them into the local engine; seconds per GB."""
+def engine_options(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """LocalEngine arguments as swerl.engine.factory.open_engine maps them: the model on `device` in the engine dtype
+    (float32 on CPU, bfloat16 on the GPU), a small batch and context (the checks generate a few tokens)."""
+    from swerl.config import WeightSyncConfig
+    from swerl.engine.factory import DTYPES
+
+    return dict(max_batch_size=1, max_context_tokens=64, prefix_cache_size=0, device=device,
+                dtype=DTYPES[engine_dtype(args)], weight_sync_timeout_s=min(WeightSyncConfig().timeout_s, 120.0))  # fmt: skip
+
+
+def engine_dtype(args: argparse.Namespace) -> str:
+    return "float32" if args.cpu else "bfloat16"
+
+
+def bench_sync(args: argparse.Namespace, trainer: Any, work: Path) -> tuple[dict[str, Any], Path]:
+    """Export the GRPO trainer's weights (HF folder) and load them into the local engine; seconds per GB. Returns the
+    figures and the second export (the trainer's current weights)."""
     from swerl.engine.local import LocalEngine
 
     first = trainer.export_weights(work / "exports", version=1)
@@ -268,33 +306,233 @@ def bench_sync(args: argparse.Namespace, trainer: Any, work: Path) -> dict[str, 
     started = time.perf_counter()
     second = trainer.export_weights(work / "exports", version=2)
     export_s = time.perf_counter() - started
-    options: dict[str, Any] = dict(max_batch_size=1, max_context_tokens=64, prefix_cache_size=0)
-    parameters = inspect.signature(LocalEngine).parameters
-    engine_device = "cpu"
-    if "device" in parameters and not args.cpu:
-        options["device"] = engine_device = "cuda"
-    if "dtype" in parameters:
-        options["dtype"] = torch.float32 if args.cpu else torch.bfloat16
+    engine_device = "cpu" if args.cpu else "cuda"
 
     async def load() -> float:
-        engine = LocalEngine(first, **options)
-        try:
+        async with LocalEngine(first, **engine_options(args, engine_device)) as engine:
             began = time.perf_counter()
             await engine.update_weights_from_disk(str(second), 2)
             return time.perf_counter() - began
-        finally:
-            await engine.close()
 
     load_s = asyncio.run(load())
+    seconds = export_s + load_s
     return {
         "weights_gb": size_gb,
         "export_s": export_s,
         "load_s": load_s,
         "export_s_per_gb": export_s / size_gb if size_gb else None,
         "load_s_per_gb": load_s / size_gb if size_gb else None,
+        "seconds_per_sync": seconds,
+        "s_per_gb": seconds / size_gb if size_gb else None,
+        "gb_per_s": size_gb / seconds if seconds > 0 else None,
         "engine_device": engine_device,
         "method": "disk (export_weights -> LocalEngine.update_weights_from_disk)",
-    }
+    }, second
+
+
+def group_placement(
+    args: argparse.Namespace, trainer_device: torch.device
+) -> tuple[str, str, dict[str, Any]]:
+    """Where the engine of the process-group sync runs and over which backend: (engine device, backend, notes).
+
+    CPU: gloo. GPUs: with two visible the engine takes the second and NCCL carries the weights; with one, the
+    engine shares the trainer's GPU, where NCCL (from 2.5) refuses a communicator with two ranks on one device
+    ("Duplicate GPU detected"): a child process asks this machine's NCCL (--nccl-probe), and gloo (CUDA tensors
+    through host memory) carries the weights when NCCL says no. --sync-backend forces a backend.
+    """
+    notes: dict[str, Any] = {}
+    if args.cpu:
+        return "cpu", "nccl" if args.sync_backend == "nccl" else "gloo", notes
+    if torch.cuda.device_count() >= 2:
+        other = 1 if (trainer_device.index or 0) == 0 else 0
+        return f"cuda:{other}", "gloo" if args.sync_backend == "gloo" else "nccl", notes
+    device = f"cuda:{trainer_device.index or 0}"
+    if args.sync_backend != "auto":
+        return device, args.sync_backend, notes
+    probe = probe_nccl_one_gpu()
+    notes["nccl_same_gpu"] = probe
+    if probe.get("ok"):
+        return device, "nccl", notes
+    notes["backend_reason"] = (
+        "one GPU: the trainer and the engine share it, and NCCL did not form a group of two ranks on one device "
+        "(nccl_same_gpu); gloo carried the CUDA tensors through host memory"
+    )
+    return device, "gloo", notes
+
+
+def probe_nccl_one_gpu(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Run `device_bench.py --nccl-probe` in a child process (an NCCL failure must not take this one down)."""
+    began = time.perf_counter()
+    try:
+        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--nccl-probe"], capture_output=True,
+                             text=True, timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer within {timeout_s:g} s", "seconds": timeout_s}
+    answer = next((line for line in reversed(run.stdout.splitlines()) if line.startswith("{")), None)
+    result = (
+        json.loads(answer) if answer else {"ok": False, "error": (run.stderr.strip() or "no output")[-600:]}
+    )
+    result.update(exit=run.returncode, seconds=time.perf_counter() - began)
+    return result
+
+
+def nccl_probe() -> dict[str, Any]:
+    """Can NCCL form a weight group of two ranks on GPU 0 of one process (swerl.engine.weight_sync, as the
+    process-group sync forms it)? Rank 0 sends [0, 1, 2, 3], rank 1 receives it."""
+    import threading
+
+    from swerl.engine.weight_sync import TensorSpec, open_group, receive_list, send_tensors
+    from swerl.services import free_port
+
+    port, outcome = free_port(), dict[str, Any]()
+
+    def member(rank: int) -> None:
+        try:
+            device = torch.device("cuda", 0)
+            group = open_group("127.0.0.1", port, rank, 2, "nccl", 30.0, device, group_name="nccl-probe")
+            try:
+                if rank == 0:
+                    send_tensors(group, [torch.arange(4, dtype=torch.float32, device=device)])
+                else:
+                    received = receive_list(group, [TensorSpec("x", "float32", (4,))], device)[0]
+                    outcome["received"] = received.cpu().tolist()
+            finally:
+                group.close()
+        except Exception as error:  # noqa: BLE001 - the answer is the error
+            outcome.setdefault("error", f"rank {rank}: {type(error).__name__}: {error}"[-600:])
+
+    threads = [threading.Thread(target=member, args=(rank,), daemon=True) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 40.0
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in threads) and "error" not in outcome:
+        outcome["error"] = "the group did not form or the broadcast did not complete within 40 s"
+    return {"ok": outcome.get("received") == [0.0, 1.0, 2.0, 3.0] and "error" not in outcome, **outcome}
+
+
+def bench_group_sync(
+    args: argparse.Namespace, trainer: Any, work: Path, export: Path | None, syncs: int
+) -> dict[str, Any]:
+    """The GRPO trainer's weights to a local engine over a process group (swerl.rollout.step.DistributedWeights,
+    the GRPO loops' engine.weight_sync.method distributed): one warm-up sync (it forms the group), then `syncs`
+    timed ones. Then the check that the engine holds the trainer's weights: its state dict equals the trainer's
+    (cast to the engine dtype), and greedy generation equals that of a second engine built from an export of the
+    same weights. The engine starts from zeroed weights, so a sync that moves nothing fails the check."""
+    from swerl.config import WeightSyncConfig
+    from swerl.engine.local import LocalEngine
+    from swerl.rollout.step import DistributedWeights
+
+    if export is None:
+        export = trainer.export_weights(work / "exports", version=2)
+    engine_device, backend, notes = group_placement(args, trainer.device)
+    defaults = WeightSyncConfig()
+    weights = DistributedWeights(master_addr=defaults.master_addr, master_port=0, backend=backend,
+                                 group_name=defaults.group_name, bucket_bytes=defaults.bucket_mb << 20,
+                                 dtype=engine_dtype(args), timeout_s=min(defaults.timeout_s, 120.0))  # fmt: skip
+    options = engine_options(args, engine_device)
+
+    async def run() -> dict[str, Any]:
+        async with LocalEngine(export, **options) as engine, LocalEngine(export, **options) as reference:
+            with torch.no_grad():
+                for parameter in engine.model.parameters():
+                    parameter.zero_()
+            before = compare_weights(trainer, engine)
+            warmup = await weights.sync(trainer, engine, version=1)
+            sync_cuda(engine.device)
+            timed = []
+            for version in range(2, syncs + 2):
+                timed.append(await weights.sync(trainer, engine, version=version))
+            sync_cuda(engine.device)
+            after = compare_weights(trainer, engine)
+            prompt = [random.Random(1).randrange(3, engine.vocab_size) for _ in range(16)]
+            synced, loaded = await greedy(engine, prompt, 8), await greedy(reference, prompt, 8)
+            served_version = engine.weight_version
+        seconds = [stats.seconds for stats in timed]
+        per_sync = sum(seconds) / len(seconds)
+        gigabytes = timed[-1].bytes / 1e9
+        check = {
+            "state_dict_equal": after["equal"],
+            "state_dict": after,
+            "differed_before": not before["equal"],
+            "greedy_tokens": len(synced),
+            "greedy_equal": synced == loaded and len(synced) == 8,
+            "greedy_synced": synced,
+            "greedy_from_export": loaded,
+            "engine_version": served_version,
+            "expected_version": syncs + 1,
+        }
+        check["ok"] = bool(
+            check["state_dict_equal"] and check["differed_before"] and check["greedy_equal"]
+            and served_version == syncs + 1
+        )  # fmt: skip
+        result = {
+            "backend": backend,
+            "engine_device": engine_device,
+            "trainer_device": str(trainer.device),
+            "dtype": engine_dtype(args),
+            "syncs": syncs,
+            "gb_per_sync": gigabytes,
+            "bytes_per_sync": timed[-1].bytes,
+            "buckets": timed[-1].buckets,
+            "tensors": timed[-1].tensors,
+            "bucket_mb": defaults.bucket_mb,
+            "first_sync_s": warmup.seconds,
+            "seconds_per_sync": per_sync,
+            "seconds_min": min(seconds),
+            "seconds_max": max(seconds),
+            "s_per_gb": per_sync / gigabytes if gigabytes else None,
+            "gb_per_s": gigabytes / per_sync if per_sync > 0 else None,
+            "weights_check": check,
+            "method": "process group (DistributedWeights.sync: GRPOTrainer.broadcast_weights -> "
+            "LocalEngine.update_weights_from_distributed)",
+            **notes,
+        }
+        if not check["ok"]:
+            result["error"] = (
+                f"weights check failed: state dict equal {after['equal']} (differing {after['differing']}, "
+                f"unmatched {after['unmatched']}), differed before {check['differed_before']}, greedy equal "
+                f"{check['greedy_equal']}, version {served_version} (expected {syncs + 1})"
+            )
+        return result
+
+    return asyncio.run(run())
+
+
+@torch.no_grad()
+def compare_weights(trainer: Any, engine: Any) -> dict[str, Any]:
+    """The engine model's state dict against the trainer's, each tensor gathered in full and cast to the engine's
+    dtype (as the sync sends it): bitwise equal or not."""
+    served = engine.model.state_dict()
+    own = trainer.model.state_dict()
+    unmatched = sorted(set(served) ^ set(own))
+    differing, max_abs = [], 0.0
+    for name, tensor in served.items():
+        if name not in own:
+            continue
+        full = getattr(own[name], "full_tensor", None)
+        expected = (
+            (full() if full is not None else own[name]).detach().to(device=tensor.device, dtype=tensor.dtype)
+        )
+        if expected.shape != tensor.shape:
+            differing.append(name)
+        elif not torch.equal(expected, tensor):
+            differing.append(name)
+            max_abs = max(max_abs, (expected.float() - tensor.float()).abs().max().item())
+    return {"tensors": len(served), "unmatched": unmatched[:8], "differing": differing[:8],
+            "differing_count": len(differing), "max_abs_diff": max_abs,
+            "equal": not unmatched and not differing}  # fmt: skip
+
+
+async def greedy(engine: Any, prompt: list[int], tokens: int) -> list[int]:
+    from swerl.engine.base import GenerateRequest, SamplingParams
+
+    request = GenerateRequest(
+        input_ids=prompt,
+        sampling_params=SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True),
+    )
+    return (await engine.generate(request)).output_ids
 
 
 def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str, Any]:
@@ -403,64 +641,126 @@ def summary(results: dict[str, Any]) -> str:
             f"{part:<10} {fmt(entry.get('tokens_per_s'), '{:.0f}'):>12} {fmt(entry.get('tflops'), '{:.1f}'):>9} "
             f"{fmt(None if mfu is None else 100 * mfu, '{:.1f}%'):>7}  {notes}"
         )
-    sync = results.get("sync")
-    if sync is not None:
-        if "error" in sync:
-            lines.append(f"{'sync':<10} error: {sync['error']}")
+    lines += sync_table(results, fmt)
+    return "\n".join(lines)
+
+
+def sync_table(results: dict[str, Any], fmt: Any) -> list[str]:
+    """The weight syncs, through disk and over the process group, side by side."""
+    disk, group = results.get("sync"), results.get("sync_group")
+    if disk is None and group is None:
+        return []
+    lines = ["", f"{'weight sync':<16} {'GB/sync':>9} {'s/sync':>8} {'s/GB':>8} {'GB/s':>8}  notes"]
+    if disk is not None:
+        if "error" in disk:
+            lines.append(f"{'disk':<16} error: {disk['error']}")
         else:
             lines.append(
-                f"{'sync':<10} {1000 * sync['weights_gb']:.1f} MB: export {fmt(sync['export_s_per_gb'], '{:.2f}')} s/GB, "
-                f"engine load {fmt(sync['load_s_per_gb'], '{:.2f}')} s/GB (engine on {sync['engine_device']})"
+                f"{'disk':<16} {fmt(disk.get('weights_gb'), '{:.4f}'):>9} {fmt(disk.get('seconds_per_sync'), '{:.3f}'):>8} "
+                f"{fmt(disk.get('s_per_gb'), '{:.2f}'):>8} {fmt(disk.get('gb_per_s'), '{:.3f}'):>8}  export "
+                f"{fmt(disk.get('export_s'), '{:.3f}')} s + load {fmt(disk.get('load_s'), '{:.3f}')} s (trainer's "
+                f"dtype on disk; engine on {disk.get('engine_device')})"
             )
-    return "\n".join(lines)
+    if group is not None:
+        name = f"group ({group.get('backend', '?')})"
+        if "seconds_per_sync" not in group:
+            lines.append(f"{name:<16} error: {group.get('error')}")
+        else:
+            check = group["weights_check"]
+            verdict = "weights check ok" if check["ok"] else f"WEIGHTS CHECK FAILED: {group.get('error')}"
+            lines.append(
+                f"{name:<16} {fmt(group['gb_per_sync'], '{:.4f}'):>9} {fmt(group['seconds_per_sync'], '{:.3f}'):>8} "
+                f"{fmt(group['s_per_gb'], '{:.2f}'):>8} {fmt(group['gb_per_s'], '{:.3f}'):>8}  {group['syncs']} syncs "
+                f"after a warm-up of {group['first_sync_s']:.2f} s, {group['buckets']} buckets, {group['tensors']} "
+                f"tensors, {group['dtype']}; engine on {group['engine_device']}; {verdict} (state dict "
+                f"{'equal' if check['state_dict_equal'] else 'differs'}, greedy {check['greedy_tokens']} tokens "
+                f"{'equal' if check['greedy_equal'] else 'differ'})"
+            )
+            if group.get("backend_reason"):
+                lines.append(f"{'':<16} {group['backend_reason']}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.nccl_probe:
+        print(json.dumps(nccl_probe()), flush=True)
+        os._exit(0)  # NCCL's threads must not hold the exit up
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = set(parts) - {"sft", "grpo", "sync", "megatron"}
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; known: sft, grpo, sync, megatron")
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --cpu (and --tiny for a smoke test)")
+    if args.syncs < 1:
+        raise SystemExit("--syncs must be >= 1")
     shape = dict(TINY if args.tiny else FULL)
     if args.seq_len:
         shape["seq_len"] = args.seq_len
     steps = args.steps or (2 if args.tiny else 5)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     work = Path(tempfile.mkdtemp(prefix="swerl-device-bench-"))
+    out = args.out or (Path(os.environ["OUT"]) / "device_bench.json" if os.environ.get("OUT") else None)
     results: dict[str, Any] = {"environment": environment(args.cpu), "shape": shape, "steps": steps,
                                "peak_tflops": None if args.cpu else args.peak_tflops,
                                "flops_formula": "6 N + 12 L H D S per token"}  # fmt: skip
     started = time.perf_counter()
     ctx = rank_context(args.cpu) if {"sft", "grpo", "sync"} & set(parts) else None
     trainer = None
+
+    def attempt(name: str, measure: Any, *arguments: Any) -> Any:
+        """measure(*arguments); on an exception, None and results[name] = the error (one part failing must not hide
+        the others' numbers)."""
+        try:
+            return measure(*arguments)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            return None
+
     for part in parts:
         began = time.perf_counter()
-        try:
-            if part == "sft":
-                results["sft"] = bench_sft(args, shape, ctx, steps)
-            elif part == "grpo":
-                results["grpo"], trainer = bench_grpo(args, shape, ctx, steps, work)
-            elif part == "sync":
-                if trainer is None:
-                    results["grpo_for_sync"], trainer = bench_grpo(args, shape, ctx, 1, work)
-                results["sync"] = bench_sync(args, trainer, work)
-            elif part == "megatron":
-                results["megatron"] = bench_megatron(args, work, steps)
-        except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others' numbers
-            traceback.print_exc()
-            results[part] = {"error": f"{type(exc).__name__}: {exc}"}
+        if part == "sft":
+            measured = attempt("sft", bench_sft, args, shape, ctx, steps)
+            if measured is not None:
+                results["sft"] = measured
+        elif part == "grpo" or (part == "sync" and trainer is None):
+            name = "grpo" if part == "grpo" else "grpo_for_sync"  # sync alone: one GRPO step makes a trainer
+            made = attempt(name, bench_grpo, args, shape, ctx, steps if part == "grpo" else 1, work)
+            if made is not None:
+                results[name], trainer = made
+        if part == "sync":
+            if trainer is None:
+                results["sync"] = results["sync_group"] = {"error": "no GRPO trainer to sync from"}
+            else:
+                disk = attempt("sync", bench_sync, args, trainer, work)
+                export = None
+                if disk is not None:
+                    results["sync"], export = disk
+                write(out, results)  # the disk figures stay if the group sync runs past the part's limit
+                group = attempt("sync_group", bench_group_sync, args, trainer, work, export, args.syncs)
+                if group is not None:
+                    results["sync_group"] = group
+        elif part == "megatron":
+            measured = attempt("megatron", bench_megatron, args, work, steps)
+            if measured is not None:
+                results["megatron"] = measured
         print(f"[{part}] {time.perf_counter() - began:.1f} s", flush=True)
+        write(out, results)  # after each part: a later part running out of time keeps the earlier figures
     results["wall_s"] = time.perf_counter() - started
     print(summary(results), flush=True)
-    out = args.out or (Path(os.environ["OUT"]) / "device_bench.json" if os.environ.get("OUT") else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    if write(out, results):
         print(f"wrote {out}")
-    failed = [part for part in parts if isinstance(results.get(part), dict) and "error" in results[part]]
+    failed = [name for name, entry in results.items() if isinstance(entry, dict) and "error" in entry]
     return 1 if failed else 0
+
+
+def write(out: Path | None, results: dict[str, Any]) -> bool:
+    if out is None:
+        return False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return True
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
 #
 #   bash scripts/device_check.sh                 # on the GPU machine (Python 3.12 with torch, CUDA)
 #   bash scripts/device_check.sh --fetch-wheels  # beforehand, on a machine that reaches PyPI: fill the wheel folder
+#   bash scripts/device_check.sh --help          # this text
 #
-# What it runs, each part under its own time limit (the sum stays under 8 minutes):
+# What it runs, each part under its own time limit, cut to what is left of the 8 minutes (SWERL_DEVICE_BUDGET_S,
+# default 480) when less is left; a part with under 10 s left is not run (exit "out of budget"):
 #   1. a virtualenv over the machine's Python and torch (--system-site-packages), swerl's trainer dependencies
 #      installed from the carried wheel folder only (pip install --no-index --find-links WHEELS);
 #   2. scripts/device_bench.py: FSDP2 SFT and GRPO steps on a Qwen3 built from config (Qwen3-0.6B's shape, random
 #      weights, bf16 compute over fp32 master weights): tokens/s and MFU (6 N + 12 L H D S FLOPs per token against
-#      the bf16 dense peak, H200 989 TFLOP/s); a weight sync, the GRPO trainer's export loaded by the local engine
-#      (seconds per GB);
+#      the bf16 dense peak, H200 989 TFLOP/s); the GRPO trainer's weights to the local engine through disk (export,
+#      update_weights_from_disk) and over a process group (DistributedWeights: NCCL, or gloo where NCCL refuses two
+#      ranks on one GPU), seconds per sync and per GB, and a check that the engine then holds the trainer's weights;
 #   3. pytest -m gpu on the test files that have gpu-marked tests;
 #   4. where the megatron wheels fit (megatron-core and megatron-bridge import), a Megatron forward/backward and
 #      optimizer step of a tiny Qwen3-MoE (device_bench.py --parts megatron); otherwise the reason it was skipped.
@@ -38,6 +41,14 @@ REQUIREMENTS=(
 )
 MEGATRON=("megatron-core==0.19.2" "megatron-bridge==0.6.2")
 
+case "${1:-}" in
+  "" | --fetch-wheels) ;;
+  -h | --help)  # the header above, without its first line
+    sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
+    exit 0 ;;
+  *) echo "unknown argument ${1}: use --fetch-wheels, --help, or none (the check itself)" >&2; exit 2 ;;
+esac
+
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
   mkdir -p "$WHEELS/megatron"
   printf '%s\n' "${REQUIREMENTS[@]}" > "$WHEELS/requirements.txt"
@@ -54,9 +65,17 @@ mkdir -p "$OUT"
 export ROOT WHEELS OUT PY VENV BENCH_FLAGS
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 declare -A RC TOOK
+BUDGET_S=${SWERL_DEVICE_BUDGET_S:-480}
 part() {  # part NAME LIMIT_S 'COMMAND': run it in bash under a time limit, keep its exit code and seconds
-  local name=$1 limit=$2 command=$3 began
+  local name=$1 limit=$2 command=$3 began left
   began=$(date +%s)
+  left=$(( BUDGET_S - (began - started) - 15 ))  # 15 s: the kill grace below and the summary
+  if (( left < 10 )); then
+    echo "== $name: not run, ${left}s left of the ${BUDGET_S}s budget"
+    RC[$name]="out of budget" TOOK[$name]=0
+    return
+  fi
+  (( limit > left )) && limit=$left
   echo "== $name (limit ${limit}s)"
   timeout --signal=TERM --kill-after=10 "$limit" bash -o pipefail -c "$command"
   RC[$name]=$?
