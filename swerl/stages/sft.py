@@ -169,7 +169,8 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
             on_step=on_step, stop=budget.stop,
         )  # fmt: skip
         state = result.state
-        save_model_and_tokenizer(model, tokenizer, out)
+        train_s = _synced(budget, durable)
+        save_model_and_tokenizer(model, tokenizer, out)  # after the final checkpoint is in the store
         trainer = trainer_processes(None, s.distributed)
     else:
         start_dir = resume if resume is not None else ctx.workdir / "base"
@@ -180,13 +181,11 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
             run_sft_steps(ranks, s.max_steps, checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every,
                           keep_last=s.keep_checkpoints, on_step=on_step, stop=budget.stop)  # fmt: skip
             state = ranks.trainer_state()
-            ranks.save_model(out)
+            train_s = _synced(budget, durable)
+            ranks.save_model(out)  # after the final checkpoint is in the store
             trainer = trainer_processes(ranks, s.distributed)
         finally:
             ranks.close()
-    budget.stamp()
-    durable.sync()
-    train_s = time.monotonic() - budget.train_started
     if budget.ended_at is not None:
         ctx.run.set_tags({"swerl.sft.ended_by_budget": f"step {budget.ended_at} of {s.max_steps}"})
     put_dir(ctx, "model", out)
@@ -211,6 +210,13 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     }
     ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     return _stage_result(cfg, report, curve)
+
+
+def _synced(budget: _Budget, durable: DurableCheckpoints) -> float:
+    """The run's checkpoints stamped with the time spent and in the store; returns the seconds spent training."""
+    budget.stamp()
+    durable.sync()
+    return time.monotonic() - budget.train_started
 
 
 def sft_arguments(s: SFTConfig, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
