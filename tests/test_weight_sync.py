@@ -324,8 +324,13 @@ def test_sync_into_the_local_engine_in_process(models: dict[str, Path]) -> None:
     total = sum(tensor.numel() * tensor.element_size() for tensor in trainer_weights.values())
     assert stats.bytes == total == engine_stats["weight_sync_bytes"] and stats.buckets > 1
     print(f"\nin-process sync: {stats.bytes} bytes in {stats.buckets} buckets, {stats.seconds:.3f} s")
+    # The request in flight never goes back a version; whether it still ran when the sync loaded depends on the
+    # machine's speed (seen finishing first on a loaded CI run), so only the order is asserted here: a request
+    # spanning two versions is tested deterministically through the emulated server (spans -> staleness).
     versions = spanning.output_token_weight_versions
-    assert versions is not None and versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+    assert (
+        versions is not None and versions[0] == 0 and versions == sorted(versions) and set(versions) <= {0, 1}
+    )
 
 
 def test_a_bucket_that_does_not_fit_is_refused_and_the_old_weights_stay(models: dict[str, Path]) -> None:
