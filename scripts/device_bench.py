@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -200,19 +199,13 @@ def rate(tokens: float, seconds: float, flops_token: float, peak_tflops: float |
 def rank_context(cpu: bool) -> Any:
     """One FSDP2 rank (swerl.train.distributed.init_rank) from a torchrun environment set here if absent."""
     from swerl.config import DistributedConfig
+    from swerl.services import free_port
     from swerl.train.distributed import init_rank
+    from swerl.train.ranks import rank_env
 
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
-    for name, value in (
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("MASTER_ADDR", "127.0.0.1"),
-    ):
-        os.environ.setdefault(name, value)
+    port = int(os.environ.get("MASTER_PORT") or free_port("127.0.0.1"))
+    for name, value in rank_env(0, 1, "127.0.0.1", port).items():
+        os.environ.setdefault(name, value)  # torchrun's, when it set them
     config = DistributedConfig(
         backend="fsdp2", device="cpu" if cpu else "cuda", ranks=1, param_dtype="bfloat16", reduce_dtype="float32",
         attn_implementation="sdpa",
@@ -574,17 +567,12 @@ def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str
 
 
 def rank_context_env() -> None:
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
-    for name, value in (
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("MASTER_ADDR", "127.0.0.1"),
-    ):
-        os.environ.setdefault(name, value)
+    from swerl.services import free_port
+    from swerl.train.ranks import rank_env
+
+    port = int(os.environ.get("MASTER_PORT") or free_port("127.0.0.1"))
+    for name, value in rank_env(0, 1, "127.0.0.1", port).items():
+        os.environ.setdefault(name, value)  # torchrun's, when it set them
 
 
 def peak_memory_gb(device: torch.device) -> float | None:
