@@ -711,6 +711,16 @@ class GRPORolloutConfig(StrictModel):
     attempt's start is a hand-out, not a sandbox start; warming uses only sandbox slots no attempt waits for, so
     agent.sandbox.pool.max_concurrent should hold max_in_flight + prewarm_groups x attempts_per_task (doctor
     counts them); 0: every attempt starts its sandbox itself."""
+    probe_attempts: int = Field(0, ge=0, le=10_000)
+    """async: a fresh task's group opens with this many attempts; if they all fail (reward 0) the group stops there
+    (discarded as probe_stopped), else its other attempts run and it is trained whole (swerl.rollout.curriculum:
+    per task the expected update keeps its direction; tasks are reweighted towards the policy's frontier). 0: off;
+    below attempts_per_task."""
+    replay_share: float = Field(0.0, ge=0, lt=1)
+    """async: share of the groups opened that rerun a task whose earlier group had signal (FIFO), instead of the next
+    fresh task; 0: off (every group a fresh task in the seeded order)."""
+    max_visits: int = Field(1, ge=1, le=1_000_000)
+    """async, replay: most groups one task runs in all (its first included)."""
 
 
 class GRPOAlgorithmConfig(StrictModel):
@@ -838,6 +848,19 @@ class GRPOConfig(StrictModel):
                 f"eval.every ({self.eval.every}) needs mode async: sync mode evaluates after training only "
                 "(the evaluate stage)"
             )
+        r = self.rollout
+        adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share}
+        if self.mode != "async" and any(adaptive.values()):
+            raise ValueError(f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)")
+        if r.probe_attempts >= r.attempts_per_task:
+            raise ValueError(f"grpo.rollout.probe_attempts ({r.probe_attempts}) must be below attempts_per_task "
+                             f"({r.attempts_per_task}): the probe is the first part of a group")  # fmt: skip
+        if r.replay_share > 0 and r.prewarm_groups > 0:
+            raise ValueError("grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
+                             f"replay_share ({r.replay_share}) > 0, whose tasks come from outcomes")  # fmt: skip
+        if r.replay_share > 0 and r.max_visits < 2:
+            raise ValueError(f"grpo.rollout.replay_share ({r.replay_share}) > 0 needs max_visits >= 2 (a task's "
+                             f"replay is its second visit), got {r.max_visits}")  # fmt: skip
         if self.mode == "async" and self.buffered_groups < self.schedule.tasks_per_step:
             raise ValueError(
                 f"schedule.tasks_per_step (B = {self.schedule.tasks_per_step}) exceeds rollout.max_buffered_groups "

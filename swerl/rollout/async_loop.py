@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.engine.base import Engine
+from swerl.rollout.curriculum import has_signal
 from swerl.rollout.journal import FinishedGroup, Ledger
 from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
@@ -134,6 +135,10 @@ async def collect_batch(
             batch.requeued += 1
             continue
         batch.taken.append(group)
+        if group.stopped_early:  # its probe settled it: never trainable, not one of the extra groups either
+            ledger.add(group.seq, step, "probe_stopped")
+            batch.discarded["probe_stopped"] += 1
+            continue
         if triage.action == "drop":
             ledger.add(group.seq, step, "stale")
             batch.discarded["stale"] += 1
@@ -240,6 +245,25 @@ def _update_would_overrun(deadline: float | None, last_update_s: float | None) -
     return deadline is not None and last_update_s is not None and time.monotonic() + last_update_s > deadline
 
 
+def signal_stats(taken: list[FinishedGroup], totals: collections.Counter[str]) -> dict[str, float]:
+    """How much of the rolling taught: groups with signal (mixed valid rewards) per 100 episodes rolled in the
+    groups taken (probe-stopped ones count their probe's episodes), and per group; this step and since the start
+    (in `totals`, which this updates). Infra-error attempts count as rolled."""
+    signal = sum(has_signal(t.reward for t in group.trajectories) for group in taken)
+    episodes = sum(len(group.attempts) for group in taken)
+    totals.update(signal_groups=signal, groups_taken=len(taken), episodes_taken=episodes,
+                  probe_stopped=sum(group.stopped_early for group in taken))  # fmt: skip
+    return {
+        "signal/groups_per_100_episodes": _per_100(signal, episodes),
+        "signal/group_share": signal / len(taken) if taken else 0.0,
+        "signal/groups_per_100_episodes_total": _per_100(totals["signal_groups"], totals["episodes_taken"]),
+    }
+
+
+def _per_100(groups: int, episodes: int) -> float:
+    return 100.0 * groups / episodes if episodes else 0.0
+
+
 def step_stats(
     trainer_stats: dict[str, float],
     timings: dict[str, float],
@@ -267,6 +291,9 @@ def step_stats(
         "stale_requeued": float(batch.requeued),
     }
     stats |= {f"discarded/{k}": float(v) for k, v in batch.discarded.items()}
+    stats |= signal_stats(batch.taken, totals)
+    if manager.curriculum is not None:
+        stats |= manager.curriculum.stats()
     stats |= {f"totals/{k}": float(v) for k, v in totals.items()}
     trained = [trajectory for group in batch.groups for trajectory in group]
     return stats | staleness_stats(trained, version) | longtail_stats(batch.taken)

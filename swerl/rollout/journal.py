@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swerl.rollout.curriculum import GroupPlan
 from swerl.storage import CorruptStoreFile, Store
 from swerl.trajectory import Trajectory
 
@@ -28,6 +29,7 @@ _log = logging.getLogger("swerl.journal")
 
 LEDGER_FILE = "rollout_ledger.json"
 _ATTEMPT_NAME = re.compile(r"^r(\d+)-a(\d+)\.json$")
+_OUTCOME_NAME = re.compile(r"^outcome-r(\d+)\.json$")
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,13 @@ class FinishedAttempt:
 
 @dataclass
 class FinishedGroup:
-    """All n attempts of one group (attempt order)."""
+    """All n attempts of one group (attempt order), or only its probe's when the probe stopped it."""
 
     seq: int
     generation: int
     attempts: list[FinishedAttempt]
+    stopped_early: bool = False
+    """Its probe's attempts all scored the same, so its other attempts never ran (swerl.rollout.curriculum)."""
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -159,6 +163,42 @@ class RolloutJournal:
         if self.store is not None:
             path = self.entry_path(attempt.seq, attempt.generation, attempt.trajectory.attempt)
             self.store.write_bytes(path, attempt.to_json())
+
+    def record_plan(self, plan: GroupPlan) -> None:
+        """Write a group's plan (task, source, probe) as it opens, before any of its attempts is written."""
+        if self.store is not None:
+            self.store.write_bytes(f"{self.prefix}/g{plan.seq:08d}/plan.json", plan.to_json())
+
+    def record_outcome(
+        self, seq: int, generation: int, rewards: list[float | None], finished_at: float
+    ) -> None:
+        """Write a finished group's rewards (what the curriculum observed), before the group can be consumed."""
+        if self.store is not None:
+            body = {"seq": seq, "generation": generation, "rewards": rewards, "finished_at": finished_at}
+            self.store.write_bytes(
+                f"{self.prefix}/g{seq:08d}/outcome-r{generation:03d}.json", json.dumps(body).encode()
+            )
+
+    def load_curriculum(self) -> tuple[list[GroupPlan], list[tuple[float, int, list[float | None]]]]:
+        """Every group's plan and every finished group's (finished_at, seq, rewards): what Curriculum.restore
+        replays. A damaged record is skipped with a warning (its group's attempts are still in the journal)."""
+        plans: list[GroupPlan] = []
+        finishes: list[tuple[float, int, list[float | None]]] = []
+        if self.store is None:
+            return plans, finishes
+        for folder in self.store.list(self.prefix):
+            for rel in self.store.list(folder):
+                name = rel.rsplit("/", 1)[-1]
+                try:
+                    if name == "plan.json":
+                        plans.append(self.store.read_parsed(rel, GroupPlan.from_json, "group plan"))
+                    elif _OUTCOME_NAME.match(name):
+                        body = self.store.read_parsed(rel, json.loads, "group outcome")
+                        rewards = [None if r is None else float(r) for r in body["rewards"]]
+                        finishes.append((float(body["finished_at"]), int(body["seq"]), rewards))
+                except (CorruptStoreFile, KeyError, TypeError, ValueError) as exc:
+                    _log.warning("rollout journal: %s skipped (%s)", rel, exc)
+        return plans, finishes
 
     def load(self, skip: set[int]) -> JournalState:
         """Read the journal; groups in `skip` (consumed) are only counted for the data position, not read."""

@@ -8,6 +8,11 @@ run ahead, so on staleness). Every finished attempt is written to the journal be
 the buffer when its last attempt is written. The trainer calls `get()` for the oldest finished group.
 
 Attempts continue across weight updates (partial rollouts): the manager never waits for the trainer.
+
+With a curriculum (swerl.rollout.curriculum) each opening group's task and probe come from its plan, written to
+the journal before the group's attempts; a probing group opens with its probe's attempts only and either stops
+there (`stopped_early`) or opens the rest; every finished group's rewards are journaled and fed back to the plan
+before the group is buffered. Without one, group seq runs task_at(seq) with all n attempts, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from swerl.engine.base import Engine
+from swerl.rollout.curriculum import Curriculum, GroupPlan, probe_settles
 from swerl.rollout.groups import EpisodeFn
 from swerl.rollout.journal import FinishedAttempt, FinishedGroup, JournalState, Ledger, RolloutJournal
 from swerl.trajectory import Trajectory
@@ -50,6 +56,8 @@ def parse_group_id(text: str) -> tuple[int, int]:
 class _OpenGroup:
     generation: int
     finished: dict[int, FinishedAttempt]
+    target: int
+    """Attempts that close it as it stands: the probe's while probing, else n."""
 
 
 class RolloutManager(Generic[TaskT]):
@@ -58,7 +66,8 @@ class RolloutManager(Generic[TaskT]):
     Args:
         engine: the policy's engine, passed to every episode.
         episode: runs one attempt (with its infra retries) and returns its trajectory; raising is a bug.
-        task_at: the task of group seq (the data stream; e.g. a seeded order, wrapping around).
+        task_at: the task at an index of the data stream (a seeded order, wrapping around); without a curriculum
+            group seq runs task_at(seq), with one the index its plan names.
         n_attempts: attempts per group.
         max_in_flight: attempts running at once.
         max_buffered_groups: finished groups held before no new group opens.
@@ -69,6 +78,8 @@ class RolloutManager(Generic[TaskT]):
             not opened meanwhile (its attempts would then have started cold, and the warm sandboxes wait unused).
             A failure is logged, never raised (the attempts then start cold).
         prewarm_groups: how many groups past the newest open one are warmed ahead (0: none).
+        curriculum: plans each group (task, probe) from the outcomes so far; an adaptive one (replay) cannot be
+            combined with prewarm (a later group's task is not known before it opens).
     """
 
     def __init__(
@@ -83,7 +94,12 @@ class RolloutManager(Generic[TaskT]):
         journal: RolloutJournal,
         prewarm: Callable[[TaskT], Awaitable[Callable[[], None]]] | None = None,
         prewarm_groups: int = 0,
+        curriculum: Curriculum | None = None,
     ) -> None:
+        if curriculum is not None and curriculum.settings.adaptive and prewarm is not None and prewarm_groups:
+            raise ValueError(
+                "prewarm_groups needs every group's task in advance: not with a replay curriculum"
+            )
         if prewarm_groups < 0:
             raise ValueError(f"prewarm_groups must be >= 0, got {prewarm_groups}")
         if n_attempts < 1 or max_in_flight < 1 or max_buffered_groups < 1:
@@ -112,12 +128,26 @@ class RolloutManager(Generic[TaskT]):
         self.prewarm_groups = prewarm_groups
         self._prewarmed_to = -1  # groups up to this seq have been warmed ahead (or opened)
         self._prewarming: set[asyncio.Task[None]] = set()
+        self.curriculum = curriculum
+        self._plans: dict[int, GroupPlan] = {}
+        self._plan_writes: dict[int, asyncio.Task[None]] = {}
+
+    def plan_of(self, seq: int) -> GroupPlan:
+        """Group seq's plan (GroupPlan(seq, seq, fresh, no probe) without a curriculum)."""
+        return self._plans.get(seq) or GroupPlan(seq, seq, "fresh", 0)
+
+    def _first_target(self, seq: int) -> int:
+        probe = self.plan_of(seq).probe
+        return probe if probe else self.n_attempts
 
     # -- resume -------------------------------------------------------------------------------------------------
 
-    def restore(self, state: JournalState, ledger: Ledger) -> dict[str, int]:
+    def restore(
+        self, state: JournalState, ledger: Ledger, plans: list[GroupPlan] | None = None
+    ) -> dict[str, int]:
         """Rebuild from the journal and the restored checkpoint's ledger (before `start`); returns counts (groups
-        reloaded whole, partial, rerun; journal entries skipped as damaged)."""
+        reloaded whole, partial, rerun; journal entries skipped as damaged). `plans`: the journal's group plans
+        (the curriculum restored from the same journal beforehand)."""
         consumed = ledger.consumed
         counts = {
             "reloaded_groups": 0,
@@ -126,16 +156,30 @@ class RolloutManager(Generic[TaskT]):
             "damaged_entries": len(state.damaged),
         }
         reloaded = []
+        for plan in plans or []:
+            self._plans[plan.seq] = plan
         for seq in range(state.max_seq + 1):
             if seq in consumed:
                 continue
+            if (
+                self.curriculum is not None and seq not in self._plans
+            ):  # opened, nothing written: plan it anew
+                self._plans[seq] = self.curriculum.plan(seq, time.time())
+                self._write_plan(seq)
             generation, finished = state.groups.get(seq, (0, {}))
-            if len(finished) == self.n_attempts:
-                reloaded.append(FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)]))
+            probe = self.plan_of(seq).probe
+            rewards = [finished[a].trajectory.reward for a in sorted(finished)]
+            stopped = probe > 0 and sorted(finished) == list(range(probe)) and probe_settles(rewards)
+            if len(finished) == self.n_attempts or stopped:
+                reloaded.append(
+                    FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)], stopped)
+                )
                 counts["reloaded_groups"] += 1
                 continue
-            self._open[seq] = _OpenGroup(generation, dict(finished))
-            self._pending.extend((seq, generation, a) for a in range(self.n_attempts) if a not in finished)
+            probing = probe > 0 and not all(a in finished for a in range(probe))
+            target = probe if probing else self.n_attempts
+            self._open[seq] = _OpenGroup(generation, dict(finished), target)
+            self._pending.extend((seq, generation, a) for a in range(target) if a not in finished)
             counts["partial_groups" if finished else "rerun_groups"] += 1
         self.buffer.extend(sorted(reloaded, key=lambda group: group.finished_at))
         self.next_seq = state.max_seq + 1
@@ -156,8 +200,12 @@ class RolloutManager(Generic[TaskT]):
                 if len(self.buffer) >= self.max_buffered_groups:
                     break
                 seq, self.next_seq = self.next_seq, self.next_seq + 1
-                self._open[seq] = _OpenGroup(0, {})
-                self._pending.extend((seq, 0, attempt) for attempt in range(self.n_attempts))
+                if self.curriculum is not None:
+                    self._plans[seq] = self.curriculum.plan(seq, time.time())
+                    self._write_plan(seq)
+                target = self._first_target(seq)
+                self._open[seq] = _OpenGroup(0, {}, target)
+                self._pending.extend((seq, 0, attempt) for attempt in range(target))
                 self._warm_ahead(seq)
             seq, generation, attempt = self._pending.popleft()
             task = asyncio.create_task(self._run(seq, generation, attempt), name=f"attempt-{seq}-{attempt}")
@@ -180,12 +228,22 @@ class RolloutManager(Generic[TaskT]):
             self._prewarming.add(task)
             task.add_done_callback(self._prewarming.discard)
 
+    def _write_plan(self, seq: int) -> None:
+        """Journal the plan (off the loop); the group's attempts wait for it before they are journaled."""
+        plan = self._plans[seq]
+        self._plan_writes[seq] = asyncio.create_task(asyncio.to_thread(self.journal.record_plan, plan),
+                                                     name=f"plan-{seq}")  # fmt: skip
+
+    def task_of(self, seq: int) -> TaskT:
+        """The task group seq runs."""
+        return self.task_at(self.plan_of(seq).task_index)
+
     async def _prewarm_one(self, seq: int) -> None:
         assert self.prewarm is not None
         if seq < self.next_seq:  # opened in the same fill: too late to warm
             return
         try:
-            start = await self.prewarm(self.task_at(seq))
+            start = await self.prewarm(self.task_of(seq))
             if seq >= self.next_seq and not self._closed:
                 start()
         except Exception as error:  # noqa: BLE001 - warming is an optimisation: the group starts cold
@@ -194,20 +252,36 @@ class RolloutManager(Generic[TaskT]):
     async def _run(self, seq: int, generation: int, attempt: int) -> None:
         started = time.time()
         trajectory: Trajectory = await self.episode(
-            self.engine, self.task_at(seq), attempt=attempt, group_id=group_id(seq, generation)
+            self.engine, self.task_of(seq), attempt=attempt, group_id=group_id(seq, generation)
         )
         finished = FinishedAttempt(seq, generation, trajectory, started, time.time())
+        writing = self._plan_writes.get(seq)
+        if writing is not None:
+            await writing  # the plan is in the journal before any of its attempts
         await asyncio.to_thread(self.journal.record, finished)
         group = self._open.get(seq)
         if group is None or group.generation != generation:
             return  # requeued meanwhile: an older generation's attempt no longer counts
         group.finished[attempt] = finished
         self.finished += 1
-        if len(group.finished) == self.n_attempts:
-            del self._open[seq]
-            self.buffer.append(
-                FinishedGroup(seq, generation, [group.finished[a] for a in sorted(group.finished)])
+        if len(group.finished) < group.target:
+            return
+        attempts = [group.finished[a] for a in sorted(group.finished)]
+        rewards = [a.trajectory.reward for a in attempts]
+        stopped = group.target < self.n_attempts and probe_settles(rewards)
+        if group.target < self.n_attempts and not stopped:  # the probe disagrees: the rest of the group runs
+            group.target = self.n_attempts
+            self._pending.extendleft(
+                (seq, generation, a) for a in reversed(range(len(attempts), self.n_attempts))
             )
+            return
+        del self._open[seq]
+        self._plan_writes.pop(seq, None)
+        if self.curriculum is not None:
+            finished_at = max(a.finished_at for a in attempts)
+            await asyncio.to_thread(self.journal.record_outcome, seq, generation, rewards, finished_at)
+            self.curriculum.observe(self.plan_of(seq), rewards)
+        self.buffer.append(FinishedGroup(seq, generation, attempts, stopped))
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -219,8 +293,9 @@ class RolloutManager(Generic[TaskT]):
     def requeue(self, group: FinishedGroup) -> None:
         """Rerun a taken group under its next generation (its attempts go to the front of the queue)."""
         generation = group.generation + 1
-        self._open[group.seq] = _OpenGroup(generation, {})
-        self._pending.extendleft((group.seq, generation, a) for a in reversed(range(self.n_attempts)))
+        target = self._first_target(group.seq)
+        self._open[group.seq] = _OpenGroup(generation, {}, target)
+        self._pending.extendleft((group.seq, generation, a) for a in reversed(range(target)))
         self._fill()
 
     async def get(self, deadline: float | None = None) -> FinishedGroup:
@@ -256,6 +331,9 @@ class RolloutManager(Generic[TaskT]):
         self._closed = True
         for task in list(self._prewarming):
             task.cancel()
+        for writing in list(self._plan_writes.values()):
+            if not writing.done():
+                await asyncio.wait([writing], timeout=timeout_s)
         running = list(self._running)
         for task in running:
             task.cancel()

@@ -13,6 +13,7 @@ from swerl.config import GRPOConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
 from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
+from swerl.rollout.curriculum import Curriculum, CurriculumSettings, GroupPlan
 from swerl.rollout.groups import EpisodeFn
 from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.longtail import write_histograms
@@ -53,6 +54,17 @@ class AsyncGRPO:
     def task_at(self, seq: int) -> TaskInstance:
         return self.order[seq % len(self.order)]
 
+    def curriculum(self) -> tuple[Curriculum | None, list[GroupPlan]]:
+        """The probe/replay curriculum (None when both are off), rebuilt from the journal's plans and outcomes."""
+        r = self.g.rollout
+        settings = CurriculumSettings(r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits)
+        if not (settings.probe_attempts or settings.adaptive):
+            return None, []
+        curriculum = Curriculum(len(self.order), settings)
+        plans, finishes = self.journal.load_curriculum()
+        curriculum.restore(plans, finishes)
+        return curriculum, plans
+
     def write_state(self, checkpoint_dir: Path) -> None:
         """Called after trainer.save, before the checkpoint is uploaded: the ledger joins the checkpoint (the
         stage's save adds the infrastructure-failure counts, in both modes)."""
@@ -75,11 +87,12 @@ class AsyncGRPO:
         step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the
         sandboxes of a group grpo.rollout.prewarm_groups ahead of its opening."""
         g, ctx = self.g, self.ctx
+        curriculum, plans = self.curriculum()
         manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.rollout.attempts_per_task,
                                  max_in_flight=g.rollout.max_in_flight, max_buffered_groups=g.buffered_groups,
                                  journal=self.journal, prewarm=prewarm,
-                                 prewarm_groups=g.rollout.prewarm_groups)  # fmt: skip
-        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger)
+                                 prewarm_groups=g.rollout.prewarm_groups, curriculum=curriculum)  # fmt: skip
+        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans)
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
         started = time.monotonic()
 
