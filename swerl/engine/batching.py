@@ -1,12 +1,14 @@
-"""KV-cache batching and token sampling for the local engine, with SGLang's sampling semantics."""
+"""The local engine's running batch (rows in KV slots) and token sampling, with SGLang's sampling semantics."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+
+from swerl.engine.slots import SlotCache
 
 Row = TypeVar("Row")
 
@@ -48,117 +50,92 @@ def request_seed(seed: int, number: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-class GrowingLayer(DynamicLayer):
-    """A DynamicLayer that appends into spare capacity in place, where DynamicLayer concatenates (copying the
-    whole (B, H_kv, T, D) cache at every decode step). keys and values are views of the first T columns."""
+def sample_rows(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator],
+    return_original_logprob: bool = False,
+) -> tuple[list[int], list[float]]:
+    """sample_token for every row of logits (B, V) at once: row i with its own temperature, top_p and generator.
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self.length = keys.shape[2]
-        self.key_buffer, self.value_buffer = keys, values  # no spare room yet: the first append makes some
-        self.keys, self.values = keys, values
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        new_length = self.length + key_states.shape[2]
-        if new_length > self.key_buffer.shape[2]:  # double: a batch's appends cost O(T) copies in all
-            self.key_buffer = _with_capacity(self.key_buffer[:, :, : self.length], 2 * new_length)
-            self.value_buffer = _with_capacity(self.value_buffer[:, :, : self.length], 2 * new_length)
-        self.key_buffer[:, :, self.length : new_length] = key_states
-        self.value_buffer[:, :, self.length : new_length] = value_states
-        self.length = new_length
-        self.keys = self.key_buffer[:, :, :new_length]
-        self.values = self.value_buffer[:, :, :new_length]
-        return self.keys, self.values
-
-
-def _with_capacity(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
-    batch, heads, length, dim = tensor.shape
-    buffer = tensor.new_empty(batch, heads, capacity, dim)  # columns past the length are never read
-    buffer[:, :, :length] = tensor
-    return buffer
+    The same tokens and log-probs as sample_token row by row: torch.multinomial draws one sample as
+    argmax(probs / noise), noise exponential from the generator over the (V,) row, so each row's noise comes from
+    its own generator (a row's token never depends on the other rows) and the rest is one vectorised op per group
+    (greedy rows; sampled rows without and with top-p).
+    """
+    count, vocab = logits.shape
+    scores = logits.float()
+    tokens = torch.zeros(count, dtype=torch.long)
+    logprobs = torch.zeros(count)
+    greedy = [i for i in range(count) if temperatures[i] == 0]
+    if greedy:
+        index = torch.tensor(greedy)
+        rows = scores[index]
+        chosen = rows.argmax(dim=-1)
+        tokens[index] = chosen
+        logprobs[index] = torch.log_softmax(rows, dim=-1).gather(1, chosen[:, None])[:, 0]
+    sampled = [i for i in range(count) if temperatures[i] != 0]
+    if not sampled:
+        return tokens.tolist(), logprobs.tolist()
+    rows = scores[torch.tensor(sampled)]
+    temperature = torch.tensor([[temperatures[i]] for i in sampled])
+    log_probs = torch.log_softmax(rows / temperature, dim=-1)  # (S, V)
+    probs = log_probs.exp()
+    noise = torch.empty(len(sampled), vocab)
+    for row, i in enumerate(sampled):
+        noise[row].exponential_(generator=generators[i])
+    chosen = torch.zeros(len(sampled), dtype=torch.long)
+    plain = [row for row, i in enumerate(sampled) if top_ps[i] >= 1.0]
+    if plain:
+        index = torch.tensor(plain)
+        chosen[index] = (probs[index] / noise[index]).argmax(dim=-1)
+    nucleus = [row for row, i in enumerate(sampled) if top_ps[i] < 1.0]
+    if nucleus:
+        index = torch.tensor(nucleus)
+        top_p = torch.tensor([[top_ps[sampled[row]]] for row in nucleus])
+        sorted_probs, sorted_ids = probs[index].sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before > top_p, 0.0)
+        picked = (sorted_probs / noise[index]).argmax(dim=-1, keepdim=True)
+        chosen[index] = sorted_ids.gather(1, picked)[:, 0]
+    reported = torch.log_softmax(rows, dim=-1) if return_original_logprob else log_probs
+    index = torch.tensor(sampled)
+    tokens[index] = chosen
+    logprobs[index] = reported.gather(1, chosen[:, None])[:, 0]
+    return tokens.tolist(), logprobs.tolist()
 
 
 class RunningBatch(Generic[Row]):
-    """The decode batch: rows in admission order, a left-padded KV cache and its padding mask.
+    """The decode batch: row i holds KV slot i of `cache`. A joining row takes the next slot; a leaving row's slot
+    goes to the last row (its KV moves there), so the rows always fill slots 0..len-1."""
 
-    Every row's tokens are right-aligned in the cache (left padding), so a decode step appends one column for all
-    rows; its position id is the row's own token count, and the mask hides the padding from attention.
-    """
-
-    def __init__(self) -> None:
-        self.clear()
+    def __init__(self, cache: SlotCache) -> None:
+        self.cache = cache
+        self.rows: list[Row] = []
 
     def clear(self) -> None:
-        self.rows: list[Row] = []
-        self.cache: Cache | None = None  # GrowingLayers of (B, H_kv, T, D)
-        self.mask = torch.zeros(0, 0, dtype=torch.long)  # (B, T) 1 on real tokens
-        self.positions: list[int] = []  # per row: tokens in the cache = position of the next input
+        self.rows = []
+        self.cache.lengths = [0] * len(self.cache.lengths)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, joining: list[tuple[Row, Cache]]) -> None:
-        """Append rows with their prefilled (1, H_kv, P, D) caches, left-padding every cache to the longest."""
-        lengths = [_filled_layers(cache)[0].get_seq_length() for _, cache in joining]
-        caches = ([self.cache] if self.cache is not None else []) + [cache for _, cache in joining]
-        device = _tensor(_filled_layers(joining[0][1])[0].keys).device
-        masks = ([self.mask] if self.rows else []) + [
-            torch.ones(1, n, dtype=torch.long, device=device) for n in lengths
-        ]
-        length = max(mask.shape[1] for mask in masks)
-        layers = []
-        for parts in zip(*(_filled_layers(cache) for cache in caches), strict=True):
-            keys = torch.cat([_left_pad(part.keys, length, dim=2) for part in parts], dim=0)
-            values = torch.cat([_left_pad(part.values, length, dim=2) for part in parts], dim=0)
-            layers.append(GrowingLayer(keys, values))
-        self.cache = Cache(layers=list(layers))
-        self.mask = torch.cat([_left_pad(mask, length, dim=1) for mask in masks], dim=0)
-        self.rows += [row for row, _ in joining]
-        self.positions += lengths
+    def add(self, rows: list[Row]) -> int:
+        """Append rows (their slots empty); returns the first one's slot."""
+        first = len(self.rows)
+        if first + len(rows) > len(self.cache.lengths):
+            raise ValueError(f"{first + len(rows)} rows, the KV cache has {len(self.cache.lengths)} slots")
+        self.rows += rows
+        return first
 
     def keep(self, keep: list[bool]) -> None:
-        """Drop the rows not kept, then the leading columns that are padding in every remaining row."""
-        if all(keep):
-            return
-        self.rows = [row for row, kept in zip(self.rows, keep, strict=True) if kept]
-        self.positions = [pos for pos, kept in zip(self.positions, keep, strict=True) if kept]
-        if not self.rows or self.cache is None:
-            self.clear()
-            return
-        indices = torch.tensor([i for i, kept in enumerate(keep) if kept], device=self.mask.device)
-        start = int(self.mask.shape[1] - max(self.positions))
-        self.mask = self.mask[indices, start:]
-        layers = [
-            GrowingLayer(_tensor(layer.keys)[indices, :, start:], _tensor(layer.values)[indices, :, start:])
-            for layer in _filled_layers(self.cache)
-        ]
-        self.cache = Cache(layers=list(layers))
-
-
-def _filled_layers(cache: Cache) -> list[DynamicLayer]:
-    """The cache's layers, each holding (B, H_kv, T, D) keys and values."""
-    layers = list(cache.layers)
-    if not all(isinstance(layer, DynamicLayer) and layer.keys is not None for layer in layers):
-        raise TypeError(
-            f"expected filled full-attention DynamicLayers, got {[type(x).__name__ for x in layers]}"
-        )
-    return layers  # type: ignore[return-value]
-
-
-def _tensor(tensor: torch.Tensor | None) -> torch.Tensor:
-    assert tensor is not None, "a filled cache layer"
-    return tensor
-
-
-def _left_pad(tensor: torch.Tensor | None, length: int, dim: int) -> torch.Tensor:
-    tensor = _tensor(tensor)
-    missing = length - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+        """Drop the rows not kept; each freed slot is taken by the last row (highest dropped slot first)."""
+        for index in sorted((i for i, kept in enumerate(keep) if not kept), reverse=True):
+            last = len(self.rows) - 1
+            if index != last:
+                self.cache.move(last, index)
+                self.rows[index] = self.rows[last]
+            else:
+                self.cache.lengths[index] = 0
+            self.rows.pop()

@@ -54,8 +54,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import Cache
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.engine.base import (
     ContextLengthError,
@@ -65,7 +64,8 @@ from swerl.engine.base import (
     InvalidRequestError,
     WeightUpdateError,
 )
-from swerl.engine.batching import RunningBatch, request_seed, sample_token
+from swerl.engine.batching import RunningBatch, request_seed, sample_rows
+from swerl.engine.slots import SlotModel, StepRows
 from swerl.engine.weight_sync import (
     GroupBackend,
     TensorSpec,
@@ -194,7 +194,8 @@ class LocalEngine:
         self._seed = seed
         self._arrivals = 0
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._batch = RunningBatch[_Request]()
+        self._model_step = SlotModel(model, max_context_tokens)
+        self._batch = RunningBatch[_Request](self._model_step.new_cache(max_batch_size))
         self._step_lock = asyncio.Lock()  # held around each iteration and around a weight swap
         self._step_lock_waiters = 0
         self._wakeup = asyncio.Event()
@@ -205,7 +206,7 @@ class LocalEngine:
         self._batch_sizes: collections.Counter[int] = collections.Counter()
         self._seconds = {"prefill": 0.0, "decode": 0.0}  # time the worker spent in each
         self.prefix_cache_size = prefix_cache_size
-        # rid -> (tokens whose KV is cached, per layer (keys, values) of (1, H_kv, T, D)); the worker alone uses it
+        # rid -> (tokens whose KV is cached, per layer (keys, values) of (H_kv, T, D)); the worker alone uses it
         self._prefixes: collections.OrderedDict[
             str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]
         ]
@@ -333,25 +334,14 @@ class LocalEngine:
         """
         finished: list[_Request] = []
         try:
-            joining: list[tuple[_Request, Cache]] = []
-            for state in admitted:
-                cache = self._prefill(state, version)
-                if state.finish_reason is None:
-                    joining.append((state, cache))
-                else:
-                    self._store_prefix(state, [(layer.keys, layer.values) for layer in _layers(cache)])
-                    finished.append(state)
-            if joining:
-                self._batch.add(joining)
+            if admitted:
+                self._prefill(admitted, version)
+                finished += self._retire()
             for _ in range(self.DECODE_STEPS_PER_ITERATION):
                 if finished or not self._batch or self._loop_needed():
                     break
                 self._decode(version)
-                done = [row.finish_reason is not None for row in self._batch.rows]
-                if any(done):
-                    self._keep_prefixes([i for i, is_done in enumerate(done) if is_done])
-                    finished += [row for row, is_done in zip(self._batch.rows, done, strict=True) if is_done]
-                    self._batch.keep([not is_done for is_done in done])
+                finished += self._retire()
         except Exception as error:  # returned, not raised: the requests finished so far still get answers
             return finished, error
         return finished, None
@@ -365,21 +355,28 @@ class LocalEngine:
             or any(row.future.cancelled() for row in self._batch.rows)
         )
 
-    def _prefill(self, state: _Request, version: int) -> DynamicCache:
+    def _prefill(self, admitted: list[_Request], version: int) -> None:
+        """Give the admitted requests the batch's next slots, fill each slot from the prefix cache where its rid
+        has one, then prefill every request's remaining tokens in one model step and sample its first token."""
         started = time.perf_counter()
-        input_ids = state.request.input_ids
-        cache = DynamicCache(config=self.model.config)
-        reused = self._reuse_prefix(state.request.rid, input_ids, cache)
-        prompt = torch.tensor([input_ids[reused:]], device=self.device)  # (1, P - reused)
-        output = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._sample_into(state, output.logits[0, -1].float().cpu(), version)
-        self._counters["prefill_tokens"] += prompt.shape[1]
-        self._counters["prefix_cached_tokens"] += reused
+        first = self._batch.add(admitted)
+        tokens: list[int] = []
+        starts: list[int] = []
+        for offset, state in enumerate(admitted):
+            input_ids = state.request.input_ids
+            reused = self._reuse_prefix(state.request.rid, input_ids, first + offset)
+            tokens += input_ids[reused:]
+            starts.append(reused)
+            self._counters["prefill_tokens"] += len(input_ids) - reused
+            self._counters["prefix_cached_tokens"] += reused
+        counts = [len(state.request.input_ids) - start for state, start in zip(admitted, starts, strict=True)]
+        rows = StepRows(tokens=tokens, starts=starts, counts=counts, decoding=0, first=first)
+        logits = self._model_step.step(self._batch.cache, rows)
+        self._sample(admitted, logits, version)
         self._seconds["prefill"] += time.perf_counter() - started
-        return cache
 
-    def _reuse_prefix(self, rid: str | None, input_ids: list[int], cache: DynamicCache) -> int:
-        """Fill `cache` with the cached KV of rid's longest common prefix with input_ids (at least one input token
+    def _reuse_prefix(self, rid: str | None, input_ids: list[int], slot: int) -> int:
+        """Fill `slot` with the cached KV of rid's longest common prefix with input_ids (at least one input token
         is left to prefill, for its logits); returns how many tokens it covers."""
         entry = self._prefixes.pop(rid, None) if rid is not None else None
         if entry is None:
@@ -389,76 +386,66 @@ class LocalEngine:
         common = 0
         while common < limit and tokens[common] == input_ids[common]:
             common += 1
-        if common == 0:
-            return 0
-        for index, (keys, values) in enumerate(layers):
-            cache.update(keys[:, :, :common], values[:, :, :common], index)
+        if common:
+            self._batch.cache.load(slot, layers, common)
         return common
 
-    def _store_prefix(
-        self, state: _Request, layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]
-    ) -> None:
+    def _retire(self) -> list[_Request]:
+        """Take the finished rows out of the batch, keeping each one's KV under its rid (prefix cache)."""
+        rows = self._batch.rows
+        done = [row.finish_reason is not None for row in rows]
+        if not any(done):
+            return []
+        finished = [row for row, is_done in zip(rows, done, strict=True) if is_done]
+        for slot, is_done in enumerate(done):
+            if is_done:
+                self._store_prefix(rows[slot], slot)
+        self._batch.keep([not is_done for is_done in done])
+        return finished
+
+    def _store_prefix(self, state: _Request, slot: int) -> None:
         """Keep a finished request's KV (prompt and every output token but the last, which was never fed)."""
         rid = state.request.rid
         if self.prefix_cache_size == 0 or rid is None:
             return
         tokens = list(state.request.input_ids) + state.output_ids[:-1]
-        kept = [
-            (_cached(keys)[:, :, -len(tokens) :], _cached(values)[:, :, -len(tokens) :])
-            for keys, values in layers
-        ]
-        self._prefixes[rid] = (tokens, kept)
+        assert self._batch.cache.lengths[slot] == len(tokens), "a slot holds its row's fed tokens"
+        self._prefixes[rid] = (tokens, self._batch.cache.extract(slot, len(tokens)))
         self._prefixes.move_to_end(rid)
         while len(self._prefixes) > self.prefix_cache_size:
             self._prefixes.popitem(last=False)
 
-    def _keep_prefixes(self, rows: list[int]) -> None:
-        """Store the prefix of each finished batch row (its real tokens are the row's last `position` columns)."""
-        if self.prefix_cache_size == 0 or self._batch.cache is None:
-            return
-        layers = _layers(self._batch.cache)
-        for index in rows:
-            state = self._batch.rows[index]
-            length = self._batch.positions[index]
-            self._store_prefix(
-                state,
-                [(_cached(layer.keys)[index : index + 1, :, -length:].clone(),
-                  _cached(layer.values)[index : index + 1, :, -length:].clone()) for layer in layers],
-            )  # fmt: skip
-
     def _decode(self, version: int) -> None:
+        """One decode step: every row feeds its last sampled token (written in place into its slot)."""
         started = time.perf_counter()
-        batch = self._batch
-        rows = batch.rows
-        device = self.device
-        last_tokens = torch.tensor([[row.output_ids[-1]] for row in rows], device=device)  # (B, 1)
-        ones = torch.ones(len(rows), 1, dtype=torch.long, device=device)
-        mask = torch.cat([batch.mask, ones], dim=1)  # (B, T + 1)
-        positions = torch.tensor([[position] for position in batch.positions], device=device)  # (B, 1)
-        output = self.model(
-            input_ids=last_tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=batch.cache,
-            use_cache=True,
+        rows = self._batch.rows
+        count = len(rows)
+        step = StepRows(
+            tokens=[row.output_ids[-1] for row in rows],
+            starts=self._batch.cache.lengths[:count],
+            counts=[1] * count,
+            decoding=count,
         )
-        batch.mask = mask
-        batch.positions = [position + 1 for position in batch.positions]
-        logits = output.logits[:, -1].float().cpu()  # (B, V): sampled on CPU by the requests' generators
-        for index, row in enumerate(rows):
-            self._sample_into(row, logits[index], version)
-        self._batch_sizes[len(rows)] += 1
+        logits = self._model_step.step(self._batch.cache, step)
+        self._sample(rows, logits, version)
+        self._batch_sizes[count] += 1
         self._counters["decode_steps"] += 1
-        self._counters["decode_tokens"] += len(rows)
+        self._counters["decode_tokens"] += count
         self._seconds["decode"] += time.perf_counter() - started
 
-    def _sample_into(self, state: _Request, logits: torch.Tensor, version: int) -> None:
-        params = state.request.sampling_params
-        token, logprob = sample_token(
-            logits, params.temperature, params.top_p, state.generator, self.return_original_logprob
+    def _sample(self, states: list[_Request], logits: torch.Tensor, version: int) -> None:
+        """Sample every row of logits (one per state) at once, each with its request's generator (on CPU)."""
+        params = [state.request.sampling_params for state in states]
+        tokens, logprobs = sample_rows(
+            logits.cpu(),
+            [p.temperature for p in params],
+            [p.top_p for p in params],
+            [state.generator for state in states],
+            self.return_original_logprob,
         )
-        state.append(token, logprob, version)
-        self._counters["generated_tokens"] += 1
+        for state, token, logprob in zip(states, tokens, logprobs, strict=True):
+            state.append(token, logprob, version)
+        self._counters["generated_tokens"] += len(states)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         """Load same-architecture weights from a local Hugging Face directory and serve them as weight_version.
@@ -777,13 +764,3 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> set[int
     elif configured:
         ids.update(int(token) for token in configured)
     return ids
-
-
-def _layers(cache: Cache) -> list[Any]:
-    """The cache's layers (each with keys and values of (B, H_kv, T, D))."""
-    return list(cache.layers)
-
-
-def _cached(tensor: torch.Tensor | None) -> torch.Tensor:
-    assert tensor is not None, "a filled cache layer"
-    return tensor
