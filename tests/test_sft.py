@@ -99,13 +99,20 @@ def test_shifted_labels_target_the_next_masked_token_only() -> None:
 
 def test_collate_restarts_positions_and_never_labels_across_a_boundary() -> None:
     examples = [([1, 2, 3], shifted_labels([1, 2, 3], [0, 1, 1])), ([4, 5], shifted_labels([4, 5], [1, 1]))]
-    batch = collate_rows([[0, 1]], examples, seq_len=7, pad_token_id=0)
-    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 0, 0]]
+    batch = collate_rows([[0, 1]], examples, seq_len=7)
+    assert batch.input_ids.tolist() == [
+        [1, 2, 3, 4, 5]
+    ]  # no padding: the row's 2 empty slots are not laid out
     # the last token of example 0 (3) must not target the first of example 1 (4), though 4 has mask 1
-    assert batch.labels.tolist() == [[2, 3, IGNORE_INDEX, 5, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]]
-    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1]]
-    assert batch.segment_ids.tolist() == [[1, 1, 1, 2, 2, 0, 0]]
-    assert (batch.num_tokens, batch.num_targets) == (5, 3)
+    assert batch.labels.tolist() == [[2, 3, IGNORE_INDEX, 5, IGNORE_INDEX]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1]]
+    assert batch.segment_ids.tolist() == [[1, 1, 1, 2, 2]]
+    assert (batch.num_tokens, batch.num_targets, batch.num_slots) == (5, 3, 7)
+    assert batch.targets.tolist() == [2, 3, 5]
+    # two rows of a micro-batch are laid end to end as one row, in order
+    both = collate_rows([[1], [0]], examples, seq_len=4)
+    assert both.input_ids.tolist() == [[4, 5, 1, 2, 3]] and both.position_ids.tolist() == [[0, 1, 0, 1, 2]]
+    assert (both.num_tokens, both.num_targets, both.num_slots) == (5, 3, 8)
     expected = torch.tensor(
         [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]],
         dtype=torch.bool,
@@ -141,10 +148,13 @@ def test_packed_logits_equal_lone_logits_and_ignore_neighbours(
     model.eval()
     data = prepare_examples(examples, seq_len=160, vocab_size=model.config.vocab_size)
     row = [0, 1, 2]
-    seq_len = sum(len(data.examples[i][0]) for i in row) + 5  # some padding at the tail
-    batch = collate_rows([row], data.examples, seq_len, pad_token_id=0)
+    seq_len = sum(len(data.examples[i][0]) for i in row) + 5
+    batch = collate_rows([row], data.examples, seq_len)
+    everywhere = torch.ones_like(batch.input_ids, dtype=torch.bool)
     with torch.no_grad():
-        packed = packed_logits(model, batch, bf16=False)[0]  # (T, V)
+        packed = packed_logits(model, batch, bf16=False, keep=everywhere)  # (N, V)
+        at_targets = packed_logits(model, batch, bf16=False)  # (K, V): the LM head at the targets only
+    torch.testing.assert_close(at_targets, packed[batch.is_target[0]], rtol=1e-6, atol=1e-6)
     start = 0
     for example in row:
         ids = data.examples[example][0]
@@ -158,7 +168,7 @@ def test_packed_logits_equal_lone_logits_and_ignore_neighbours(
     ids0 = perturbed[0][0]
     perturbed[0] = ([(token + 7) % model.config.vocab_size for token in ids0], perturbed[0][1])
     with torch.no_grad():
-        moved = packed_logits(model, collate_rows([row], perturbed, seq_len, 0), bf16=False)[0]
+        moved = packed_logits(model, collate_rows([row], perturbed, seq_len), bf16=False, keep=everywhere)
     n0 = len(ids0)
     assert not torch.allclose(moved[:n0], packed[:n0])
     torch.testing.assert_close(moved[n0:start], packed[n0:start], rtol=0, atol=1e-6)
@@ -206,11 +216,11 @@ def test_packed_loss_and_gradient_match_float64_brute_force(tokenizer, examples)
     reference = copy.deepcopy(model).double()
     data = prepare_examples(examples, seq_len=128, vocab_size=model.config.vocab_size)
     rows = [[0, 2], [1, 3]]  # two rows of two examples, one row per micro-batch
-    micro_batches = [collate_rows([row], data.examples, 128, 0) for row in rows]
+    micro_batches = [collate_rows([row], data.examples, 128) for row in rows]
     step_targets = sum(batch.num_targets for batch in micro_batches)
     assert step_targets == sum(sum(mask[1:]) for _, mask in examples)
     loss = sum(
-        summed_target_nll(packed_logits(model, batch, bf16=False), batch.labels) / step_targets
+        summed_target_nll(packed_logits(model, batch, bf16=False), batch.targets) / step_targets
         for batch in micro_batches
     )
     assert isinstance(loss, torch.Tensor)
@@ -223,10 +233,78 @@ def test_packed_loss_and_gradient_match_float64_brute_force(tokenizer, examples)
         torch.testing.assert_close(parameter.grad.double(), twin.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def _summed_loss_and_gradient(model: PreTrainedModel, run: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = run()
+    loss.backward()
+    return loss.detach(), [
+        parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None
+    ]
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_a_packed_micro_batch_is_the_sum_of_its_examples_alone_and_of_the_padded_layout(
+    tokenizer, examples, moe: bool
+) -> None:
+    """One padding-free row of four examples (two rows of the packing): its summed loss and gradient equal the sum
+    of the four examples' losses computed one at a time, and those of the padded layout trained before (rows of
+    seq_len, padding at the tail, full logits, transformers' block-diagonal mask), within fp32 noise."""
+    model = tiny_model(tokenizer, moe=moe)
+    data = prepare_examples(examples, seq_len=256, vocab_size=model.config.vocab_size)
+    rows = [[0, 2], [1, 3]]
+    seq_len = max(sum(len(data.examples[example][0]) for example in row) for row in rows) + 3
+    batch = collate_rows(rows, data.examples, seq_len)
+    assert batch.num_tokens == sum(len(ids) for ids, _ in data.examples) < batch.num_slots
+
+    def packed() -> torch.Tensor:
+        return summed_target_nll(packed_logits(model, batch, bf16=False), batch.targets)
+
+    def alone() -> torch.Tensor:
+        total = torch.zeros(())
+        for example in [0, 2, 1, 3]:
+            ids, labels = data.examples[example]
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+            total = total + torch.nn.functional.cross_entropy(
+                logits, torch.tensor(labels), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+        return total
+
+    def padded() -> torch.Tensor:
+        input_ids = torch.zeros((2, seq_len), dtype=torch.long)
+        labels = torch.full((2, seq_len), IGNORE_INDEX)
+        positions = torch.zeros((2, seq_len), dtype=torch.long)
+        segments = torch.zeros((2, seq_len), dtype=torch.long)
+        for r, row in enumerate(rows):
+            start = 0
+            for segment, example in enumerate(row, start=1):
+                ids, example_labels = data.examples[example]
+                input_ids[r, start : start + len(ids)] = torch.tensor(ids)
+                labels[r, start : start + len(ids)] = torch.tensor(example_labels)
+                positions[r, start : start + len(ids)] = torch.arange(len(ids))
+                segments[r, start : start + len(ids)] = segment
+                start += len(ids)
+            positions[r, start:] = torch.arange(seq_len - start)
+        mask = block_causal_mask(segments)
+        logits = model(
+            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False
+        ).logits
+        return torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+
+    loss, gradient = _summed_loss_and_gradient(model, packed)
+    for reference in (alone, padded):
+        expected, expected_gradient = _summed_loss_and_gradient(model, reference)
+        torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-5)
+        assert len(gradient) == len(expected_gradient) == len(list(model.parameters()))
+        for ours, theirs in zip(gradient, expected_gradient, strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
 def _gradient(model: PreTrainedModel, ids: list[int], mask: list[int]) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
-    batch = collate_rows([[0]], [(ids, shifted_labels(ids, mask))], len(ids) + 2, 0)
-    (summed_target_nll(packed_logits(model, batch, bf16=False), batch.labels) / batch.num_targets).backward()
+    batch = collate_rows([[0]], [(ids, shifted_labels(ids, mask))], len(ids) + 2)
+    (summed_target_nll(packed_logits(model, batch, bf16=False), batch.targets) / batch.num_targets).backward()
     return torch.cat(
         [parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None]
     )

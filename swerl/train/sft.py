@@ -5,13 +5,17 @@ accumulation, clipping, AdamW, warm-up + cosine lr) -> checkpoint. `train_sft` i
 pieces it calls, each testable alone. Plain arguments only: a builder maps the stage config onto them.
 
 Contracts worth knowing before changing anything:
-- Packing. Examples are packed next-fit, in a per-epoch shuffled order, into rows of exactly `seq_len` tokens;
-  the tail of a row is padding. Position ids restart at 0 at every example (and at the padding). With
-  `attention_mask=None`, `use_cache=False` and such position ids, transformers 5 (masking_utils,
-  find_packed_sequence_indices) marks every restart as a new sequence and builds a block-diagonal causal mask for
-  sdpa and eager attention, and flash-attention varlen kernels read the same position ids. A token therefore sees
-  only earlier tokens of its own example, with the positions (RoPE) it would have alone: tests/test_sft.py checks
-  that packed and lone logits agree and that changing a neighbour changes nothing.
+- What a step holds. Examples are packed next-fit, in a per-epoch shuffled order, into rows of at most `seq_len`
+  tokens; a step is rows_per_micro_batch x grad_accum_steps rows, so a micro-batch's token budget is
+  rows_per_micro_batch x seq_len. The rows decide which examples train together, nothing more: the share of
+  their slots left empty is reported (padding_fraction), never computed.
+- Padding-free compute. A micro-batch is laid out as ONE row of its examples' real tokens end to end (its rows in
+  order), position ids restarting at 0 at every example, no attention mask (swerl.train.packing). Attention runs
+  per example (sdpa: one kernel call per example; flash-attention: varlen from the position ids; eager and flex:
+  transformers' block-diagonal mask), so a token sees only earlier tokens of its own example, with the positions
+  (RoPE) it would have alone; the LM head runs only at target positions. A micro-batch's summed loss therefore
+  equals the sum of its examples' losses computed alone, in value and gradient (tests/test_sft.py checks that,
+  that packed and lone logits agree, and that changing a neighbour changes nothing).
 - Labels. labels[t] = input_ids[t + 1] where loss_mask[t + 1] == 1 and t + 1 is in the same example, else
   IGNORE_INDEX; logits[t] is scored against labels[t]. Tokens with mask 0 are still inputs, never targets.
   A "target" below is one such (t, t + 1) pair; an example's first token can never be one.
@@ -49,6 +53,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from swerl.train.distributed import RankContext, clip_gradients, full_state_dict, is_sharded, shard_model
+from swerl.train.packing import kept_logits, use_packed_attention
 
 logger = logging.getLogger(__name__)
 
@@ -169,42 +174,43 @@ def pack_rows(
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Rows of packed examples, all (B, T) with T == seq_len."""
+    """One micro-batch: the examples of its rows end to end as one row of N real tokens, no padding (1, N)."""
 
-    input_ids: Tensor  # (B, T) int64; padding holds pad_token_id
-    labels: Tensor  # (B, T) int64; target of each position, IGNORE_INDEX where none (and on padding)
-    position_ids: Tensor  # (B, T) int64; 0, 1, ... restarting at every example and at the padding
-    segment_ids: Tensor  # (B, T) int64; 1, 2, ... per example within a row, 0 on padding
-    num_tokens: int  # non-padding tokens
+    input_ids: Tensor  # (1, N) int64
+    labels: Tensor  # (1, N) int64; target of each position, IGNORE_INDEX where none
+    position_ids: Tensor  # (1, N) int64; 0, 1, ... restarting at every example
+    segment_ids: Tensor  # (1, N) int64; 1, 2, ... per example
+    num_tokens: int  # N
     num_targets: int
+    num_slots: int  # rows x seq_len: the packing budget the examples were drawn against
+
+    @property
+    def is_target(self) -> Tensor:
+        """(1, N) bool: the positions that have a target (the LM head runs there only)."""
+        return self.labels != IGNORE_INDEX
+
+    @property
+    def targets(self) -> Tensor:
+        """(K,) int64: the targets, in position order."""
+        return self.labels[self.is_target]
 
 
 def collate_rows(
-    rows: Sequence[Sequence[int]],
-    examples: Sequence[tuple[list[int], list[int]]],
-    seq_len: int,
-    pad_token_id: int,
+    rows: Sequence[Sequence[int]], examples: Sequence[tuple[list[int], list[int]]], seq_len: int
 ) -> PackedBatch:
-    """Lay packed rows of example indices out as tensors, padding each row's tail to seq_len."""
-    input_ids = torch.full((len(rows), seq_len), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), seq_len), dtype=torch.long)
-    segment_ids = torch.zeros((len(rows), seq_len), dtype=torch.long)
-    num_tokens = 0
-    for row_index, row in enumerate(rows):
-        start = 0
-        for segment, example in enumerate(row, start=1):
-            ids, example_labels = examples[example]
-            end = start + len(ids)
-            input_ids[row_index, start:end] = torch.tensor(ids)
-            labels[row_index, start:end] = torch.tensor(example_labels)
-            position_ids[row_index, start:end] = torch.arange(len(ids))
-            segment_ids[row_index, start:end] = segment
-            start = end
-        position_ids[row_index, start:] = torch.arange(seq_len - start)  # padding: its own sequence
-        num_tokens += start
+    """Lay packed rows of example indices out as one padding-free row: every example of every row, in order."""
+    order = [example for row in rows for example in row]
+    input_ids = torch.tensor([token for example in order for token in examples[example][0]], dtype=torch.long)
+    labels = torch.tensor([label for example in order for label in examples[example][1]], dtype=torch.long)
+    position_ids = torch.cat([torch.arange(len(examples[example][0])) for example in order])
+    segment_ids = torch.cat(
+        [torch.full((len(examples[example][0]),), segment) for segment, example in enumerate(order, start=1)]
+    )
     num_targets = int((labels != IGNORE_INDEX).sum())
-    return PackedBatch(input_ids, labels, position_ids, segment_ids, num_tokens, num_targets)
+    return PackedBatch(
+        input_ids.unsqueeze(0), labels.unsqueeze(0), position_ids.unsqueeze(0), segment_ids.unsqueeze(0),
+        int(input_ids.numel()), num_targets, len(rows) * seq_len,
+    )  # fmt: skip
 
 
 def next_micro_batches(
@@ -214,7 +220,6 @@ def next_micro_batches(
     seq_len: int,
     rows_per_micro_batch: int,
     grad_accum_steps: int,
-    pad_token_id: int,
 ) -> tuple[list[PackedBatch], DataPosition]:
     """The micro-batches of one optimizer step, packed from position on, and the position after them."""
     lengths = [len(ids) for ids, _ in data.examples]
@@ -222,7 +227,7 @@ def next_micro_batches(
         lengths, rows_per_micro_batch * grad_accum_steps, seq_len, position, shuffle_seed
     )
     micro_batches = [
-        collate_rows(rows[start : start + rows_per_micro_batch], data.examples, seq_len, pad_token_id)
+        collate_rows(rows[start : start + rows_per_micro_batch], data.examples, seq_len)
         for start in range(0, len(rows), rows_per_micro_batch)
     ]
     return micro_batches, position
@@ -231,7 +236,8 @@ def next_micro_batches(
 def block_causal_mask(segment_ids: Tensor) -> Tensor:
     """(B, T) segment ids -> (B, 1, T, T) bool, True where query t may attend key s: same segment and s <= t.
 
-    The mask transformers derives from restarting position ids; kept as the reference the tests compare to.
+    The mask transformers derives from restarting position ids (eager and flex attention use it; sdpa runs per
+    example instead, swerl.train.packing); kept as the reference the tests compare to.
     """
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
     length = segment_ids.shape[1]
@@ -243,25 +249,23 @@ def block_causal_mask(segment_ids: Tensor) -> Tensor:
 # Optimisation: loss, optimizer, schedule
 
 
-def packed_logits(model: PreTrainedModel, batch: PackedBatch, bf16: bool) -> Tensor:
-    """Logits (B, T, V) of a packed batch, each example attending only to itself (see the module docstring)."""
+def packed_logits(
+    model: PreTrainedModel, batch: PackedBatch, bf16: bool, keep: Tensor | None = None
+) -> Tensor:
+    """Logits (K, V) of a packed batch at the K positions where keep (1, N) is True (default: its targets), each
+    example attending only to itself (see the module docstring)."""
     device = model.device
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-        output = model(
-            input_ids=batch.input_ids.to(device),
-            position_ids=batch.position_ids.to(device),
-            attention_mask=None,  # a 2D mask would turn packed-sequence detection off
-            use_cache=False,  # a cache would too (and is useless in training)
-        )
-    return output.logits
+    keep = batch.is_target if keep is None else keep
+    return kept_logits(
+        use_packed_attention(model), batch.input_ids.to(device), batch.position_ids.to(device),
+        keep.to(device), bf16,
+    )  # fmt: skip
 
 
-def summed_target_nll(logits: Tensor, labels: Tensor) -> Tensor:
-    """Sum over targets of -log p(label | prefix), in float32 at least; logits (B, T, V), labels (B, T)."""
+def summed_target_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """Sum over targets of -log p(target | prefix), in float32 at least; logits (K, V) at the targets, targets (K,)."""
     scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(
-        scores.flatten(0, 1), labels.to(scores.device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    return F.cross_entropy(scores, targets.to(scores.device), reduction="sum")
 
 
 def build_optimizer(
@@ -306,9 +310,11 @@ class StepMetrics:
     loss: float  # mean NLL over the step's targets, before the update
     lr: float
     grad_norm: float  # total L2 norm of the gradient before clipping
-    num_tokens: int  # non-padding tokens in the step
+    num_tokens: int  # tokens in the step (all real: micro-batches hold no padding)
     num_targets: int  # assistant tokens scored (the loss denominator)
-    padding_fraction: float  # share of the step's row slots that were padding
+    padding_fraction: (
+        float  # share of the step's row slots (rows x seq_len) left empty by packing; not computed
+    )
     tokens_per_second: float  # num_tokens / wall time of the step (forward, backward, optimizer)
     seconds: float
 
@@ -353,7 +359,7 @@ def train_step(
     step_loss = 0.0
     for index in [*mine, *([None] * extra)]:
         batch = micro_batches[index if index is not None else 0]
-        loss = summed_target_nll(packed_logits(model, batch, bf16), batch.labels) / step_targets
+        loss = summed_target_nll(packed_logits(model, batch, bf16), batch.targets) / step_targets
         (
             loss * (scale if index is not None else 0)
         ).backward()  # a zero pass keeps the ranks' collectives even
@@ -392,8 +398,7 @@ class SFTTrainer:
         _check_arguments(
             seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio
         )
-        if pad_token_id is None:
-            pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        del pad_token_id  # accepted for callers of the padded layout: packed micro-batches hold no padding
         self.data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
         _log_data(self.data, seq_len, truncate_overlong)
         if ranks is not None and not is_sharded(
@@ -408,7 +413,7 @@ class SFTTrainer:
         self.seq_len, self.max_steps = seq_len, max_steps
         self.rows_per_micro_batch, self.grad_accum_steps = rows_per_micro_batch, grad_accum_steps
         self.lr, self.min_lr_ratio, self.warmup_steps = lr, min_lr_ratio, warmup_steps
-        self.max_grad_norm, self.bf16, self.pad_token_id = max_grad_norm, bf16, pad_token_id
+        self.max_grad_norm, self.bf16 = max_grad_norm, bf16
         self.last_metrics: StepMetrics | None = None
 
     @property
@@ -420,16 +425,13 @@ class SFTTrainer:
         step, started = self.state.step, time.perf_counter()
         micro_batches, self.position = next_micro_batches(
             self.data, self.position, self.state.shuffle_seed, self.seq_len, self.rows_per_micro_batch,
-            self.grad_accum_steps, self.pad_token_id,
+            self.grad_accum_steps,
         )  # fmt: skip
         step_lr = lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio)
         loss, grad_norm = train_step(
             self.model, self.optimizer, micro_batches, step_lr, self.max_grad_norm, self.bf16, self.ranks
         )
-        slots = self.rows_per_micro_batch * self.seq_len
-        metrics = _step_metrics(
-            step + 1, self.position, loss, step_lr, grad_norm, micro_batches, slots, started
-        )
+        metrics = _step_metrics(step + 1, self.position, loss, step_lr, grad_norm, micro_batches, started)
         self.state = replace(
             self.state, step=step + 1, epoch=self.position.epoch, example_index=self.position.index
         )
@@ -514,7 +516,9 @@ def train_sft(
 ) -> SFTResult:  # fmt: skip
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
-    Each step packs rows_per_micro_batch * grad_accum_steps rows of seq_len tokens. bf16 autocasts forward and
+    Each step packs rows_per_micro_batch * grad_accum_steps rows of at most seq_len tokens (next-fit) and computes
+    each micro-batch (rows_per_micro_batch rows) as one padding-free row of its examples; pad_token_id is unused
+    (accepted for earlier callers). bf16 autocasts forward and
     loss inputs to bfloat16 (weights, gradients and optimizer state stay float32). Checkpoints go to
     checkpoint_dir every checkpoint_every steps (0: only at the end) and at the end, keeping the newest
     keep_last; tokenizer, when given, is saved with each. resume_from is a checkpoint directory of a run with the
@@ -566,10 +570,9 @@ def _step_metrics(
     lr: float,
     grad_norm: float,
     micro_batches: Sequence[PackedBatch],
-    slots_per_micro_batch: int,
     started: float,
 ) -> StepMetrics:
-    """What the step that began at perf_counter() `started` did; slots_per_micro_batch is rows x seq_len."""
+    """What the step that began at perf_counter() `started` did."""
     seconds = time.perf_counter() - started
     num_tokens = sum(batch.num_tokens for batch in micro_batches)
     return StepMetrics(
@@ -580,7 +583,7 @@ def _step_metrics(
         grad_norm=grad_norm,
         num_tokens=num_tokens,
         num_targets=sum(batch.num_targets for batch in micro_batches),
-        padding_fraction=1.0 - num_tokens / (len(micro_batches) * slots_per_micro_batch),
+        padding_fraction=1.0 - num_tokens / sum(batch.num_slots for batch in micro_batches),
         tokens_per_second=num_tokens / seconds,
         seconds=seconds,
     )
