@@ -21,6 +21,7 @@ from swerl.engine.local import LocalEngine
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.rollout.groups import EpisodeFn, rollout_groups
+from swerl.train.grpo import gather_logprobs, token_entropy
 from swerl.train.grpo_trainer import GRPOTrainer, collate, plan_micro_batches, score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
 
@@ -156,6 +157,38 @@ def test_plan_micro_batches_bounds_padded_tokens() -> None:
     assert plan[0] == [4]  # longer than the budget: alone
     for rows in plan[1:]:
         assert len(rows) * max(lengths[index] for index in rows) <= 24
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_logprobs_and_entropy_equal_the_full_padded_forward(
+    tokenizer: PreTrainedTokenizerBase, temperature: float
+) -> None:
+    """The trainer's forward (rows packed padding-free, LM head at scored tokens only) gives the log-probs and the
+    entropy that full logits over the right-padded batch give at every scored token, with the same gradient, and
+    0 at every unscored position."""
+    model = tiny_model(tokenizer)
+    trainer = grpo_trainer(model, logprob_temperature=temperature)
+    scored = score_groups(synthetic_groups(5, len(tokenizer), num_groups=2), scale_by_std=False)
+    micro = collate(scored.trajectories, scored.advantages, pad_token_id=0)
+    assert int((micro.lengths < micro.input_ids.shape[1]).sum()) > 0  # some rows are padded
+    mask = micro.loss_mask[:, 1:].bool()
+
+    model.zero_grad(set_to_none=True)
+    logprobs, logits = trainer._logprobs(model, micro, grad=True)
+    (logprobs * torch.linspace(0.5, 1.5, logprobs.numel()).view_as(logprobs)).sum().backward()
+    ours = [parameter.grad.clone() for parameter in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    full = model(input_ids=micro.input_ids, use_cache=False).logits  # right padding, causal: no mask needed
+    expected = gather_logprobs(full, micro.input_ids, temperature) * mask
+    (expected * torch.linspace(0.5, 1.5, expected.numel()).view_as(expected)).sum().backward()
+
+    assert logits.shape == (int(mask.sum()), model.config.vocab_size)
+    torch.testing.assert_close(logprobs, expected, rtol=0, atol=2e-6)
+    assert bool((logprobs[~mask] == 0).all())
+    entropy = token_entropy(full[:, :-1].float() / temperature)[mask]
+    torch.testing.assert_close(token_entropy(logits.float() / temperature), entropy, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(ours, [parameter.grad for parameter in model.parameters()], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
 
 
 def test_rollout_groups_keeps_order_and_respects_concurrency() -> None:

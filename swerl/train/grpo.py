@@ -102,12 +102,20 @@ def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) ->
     """
     if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
         raise ValueError(f"logits {tuple(logits.shape)} must be (B, T, V) over tokens {tuple(tokens.shape)}")
+    return token_logprobs(logits[:, :-1], tokens[:, 1:], temperature)  # (B, T-1)
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log p(target) under logits / temperature, position by position: logits (..., V), targets (...) -> (...).
+
+    The computation gather_logprobs makes at every position, for logits already taken where their targets are
+    (the torch trainer's LM head runs only at scored positions). Computed in float32 at least.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    scores = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (B, T-1, V)
-    next_tokens = tokens[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
-    # gather - logsumexp avoids materialising a second (B, T, V) tensor of log-softmax values.
-    return scores.gather(-1, next_tokens).squeeze(-1) - torch.logsumexp(scores, dim=-1)  # (B, T-1)
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (..., V)
+    # gather - logsumexp avoids materialising a second (..., V) tensor of log-softmax values.
+    return scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scores, dim=-1)
 
 
 def token_entropy(logits: Tensor) -> Tensor:

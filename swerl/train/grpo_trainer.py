@@ -1,7 +1,8 @@
 """The synchronous GRPO trainer of the torch backend: groups of trajectories in, one policy update out.
 
 One `train_step` reads top to bottom: score the groups (advantages over valid attempts) -> lay the valid
-trajectories out as right-padded (B, T) micro-batches -> fix the old log-probs -> clipped, TIS-weighted policy
+trajectories out as right-padded (B, T) micro-batches (the loss's view; each forward packs a micro-batch's rows
+padding-free and runs the LM head only at scored tokens) -> fix the old log-probs -> clipped, TIS-weighted policy
 loss with gradient accumulation -> clip -> AdamW. `export_weights` hands the new policy to an engine
 (`update_weights_from_disk`), `save`/`load` make a resumed run continue exactly. Plain constructor arguments only; a builder maps a config onto them.
 
@@ -9,8 +10,8 @@ Contracts worth knowing before changing anything:
 - Invalid attempts. An infra_error trajectory (reward None) is excluded from its group's baseline and from the
   loss: it never enters a batch, so its tokens cannot touch the gradient. A group with fewer than two valid
   attempts has no baseline and is dropped (counted in `groups_dropped`).
-- Alignment. `gather_logprobs` gives out[:, t] = log p(token t + 1 | tokens <= t): the log-prob of token t
-  comes from the logits at t - 1. A trajectory's behaviour_logprobs[t] and loss_mask[t] describe token t, so
+- Alignment. `_logprobs` gives out[:, t] = log p(token t + 1 | tokens <= t), as `gather_logprobs` over full
+  logits would, at the scored positions (0 elsewhere): the log-prob of token t comes from the logits at t - 1. A trajectory's behaviour_logprobs[t] and loss_mask[t] describe token t, so
   both are shifted by one (`[:, 1:]`) before they meet the trainer's log-probs. A first token is never scored.
 - Old log-probs. With one optimizer update per step (ppo_epochs = num_minibatches = 1, the default) old is the
   detached current log-probs of the same forward pass: the PPO ratio is exactly 1 and only TIS acts. With more
@@ -51,12 +52,13 @@ from swerl.train.grpo import (
     ImportanceSums,
     ISLevel,
     PolicyLossStats,
-    gather_logprobs,
     group_advantages,
     importance_sums,
     policy_loss,
     token_entropy,
+    token_logprobs,
 )
+from swerl.train.packing import kept_logits, use_packed_attention
 from swerl.train.sft import build_optimizer, seed_everything
 from swerl.trajectory import EpisodeStatus, Trajectory
 
@@ -107,6 +109,7 @@ class MicroBatch:
     loss_mask: Tensor  # (B, T) float32; 1 on sampled tokens, 0 on prompt, observations and padding
     behaviour_logprobs: Tensor  # (B, T) float32; the engine's log-prob of token t, 0 off the mask
     advantages: Tensor  # (B, T) float32; the trajectory's advantage on its sampled tokens, 0 elsewhere
+    lengths: Tensor  # (B,) int64; real tokens of each row (the rest is padding)
 
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(*(tensor.to(device) for tensor in vars(self).values()))
@@ -118,7 +121,10 @@ class MicroBatch:
 
 
 def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int) -> MicroBatch:
-    """Lay trajectories out as a right-padded (B, T) micro-batch with per-token advantages."""
+    """Lay trajectories out as a right-padded (B, T) micro-batch with per-token advantages.
+
+    The (B, T) arrays are the loss's view; the torch trainer's forward packs the rows padding-free (`_logprobs`).
+    """
     length = max(len(trajectory.token_ids) for trajectory in trajectories)
     shape = (len(trajectories), length)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
@@ -130,7 +136,8 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
         loss_mask[row, :end] = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
         behaviour[row, :end] = torch.tensor(trajectory.behaviour_logprobs, dtype=torch.float32)
     per_row = torch.tensor(list(advantages), dtype=torch.float32).unsqueeze(-1)  # (B, 1)
-    return MicroBatch(input_ids, loss_mask, behaviour, per_row * loss_mask)
+    lengths = torch.tensor([len(trajectory.token_ids) for trajectory in trajectories], dtype=torch.long)
+    return MicroBatch(input_ids, loss_mask, behaviour, per_row * loss_mask, lengths)
 
 
 def sequence_mean_scales(loss_tokens: Sequence[int]) -> list[float]:
@@ -316,13 +323,15 @@ class GRPOTrainer:
             if ref_model is not None and not is_sharded(ref_model):
                 ref_model = shard_model(ref_model, ranks, trainable=False)
         self.settings = settings
-        self.model = model.train()
+        self.model = use_packed_attention(model).train()
         self.optimizer = build_optimizer(model, settings.lr, settings.weight_decay, betas, adam_eps)
         self.grad_clip = settings.grad_clip
         self.clip_eps_low, self.clip_eps_high = settings.clip_eps_low, settings.clip_eps_high
         self.tis_cap, self.tis_level = settings.tis_cap, settings.tis_level
         self.mis_low, self.mis_high, self.mis_level = settings.mis_low, settings.mis_high, settings.mis_level
-        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self.ref_model = (
+            use_packed_attention(ref_model).eval().requires_grad_(False) if ref_model is not None else None
+        )
         self.kl_coef = settings.kl_coef if ref_model is not None else 0.0
         self.scale_adv_by_std = settings.scale_adv_by_std
         self.loss_aggregation = settings.loss_aggregation
@@ -456,7 +465,7 @@ class GRPOTrainer:
         indices = range(first_index, first_index + len(minibatch))
         for index, real in self._passes(indices, mine):
             micro = minibatch[index - first_index]
-            logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (B, T, V)
+            logprobs, logits = self._logprobs(self.model, micro, grad=True)  # (B, T-1), (K, V)
             if not real:  # a zero pass: the same collectives, no gradient, nothing recorded
                 (logprobs.sum() * 0.0).backward()
                 continue
@@ -519,13 +528,38 @@ class GRPOTrainer:
         return minibatches
 
     def _logprobs(self, model: PreTrainedModel, micro: MicroBatch, grad: bool) -> tuple[Tensor, Tensor]:
-        """Next-token log-probs (B, T-1) of a micro-batch under model, and its logits (B, T, V)."""
-        device_type = micro.input_ids.device.type
+        """Next-token log-probs (B, T-1) of a micro-batch under model, and its logits (K, V) at the K scored tokens.
+
+        Padding-free and only where the loss looks: the rows' real tokens are laid end to end as one row with
+        restarting position ids (swerl.train.packing: attention per trajectory, as if each ran alone), and the LM
+        head and log-softmax run only at the positions whose next token is scored (loss_mask[:, 1:]). logprobs
+        holds them there, in the (B, T-1) layout the loss reads, and 0 at every unscored position (the loss, the
+        entropy and the importance statistics read scored positions only). A micro-batch without any scored token
+        still runs the LM head at one position, times 0, so that its backward reaches every parameter.
+        """
+        length = micro.input_ids.shape[1]
+        real = torch.arange(length, device=micro.input_ids.device) < micro.lengths.unsqueeze(-1)  # (B, T)
+        scored = micro.loss_mask[:, 1:].bool()  # (B, T-1): log-prob t is that of token t + 1
+        keep = torch.zeros_like(real)
+        keep[:, :-1] = scored  # scored implies real: the mask is 0 on padding
+        keep = keep[real].unsqueeze(0)  # (1, N), in the packed row's order (row-major)
+        positions = torch.arange(length, device=real.device).expand_as(real)[real].unsqueeze(0)  # (1, N)
+        empty = not bool(keep.any())
+        if empty:
+            keep[0, 0] = True
         with torch.set_grad_enabled(grad):
-            with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.bf16):
-                # No attention mask: with right padding and causal attention, real tokens never see padding.
-                logits = model(input_ids=micro.input_ids, use_cache=False).logits
-            logprobs = gather_logprobs(logits, micro.input_ids, self.logprob_temperature)
+            logits = kept_logits(
+                model, micro.input_ids[real].unsqueeze(0), positions, keep, self.bf16
+            )  # (K, V)
+            if empty:
+                return torch.zeros(scored.shape, device=logits.device) + 0.0 * logits.float().sum(), logits[
+                    :0
+                ]
+            selected = token_logprobs(
+                logits, micro.input_ids[:, 1:][scored], self.logprob_temperature
+            )  # (K,)
+            logprobs = torch.zeros(scored.shape, dtype=selected.dtype, device=selected.device)
+            logprobs = logprobs.index_put(scored.nonzero(as_tuple=True), selected)  # (B, T-1)
         return logprobs, logits
 
     def _optimizer_step(self) -> float:
@@ -674,9 +708,9 @@ class _Observed:
 
     @torch.no_grad()
     def add(self, micro: MicroBatch, old: Tensor, logits: Tensor, temperature: float) -> None:
+        """logits (K, V): at the micro-batch's K scored tokens (GRPOTrainer._logprobs), where entropy is taken."""
         mask = micro.loss_mask[:, 1:]  # (B, T-1): the scored tokens, shifted like old
-        entropy = token_entropy(logits.detach()[:, :-1].float() / temperature)  # (B, T-1)
-        self.entropy += float((entropy * mask).sum())
+        self.entropy += float(token_entropy(logits.detach().float() / temperature).sum())
         self.mismatch += importance_sums(old, micro.behaviour_logprobs[:, 1:], mask, self.tis_cap)
 
     def add_loss(self, stats: PolicyLossStats) -> None:
