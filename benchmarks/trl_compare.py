@@ -368,11 +368,11 @@ class SwerlSFTStepper:
         seed_everything(0)
         self.optimizer = build_optimizer(self.model, SFT_LR, SFT_WEIGHT_DECAY, SFT_BETAS, SFT_EPS)
         self.position = DataPosition(0, 0)
-        self.seq_len, self.rows, self.pad_token_id = args.seq_len, args.rows, tokenizer.pad_token_id
+        self.seq_len, self.rows = args.seq_len, args.rows
 
     def __call__(self) -> int:
         micro_batches, self.position = next_micro_batches(
-            self.data, self.position, 0, self.seq_len, self.rows, 1, self.pad_token_id
+            self.data, self.position, 0, self.seq_len, self.rows, 1
         )
         train_step(self.model, self.optimizer, micro_batches, SFT_LR, max_grad_norm=1.0, bf16=False)
         return sum(batch.num_tokens for batch in micro_batches)
