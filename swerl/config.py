@@ -622,11 +622,16 @@ class SFTConfig(StrictModel):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """The model built from scratch when model_path is None (the CPU default)."""
     seq_len: int = Field(1024, ge=16, le=1_048_576)
-    """Packed row length; a trace longer than this is an error unless truncate_overlong."""
+    """Packed row length: traces are packed next-fit into rows of at most this many tokens; a trace longer than
+    this is an error unless truncate_overlong."""
     truncate_overlong: bool = False
     """Cut traces longer than seq_len instead of refusing them."""
     rows_per_micro_batch: int = Field(2, ge=1, le=100_000)
+    """Packed rows per micro-batch (its token budget is rows_per_micro_batch x seq_len). A micro-batch is computed
+    as one padding-free row of its traces' real tokens (swerl.train.packing): the rows' empty slots cost nothing."""
     grad_accum_steps: int = Field(1, ge=1, le=100_000)
+    """Micro-batches per optimizer step: a step is rows_per_micro_batch x grad_accum_steps rows, and its loss the
+    mean NLL over all of their assistant tokens."""
     max_steps: int = Field(300, ge=1, le=10_000_000)
     """Optimizer steps (the cosine schedule ends here)."""
     time_budget_s: float | None = Field(None, gt=0)
@@ -756,7 +761,8 @@ class GRPOAlgorithmConfig(StrictModel):
     """token_mean: every scored token of a minibatch weighs the same (DAPO; long trajectories weigh more);
     sequence_mean: every trajectory weighs the same (the original GRPO)."""
     micro_batch_tokens: int = Field(8192, ge=2, le=100_000_000)
-    """Most padded tokens (rows x longest row) in one forward/backward."""
+    """Most tokens in one forward/backward, counted padded (rows x longest row). The torch backend computes only
+    the real ones (the rows packed into one, the LM head at scored tokens); megatron the padded rows."""
     ppo_epochs: int = Field(1, ge=1, le=100)
     """Passes over each step's batch (optimizer updates per step = ppo_epochs x num_minibatches)."""
     num_minibatches: int = Field(1, ge=1, le=10_000)

@@ -240,7 +240,8 @@ class UpdateSettings:
     scale_adv_by_std: divide advantages by the group's reward std (GRPO) or not (Dr. GRPO).
     loss_aggregation: "token_mean" (every scored token of a minibatch weighs the same, DAPO) or "sequence_mean"
         (every trajectory weighs the same; sequence_mean_scales). The KL term stays a token mean.
-    micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward.
+    micro_batch_tokens: most padded tokens (rows x longest row) in one forward/backward; the forward computes
+        only the real ones (`GRPOTrainer._logprobs`).
     ppo_epochs, num_minibatches: optimizer updates per step = ppo_epochs x num_minibatches; old log-probs are
         fixed before the first.
     """
