@@ -11,7 +11,7 @@ SlotModel runs a Hugging Face Qwen3 (dense or MoE) on those buffers with the mod
 projections, MLP or experts) and none of its per-call machinery (cache objects, mask builders): the new tokens of
 every row go through the projections and MLP as one flat batch; attention runs once for the rows that decode one
 token (a (B, H_kv, G, D) query per key head, GQA packed as SGLang and transformers do for one token) and once for
-the rows that prefill several (padded to the longest, with a causal mask over each row's cached prefix).
+the rows that prefill (one call per row over its own slot, causal)
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class SlotModel:
             torch.arange(decode_keys, device=device)[None]
             < torch.tensor(ends[:decoding], device=device)[:, None]
         ).view(decoding, 1, 1, decode_keys)
-        prefill = _PrefillLayout.of(rows, device) if len(rows.counts) > decoding else None
+        prefill = _Prefill.of(rows, device) if len(rows.counts) > decoding else None
         hidden = self.embed(tokens)[None]  # (1, N, hidden)
         total = hidden.shape[1]
         for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
@@ -193,45 +193,47 @@ class SlotModel:
 
 
 @dataclass
-class _PrefillLayout:
-    """Where the prefill rows' flat tokens sit in a padded (R, longest) batch, and its causal mask."""
+class _Prefill:
+    """The prefill rows' attention, one call per row over its own slot: causal from position 0 (SDPA's causal
+    kernel, as a forward without a cache runs), or after a cached prefix with a mask (query i sees keys up to
+    start + i)."""
 
-    first: int  # first prefill slot
-    rows: int
-    longest: int
-    keys: int  # key columns read: the longest row end
-    flat_rows: torch.Tensor  # per flat token: its padded row and column
-    flat_columns: torch.Tensor
-    mask: torch.Tensor  # (R, 1, longest, keys)
+    first: int  # the first prefill row's slot
+    offsets: list[int]  # each row's first query among the prefill rows' flat queries
+    starts: list[int]
+    counts: list[int]
+    masks: list[torch.Tensor | None]
 
     @staticmethod
-    def of(rows: StepRows, device: torch.device) -> _PrefillLayout:
-        first = rows.first + rows.decoding
+    def of(rows: StepRows, device: torch.device) -> _Prefill:
         starts = rows.starts[rows.decoding :]
         counts = rows.counts[rows.decoding :]
-        longest = max(counts)
-        keys = max(start + n for start, n in zip(starts, counts, strict=True))
-        flat_rows = torch.tensor([r for r, n in enumerate(counts) for _ in range(n)], device=device)
-        flat_columns = torch.tensor([c for n in counts for c in range(n)], device=device)
-        query_positions = torch.tensor(starts, device=device)[:, None] + torch.arange(longest, device=device)
-        # row r's query c (position starts[r] + c) sees keys up to its own position; padding queries (c >= its
-        # count) see finite numbers too and are dropped
-        mask = torch.arange(keys, device=device)[None, None] <= query_positions[:, :, None]
-        return _PrefillLayout(first, len(counts), longest, keys, flat_rows, flat_columns, mask[:, None])
+        offsets = [sum(counts[:index]) for index in range(len(counts))]
+        masks = [
+            None
+            if start == 0 or n == 1
+            else torch.arange(start + n, device=device)[None]
+            <= start + torch.arange(n, device=device)[:, None]
+            for start, n in zip(starts, counts, strict=True)
+        ]
+        return _Prefill(rows.first + rows.decoding, offsets, starts, counts, masks)
 
     def attend(
         self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
         """Attention of the prefill rows' flat queries (N, H, D) -> (N, H * D)."""
-        padded = query.new_zeros(self.rows, self.longest, model.heads, model.head_dim)
-        padded[self.flat_rows, self.flat_columns] = query
-        end = self.first + self.rows
-        out = F.scaled_dot_product_attention(
-            padded.transpose(1, 2), keys[self.first : end, :, : self.keys], values[self.first : end, :, : self.keys],
-            attn_mask=self.mask, scale=model.scaling, enable_gqa=model.groups > 1,
-        )  # fmt: skip  # (R, H, longest, D)
-        out = out.transpose(1, 2)[self.flat_rows, self.flat_columns]  # (N, H, D)
-        return out.reshape(-1, model.heads * model.head_dim)
+        outputs = []
+        for row, (offset, start, n, mask) in enumerate(
+            zip(self.offsets, self.starts, self.counts, self.masks, strict=True)
+        ):
+            slot = self.first + row
+            out = F.scaled_dot_product_attention(
+                query[offset : offset + n].transpose(0, 1)[None], keys[slot : slot + 1, :, : start + n],
+                values[slot : slot + 1, :, : start + n], attn_mask=mask, is_causal=start == 0 and n > 1,
+                scale=model.scaling, enable_gqa=model.groups > 1,
+            )  # fmt: skip  # (1, H, n, D)
+            outputs.append(out[0].transpose(0, 1).reshape(n, model.heads * model.head_dim))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
