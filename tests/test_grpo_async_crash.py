@@ -5,6 +5,9 @@ local engine, real bubblewrap sandboxes on clean micro repositories, real gradin
 MLflow. Nothing is faked; the only injected fault is the SIGKILL. The inputs (a curate manifest with the tasks and
 an sft manifest with the tiny model) are written by literal stage functions.
 
+Seed 3 runs with the probe and replay curriculum (swerl.rollout.curriculum): its plans and outcomes are journaled
+too, and a probe-stopped group's one attempt is all it ever has.
+
 After each rerun the final checkpoint's ledger must show: every step consumed exactly B trained groups, no group
 consumed twice (nothing trained twice), every consumed group's attempts are in the journal (nothing finished lost),
 and the data position covers every group in the journal.
@@ -82,8 +85,18 @@ def child(root: Path, stage: str, trainer_process: bool) -> None:
     store, tracker = stores(root)
     inputs = [Manifest.model_validate_json((root / f"{name}.json").read_text()) for name in ("curate", "sft")]
     g = GRPO.model_copy(update={"trainer_process": trainer_process})
+    if curriculum_of(stage):
+        g = g.model_copy(update={"rollout": g.rollout.model_copy(update=CURRICULUM)})
     run_stage(stage, run_grpo, GRPOStage(grpo=g, agent=AGENT, engine=ENGINE), store=store, tracker=tracker,
               parent=None, inputs=inputs)  # fmt: skip
+
+
+ATTEMPT_ENTRY = re.compile(r"^r(\d+)-a(\d+)\.json$")
+CURRICULUM = {"probe_attempts": 1, "replay_share": 0.5, "max_visits": 3}
+
+
+def curriculum_of(stage: str) -> bool:
+    return stage.endswith("-3")
 
 
 def trainer_process_of(stage: str) -> bool:
@@ -124,13 +137,21 @@ def check_books(root: Path, stage: str) -> dict[str, Any]:
     trained = Counter(step for _, step, reason in ledger if reason == "trained")
     assert trained == {step: B for step in range(1, STEPS + 1)}, trained
     journal: dict[int, set[tuple[int, int]]] = {}
+    plans = 0
     for folder in store.list(f"stages/{stage}/{key}/rollouts"):
         seq = int(folder.rsplit("/g", 1)[1])
-        journal[seq] = {(int(name.split("-a")[0].rsplit("/r", 1)[1]), int(name.split("-a")[1][:4]))
-                        for name in store.list(folder)}  # fmt: skip
-    for seq in seqs:  # every consumed group's attempts were persisted (one generation complete)
+        names = [name.rsplit("/", 1)[1] for name in store.list(folder)]
+        plans += "plan.json" in names
+        matches = map(ATTEMPT_ENTRY.match, names)
+        journal[seq] = {(int(m[1]), int(m[2])) for m in matches if m}
+    # a plan per group, written before its attempts
+    assert plans == (len(journal) if curriculum_of(stage) else 0)
+    reasons = {seq: reason for seq, _, reason in ledger}
+    # every consumed group's attempts were persisted (one generation complete; a probe's one)
+    for seq in seqs:
         generations = Counter(generation for generation, _ in journal.get(seq, set()))
-        assert N in generations.values(), (seq, journal.get(seq))
+        size = CURRICULUM["probe_attempts"] if reasons[seq] == "probe_stopped" else N
+        assert size in generations.values(), (seq, reasons[seq], journal.get(seq))
     assert max(journal) < report["data_position"]
     # The trainer's account of what it scored survives the crashes too: every step's, only its trained groups'
     # attempts, each one journaled.
@@ -173,10 +194,11 @@ def test_sigkill_at_random_points_loses_nothing_and_trains_nothing_twice(tmp_pat
     for manifest in make_inputs(tmp_path):
         (tmp_path / f"{manifest.stage}.json").write_text(manifest.model_dump_json())
     resumed = []
-    # killed during step 1, 2 and 3 (a random time into it); seed 1 with the trainer in a process of its own
-    for seed in (0, 1, 2):
+    # killed during step 1, 2 and 3 (a random time into it); seed 1 with the trainer in a process of its own, seed 3
+    # (during step 1) with the probe and replay curriculum
+    for seed in (0, 1, 2, 3):
         stage = f"grpo-crash-{seed}"
-        where = kill_during(tmp_path, stage, seed, random.Random(seed))
+        where = kill_during(tmp_path, stage, seed % STEPS, random.Random(seed))
         run_to_end(tmp_path, stage)
         report = check_books(tmp_path, stage)
         print(f"{stage}: killed after {where!r}; resumed from {report['resumed']}, {report['resume']}, "
