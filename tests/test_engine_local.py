@@ -20,7 +20,7 @@ from swerl.engine.base import (
     WeightUpdateError,
     logprob_temperature,
 )
-from swerl.engine.batching import sample_token
+from swerl.engine.batching import sample_rows, sample_token
 from swerl.engine.local import LocalEngine
 from swerl.errors import InfraError
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
@@ -53,13 +53,15 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two same-architecture tiny models (policy versions) and one of another architecture."""
+    """Two same-architecture tiny models (policy versions), one of another architecture and a tiny Qwen3-MoE."""
     root = tmp_path_factory.mktemp("engine-models")
     tokenizer = train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=root / "tokenizer")
     dirs = {}
     for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96)):
         model = build_tiny_model(tokenizer, **{**MODEL, "hidden_size": hidden}, seed=seed)
         dirs[name] = save_model_and_tokenizer(model, tokenizer, root / name)
+    moe = build_tiny_model(tokenizer, **MODEL, moe=True, num_experts=4, num_experts_per_tok=2, seed=3)
+    dirs["moe"] = save_model_and_tokenizer(moe, tokenizer, root / "moe")
     return dirs
 
 
@@ -438,3 +440,114 @@ def test_prefix_cache_evicts_the_least_recently_used(model_dirs: dict[str, Path]
 def test_negative_prefix_cache_size_is_refused(model_dirs: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="prefix_cache_size"):
         engine(model_dirs["v0"], prefix_cache_size=-1)
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
+    """Hugging Face greedy `generate` on the request alone (batch 1, no padding, its own cache)."""
+    model, _ = load_model_and_tokenizer(model_dir)
+    generate: Any = model.generate  # untyped through nn.Module's __getattr__
+    with torch.no_grad():
+        output = generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return [int(token) for token in output[0, len(prompt) :]]
+
+
+@pytest.mark.parametrize("model_name", ["v0", "moe"])
+@pytest.mark.parametrize("cache_size", [0, 4])
+def test_greedy_equals_hf_generate_as_requests_join_and_leave(
+    model_dirs: dict[str, Path], model_name: str, cache_size: int
+) -> None:
+    """Greedy tokens equal Hugging Face `generate` on each request alone, for prompts of different lengths that
+    join and leave a batch of 3 at different times (a queue behind it), and for next turns of trajectories (the
+    prefix cache on: only the new tokens prefilled; off: the whole prompt)."""
+    first_turns = {f"t{i}": (prompt_of(length, 5 * i), new) for i, (length, new) in
+                   enumerate([(37, 9), (5, 17), (120, 4), (64, 12), (1, 7), (250, 10)])}  # fmt: skip
+
+    async def go() -> tuple[dict[str, list[tuple[list[int], GenerateResponse]]], dict[str, Any]]:
+        async with engine(model_dirs[model_name], max_batch_size=3, prefix_cache_size=cache_size) as local:
+            results: dict[str, list[tuple[list[int], GenerateResponse]]] = {}
+
+            async def trajectory(rid: str, prompt: list[int], new: int, delay_steps: int) -> None:
+                while local.stats()["decode_steps"] < delay_steps:  # join while others decode
+                    await asyncio.sleep(0.001)
+                for turn in range(2):
+                    sampling = SamplingParams(max_new_tokens=new + turn, temperature=0.0, ignore_eos=True)
+                    response = await local.generate(
+                        GenerateRequest(input_ids=prompt, sampling_params=sampling, rid=rid)
+                    )
+                    results.setdefault(rid, []).append((prompt, response))
+                    prompt = prompt + response.output_ids + prompt_of(3 + turn, len(prompt))
+
+            await asyncio.gather(
+                *(
+                    trajectory(rid, prompt, new, 4 * i)
+                    for i, (rid, (prompt, new)) in enumerate(first_turns.items())
+                )
+            )
+            return results, local.stats()
+
+    results, stats = run(go())
+    for turns in results.values():
+        for prompt, response in turns:
+            assert response.output_ids == hf_greedy(model_dirs[model_name], prompt, len(response.output_ids))
+    assert max(stats["batch_size_histogram"]) == 3
+    if cache_size:  # every second turn reused its first turn's prompt and outputs but the last
+        assert stats["prefix_cached_tokens"] == sum(
+            len(turns[0][0]) + len(turns[0][1].output_ids) - 1 for turns in results.values()
+        )
+    else:
+        assert stats["prefix_cached_tokens"] == 0
+
+
+def test_sample_rows_equals_sample_token_row_by_row() -> None:
+    """The vectorised sampler draws the same tokens and reports the same log-probs as sampling each row alone
+    with its own generator, whatever the other rows' settings."""
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(1)) * 4
+    settings = [(0.0, 1.0), (0.7, 0.9), (1.3, 1.0), (1.0, 0.5), (0.0, 0.8), (0.9, 1.0), (2.0, 0.95)]
+    for original in (False, True):
+        for draw in range(5):
+            expected = [
+                sample_token(
+                    logits[i],
+                    t,
+                    p,
+                    torch.Generator().manual_seed(100 * draw + i),
+                    return_original_logprob=original,
+                )
+                for i, (t, p) in enumerate(settings)
+            ]
+            tokens, logprobs = sample_rows(
+                logits,
+                [t for t, _ in settings],
+                [p for _, p in settings],
+                [torch.Generator().manual_seed(100 * draw + i) for i in range(len(settings))],
+                return_original_logprob=original,
+            )
+            assert tokens == [token for token, _ in expected]
+            assert logprobs == pytest.approx([logprob for _, logprob in expected], abs=1e-6)
+
+
+def test_joining_and_leaving_requests_neither_rebuild_nor_copy_the_batch_cache(
+    model_dirs: dict[str, Path],
+) -> None:
+    """Requests join and leave the running batch while its KV buffers stay the same tensors (written in place)."""
+
+    async def go() -> tuple[list[int], list[int], dict[str, Any]]:
+        async with engine(model_dirs["v0"], max_batch_size=4) as local:
+            cache = local._batch.cache
+            before = [tensor.data_ptr() for tensor in cache.keys + cache.values]
+            requests = [request(prompt_of(3 + 9 * i, i), max_new_tokens=5 + 3 * i) for i in range(10)]
+            await asyncio.gather(*(local.generate(r) for r in requests))
+            after = [tensor.data_ptr() for tensor in cache.keys + cache.values]
+            return before, after, local.stats()
+
+    before, after, stats = run(go())
+    assert before == after  # the prompts and outputs fit the first capacity: no growth either
+    assert stats["requests_completed"] == 10 and max(stats["batch_size_histogram"]) == 4

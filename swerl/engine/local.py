@@ -370,7 +370,7 @@ class LocalEngine:
             self._counters["prefill_tokens"] += len(input_ids) - reused
             self._counters["prefix_cached_tokens"] += reused
         counts = [len(state.request.input_ids) - start for state, start in zip(admitted, starts, strict=True)]
-        rows = StepRows(tokens=tokens, starts=starts, counts=counts, decoding=0, first=first)
+        rows = StepRows(tokens=tokens, starts=starts, counts=counts, first=first)
         logits = self._model_step.step(self._batch.cache, rows)
         self._sample(admitted, logits, version)
         self._seconds["prefill"] += time.perf_counter() - started
@@ -424,7 +424,6 @@ class LocalEngine:
             tokens=[row.output_ids[-1] for row in rows],
             starts=self._batch.cache.lengths[:count],
             counts=[1] * count,
-            decoding=count,
         )
         logits = self._model_step.step(self._batch.cache, step)
         self._sample(rows, logits, version)

@@ -2,16 +2,17 @@
 
 SlotCache holds, per layer, keys and values of (slots, H_kv, capacity, D): the running batch's row i lives in slot
 i, holding its first `lengths[i]` positions; a step writes each new token's keys and values in place at its
-position, and attention reads each slot up to its own length through a mask. A request joining takes the next
-free slot; one leaving hands its slot to the batch's last row (one row's KV moves), so joins and leaves never
-rebuild or copy the batch. Capacity grows by doubling up to `max_tokens` (the engine's context cap), the only
-time the whole buffer is copied.
+position, and attention reads each slot up to its own length. A request joining takes the next free slot; one
+leaving hands its slot to the batch's last row (one row's KV moves), so joins and leaves never rebuild or copy the
+batch. Capacity grows by doubling up to `max_tokens` (the engine's context cap), the only time the whole buffer
+is copied.
 
 SlotModel runs a Hugging Face Qwen3 (dense or MoE) on those buffers with the model's own modules (norms,
 projections, MLP or experts) and none of its per-call machinery (cache objects, mask builders): the new tokens of
-every row go through the projections and MLP as one flat batch; attention runs once for the rows that decode one
-token (a (B, H_kv, G, D) query per key head, GQA packed as SGLang and transformers do for one token) and once for
-the rows that prefill (one call per row over its own slot, causal)
+every row go through the projections and MLP as one flat batch (decode rows and prefills alike); attention runs
+row by row over each slot's own length, with no padding to the longest row: a decode row's one query sees every
+key (no mask; GQA packed into a (1, H_kv, G, D) query, as transformers does for one token), a prefill from
+position 0 runs SDPA's causal kernel, one after a cached prefix a causal mask offset by the prefix.
 """
 
 from __future__ import annotations
@@ -88,12 +89,11 @@ class SlotCache:
 @dataclass
 class StepRows:
     """One model step over slots first..first+len(counts)-1: row i (slot first + i) feeds counts[i] new tokens from
-    position starts[i]; the first `decoding` rows feed one token each (the decode rows), the others are prefilled."""
+    position starts[i] (one: a decode row; more: a prefill)."""
 
     tokens: list[int]  # every row's new tokens, row after row
     starts: list[int]
     counts: list[int]
-    decoding: int
     first: int = 0
 
 
@@ -152,13 +152,7 @@ class SlotModel:
         )
         tokens = torch.tensor(rows.tokens, device=device)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (N, 1, D)
-        decoding = rows.decoding
-        decode_keys = max(ends[:decoding], default=0)
-        decode_mask = (
-            torch.arange(decode_keys, device=device)[None]
-            < torch.tensor(ends[:decoding], device=device)[:, None]
-        ).view(decoding, 1, 1, decode_keys)
-        prefill = _Prefill.of(rows, device) if len(rows.counts) > decoding else None
+        attention_rows = _Rows.of(rows, device)
         hidden = self.embed(tokens)[None]  # (1, N, hidden)
         total = hidden.shape[1]
         for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
@@ -171,18 +165,7 @@ class SlotModel:
             key = key * cos + _rotate_half(key) * sin
             keys[slots, :, positions] = key
             values[slots, :, positions] = value
-            parts = []
-            if decoding:
-                packed = query[:decoding].view(decoding, self.kv_heads, self.groups, self.head_dim)
-                out = F.scaled_dot_product_attention(
-                    packed, keys[first : first + decoding, :, :decode_keys],
-                    values[first : first + decoding, :, :decode_keys],
-                    attn_mask=decode_mask, scale=self.scaling,
-                )  # fmt: skip
-                parts.append(out.reshape(decoding, self.heads * self.head_dim))
-            if prefill is not None:
-                parts.append(prefill.attend(self, query[decoding:], keys, values))
-            output = parts[0] if len(parts) == 1 else torch.cat(parts)
+            output = attention_rows.attend(self, query, keys, values)
             hidden = hidden + attention.o_proj(output[None])
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = torch.cumsum(torch.tensor(rows.counts, device=device), 0) - 1  # each row's last new token
@@ -193,46 +176,54 @@ class SlotModel:
 
 
 @dataclass
-class _Prefill:
-    """The prefill rows' attention, one call per row over its own slot: causal from position 0 (SDPA's causal
-    kernel, as a forward without a cache runs), or after a cached prefix with a mask (query i sees keys up to
+class _Rows:
+    """Attention row by row, each over its own slot up to its own length (no padding to the longest row): one new
+    token sees every key (GQA packed: a (1, H_kv, G, D) query); several from position 0 run SDPA's causal kernel
+    (as a forward without a cache does); several after a cached prefix get a mask (query i sees keys up to
     start + i)."""
 
-    first: int  # the first prefill row's slot
-    offsets: list[int]  # each row's first query among the prefill rows' flat queries
+    first: int  # row 0's slot
+    offsets: list[int]  # each row's first query among the step's flat queries
     starts: list[int]
     counts: list[int]
     masks: list[torch.Tensor | None]
 
     @staticmethod
-    def of(rows: StepRows, device: torch.device) -> _Prefill:
-        starts = rows.starts[rows.decoding :]
-        counts = rows.counts[rows.decoding :]
-        offsets = [sum(counts[:index]) for index in range(len(counts))]
+    def of(rows: StepRows, device: torch.device) -> _Rows:
+        offsets = [0]
+        for n in rows.counts[:-1]:
+            offsets.append(offsets[-1] + n)
         masks = [
             None
             if start == 0 or n == 1
             else torch.arange(start + n, device=device)[None]
             <= start + torch.arange(n, device=device)[:, None]
-            for start, n in zip(starts, counts, strict=True)
+            for start, n in zip(rows.starts, rows.counts, strict=True)
         ]
-        return _Prefill(rows.first + rows.decoding, offsets, starts, counts, masks)
+        return _Rows(rows.first, offsets, rows.starts, rows.counts, masks)
 
     def attend(
         self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
-        """Attention of the prefill rows' flat queries (N, H, D) -> (N, H * D)."""
+        """Attention of the step's flat queries (N, H, D) -> (N, H * D)."""
         outputs = []
+        width = model.heads * model.head_dim
         for row, (offset, start, n, mask) in enumerate(
             zip(self.offsets, self.starts, self.counts, self.masks, strict=True)
         ):
             slot = self.first + row
+            row_keys = keys[slot : slot + 1, :, : start + n]
+            row_values = values[slot : slot + 1, :, : start + n]
+            if n == 1:
+                packed = query[offset].view(1, model.kv_heads, model.groups, model.head_dim)
+                out = F.scaled_dot_product_attention(packed, row_keys, row_values, scale=model.scaling)
+                outputs.append(out.view(1, width))
+                continue
             out = F.scaled_dot_product_attention(
-                query[offset : offset + n].transpose(0, 1)[None], keys[slot : slot + 1, :, : start + n],
-                values[slot : slot + 1, :, : start + n], attn_mask=mask, is_causal=start == 0 and n > 1,
-                scale=model.scaling, enable_gqa=model.groups > 1,
+                query[offset : offset + n].transpose(0, 1)[None], row_keys, row_values, attn_mask=mask,
+                is_causal=start == 0, scale=model.scaling, enable_gqa=model.groups > 1,
             )  # fmt: skip  # (1, H, n, D)
-            outputs.append(out[0].transpose(0, 1).reshape(n, model.heads * model.head_dim))
+            outputs.append(out[0].transpose(0, 1).reshape(n, width))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
