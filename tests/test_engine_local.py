@@ -551,3 +551,17 @@ def test_joining_and_leaving_requests_neither_rebuild_nor_copy_the_batch_cache(
     before, after, stats = run(go())
     assert before == after  # the prompts and outputs fit the first capacity: no growth either
     assert stats["requests_completed"] == 10 and max(stats["batch_size_histogram"]) == 4
+
+
+def test_a_model_other_than_qwen3_is_refused(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The engine runs its own Qwen3 forward: another architecture is refused at load, not served wrongly."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = load_model_and_tokenizer(model_dirs["v0"])
+    llama = LlamaForCausalLM(
+        LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CONTEXT)
+    )  # fmt: skip
+    path = save_model_and_tokenizer(llama, tokenizer, tmp_path / "llama")
+    with pytest.raises(ValueError, match="Qwen3"):
+        engine(path)

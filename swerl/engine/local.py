@@ -2,19 +2,25 @@
 default) or a GPU (`device`).
 
 Concurrent `await engine.generate(request)` calls queue up; one scheduler task admits them (FIFO) into a running
-batch of at most `max_batch_size` requests, prefills each newly admitted one, and runs decode steps for the whole
-batch. Model work runs on the engine's own worker thread (its torch intra-op thread count set apart from the rest
-of the process), so the event loop stays responsive; queues, futures and counters live on the loop. Call the
-engine from one event loop.
+batch of at most `max_batch_size` requests, prefills the newly admitted ones together (one model step), and runs
+decode steps for the whole batch. Model work runs on the engine's own worker thread (its torch intra-op thread
+count set apart from the rest of the process), so the event loop stays responsive; queues, futures and counters
+live on the loop. Call the engine from one event loop. The model must be a Qwen3 (dense or MoE), the family
+swerl trains; any other architecture is refused at load.
 
-KV cache: each prompt is prefilled alone (batch 1, no padding), then its cache joins the running batch's cache
-left-padded to the batch's length (batching.RunningBatch); a decode step feeds every row's last token with
-explicit per-row position ids and a padding mask, so padding changes neither positions nor attention, and
-appends in place (batching.GrowingLayer). Finished rows leave the batch and all-padding columns are trimmed.
+KV cache (slots.SlotCache): one preallocated slot per batch row, per layer keys and values of (max_batch_size,
+H_kv, capacity, D), the capacity doubling on demand up to max_context_tokens. Row i of the running batch
+(batching.RunningBatch) lives in slot i; a model step (slots.SlotModel: the Qwen3 forward, dense or MoE, run with
+the model's own modules over the slots) writes each new token's keys and values in place at its position, and
+attention reads each row's slot up to its own length, so no padding and no mask enter a row's attention. A
+joining request takes the next free slot; a leaving one's slot is taken by the last row (that row's KV moves), so
+nothing else is rebuilt or copied. A prefill step runs every admitted request's new tokens through the model at
+once (projections and MLP over all of them together, attention per row, causal).
 
 Prefix cache (SGLang's radix cache, per trajectory): with `prefix_cache_size` > 0, a finished request's KV cache
-is kept under its `rid` (least recently used first out); the next request with that rid (an agent's next turn,
-whose input starts with the previous input and output) prefills only the tokens past the longest common prefix.
+is kept under its `rid` (a copy of its slot; least recently used first out); the next request with that rid (an
+agent's next turn, whose input starts with the previous input and output) gets the longest common prefix copied
+into its slot and prefills only the tokens past it.
 Weight updates and flush_cache empty it, as SGLang flushes its cache on a weight update, so a cached prefix was
 always computed by the weights now served (it holds finished requests only, so emptying it never conflicts with a
 running request: the flush_cache flag of a weight update is accepted and the cache is emptied either way).
@@ -38,7 +44,10 @@ Semantics follow SGLang's /generate, so one client drives both:
   InvalidRequestError (HTTP 400 in SGLang). Unlike SGLang, prompt + max_new_tokens above the cap is not
   rejected: generation stops at the cap with "length".
 Sampling is seeded: request number k (in arrival order) samples with its own generator seeded from
-(seed, k), so its tokens do not depend on what it was batched with.
+(seed, k), so its tokens do not depend on what it was batched with. A step samples all its rows at once
+(batching.sample_rows: one vectorised op per group of greedy, sampled and top-p rows; each row's exponential noise
+drawn from its own generator, which is how torch.multinomial draws one sample, so the tokens are those of
+sampling row by row).
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ from swerl.errors import InfraError
 from swerl.model.loading import load_model_and_tokenizer
 
 T = TypeVar("T")
+SERVABLE_MODEL_TYPES = ("qwen3", "qwen3_moe")
+"""Model types slots.SlotModel runs (the Qwen3 attention: q_norm and k_norm per head, RoPE, GQA)."""
 
 
 @dataclass(eq=False)
@@ -140,7 +151,7 @@ class LocalEngine:
         seed: seeds every request's sampling generator (with its arrival number).
         dtype: model parameter dtype.
         device: where the model and its KV cache live ("cpu", "cuda", "cuda:1"); sampling runs on CPU (the
-            request's seeded generator), one row of logits per token moved there.
+            requests' seeded generators), a step's logits moved there at once.
         weight_sync_timeout_s: how long joining a weight group, or one bucket's broadcast, may take.
         return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
         weight_version: version of the weights loaded from model_path.
@@ -737,6 +748,10 @@ def _load_servable(
     if not 2 <= max_context_tokens <= (positions or max_context_tokens):
         raise ValueError(
             f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]"
+        )
+    if config.model_type not in SERVABLE_MODEL_TYPES:
+        raise ValueError(
+            f"the local engine runs Qwen3 models ({', '.join(SERVABLE_MODEL_TYPES)}), got {config.model_type}"
         )
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
