@@ -10,7 +10,7 @@ and is not timed. Every step is timed in wall-clock seconds and in process CPU s
 threads of the process), which other processes on a shared machine disturb less. Each round builds both models
 afresh with the same initial weights. Figures are medians over all timed steps of all rounds; a ratio is the
 median of the step-by-step ratios swerl / TRL (above 1: swerl makes more tokens/s in SFT, or takes more seconds
-per GRPO step).
+per GRPO step); the GRPO speed-up is the median of the step-by-step ratios TRL / swerl (above 1: swerl is faster).
 
 Fairness rules (what both sides share):
 - Model: the tiny Qwen3 of the other benchmarks (hidden 256, 4 layers, 4 heads / 2 KV heads, FFN 768, vocab 4096
@@ -25,11 +25,13 @@ Fairness rules (what both sides share):
   exactly swerl's token ids and targets before timing anything.
 - SFT step: `--rows` x `--seq-len` token slots per optimizer step on both sides, one micro-batch, no gradient
   accumulation. swerl's side is the body of train_sft's loop (next_micro_batches, then train_step: the same
-  swerl.train.sft calls in the same order, without its per-step metrics), one call per TRL step. Both pack with restarting position ids and no attention mask, so that transformers builds a
-  block-diagonal causal mask (swerl: next-fit into padded rows; TRL: `packing=True`, strategy "bfd", which turns
-  on its padding-free collator: the rows of a batch are concatenated into one sequence without padding).
-  tokens/s counts real (non-padding) tokens; "empty slots" is the share of rows x seq-len left unfilled (swerl
-  still computes its padding, TRL's padding-free batches do not).
+  swerl.train.sft calls in the same order, without its per-step metrics), one call per TRL step. Both train
+  padding-free rows with restarting position ids and no attention mask. swerl packs next-fit into rows and
+  computes a micro-batch as one row of its examples' real tokens, attention once per example (sdpa, no mask: its
+  swerl.train.packing) and the LM head at the targets only; TRL: `packing=True`, strategy "bfd", which turns on its
+  padding-free collator (the rows of a batch concatenated into one sequence), for which transformers builds a
+  dense block-diagonal causal mask over the whole row. tokens/s counts real tokens; "empty slots" is the share of
+  rows x seq-len packing left unfilled (neither side computes them).
 - GRPO step: `--prompts` groups x `--generations` attempts; each attempt is the prompt (system + user + generation
   prompt) followed by `--completion` sampled tokens, all trained. swerl's GRPOTrainer.train_step gets these as
   pre-made Trajectory objects; TRL's GRPOTrainer gets the very same token ids from its `rollout_func` hook (its
@@ -723,6 +725,8 @@ def report(
             )
         results["grpo_ratio"] = _median_ratio(swerl.seconds, trl_.seconds)
         results["grpo_ratio_cpu"] = _median_ratio(swerl.cpu_seconds, trl_.cpu_seconds)
+        results["grpo_speedup"] = _median_ratio(trl_.seconds, swerl.seconds)
+        results["grpo_speedup_cpu"] = _median_ratio(trl_.cpu_seconds, swerl.cpu_seconds)
         if generate_runs:
             results["grpo_trl_generate_s_per_step"] = statistics.median(
                 s for run in generate_runs for s in run[0].seconds
@@ -745,6 +749,10 @@ def report(
         print(
             f"GRPO s/step    swerl / TRL = {results['grpo_ratio']:.2f}x wall, {results['grpo_ratio_cpu']:.2f}x CPU "
             "(medians of step-by-step ratios)"
+        )
+        print(
+            f"GRPO speed-up  TRL / swerl = {results['grpo_speedup']:.2f}x wall, "
+            f"{results['grpo_speedup_cpu']:.2f}x CPU (medians of step-by-step ratios)"
         )
     return results
 
