@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
+from swerl.engine import slots
 from swerl.engine.base import (
     ContextLengthError,
     Engine,
@@ -459,14 +460,24 @@ def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
     return [int(token) for token in output[0, len(prompt) :]]
 
 
-@pytest.mark.parametrize("model_name", ["v0", "moe"])
-@pytest.mark.parametrize("cache_size", [0, 4])
+@pytest.mark.parametrize(
+    ("model_name", "cache_size", "row_call_keys"),
+    [("v0", 0, None), ("v0", 4, None), ("moe", 0, None), ("moe", 4, None), ("v0", 4, 0), ("v0", 0, 10**9)],
+    ids=["dense", "dense-prefix-cache", "moe", "moe-prefix-cache", "per-row-attention", "padded-attention"],
+)
 def test_greedy_equals_hf_generate_as_requests_join_and_leave(
-    model_dirs: dict[str, Path], model_name: str, cache_size: int
+    model_dirs: dict[str, Path],
+    model_name: str,
+    cache_size: int,
+    row_call_keys: int | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Greedy tokens equal Hugging Face `generate` on each request alone, for prompts of different lengths that
     join and leave a batch of 3 at different times (a queue behind it), and for next turns of trajectories (the
-    prefix cache on: only the new tokens prefilled; off: the whole prompt)."""
+    prefix cache on: only the new tokens prefilled; off: the whole prompt); decode attention in one padded call
+    or one call per row (forced by row_call_keys: 0, one call per row unless all lengths are equal; huge, padded)."""
+    if row_call_keys is not None:
+        monkeypatch.setattr(slots, "ROW_CALL_KEYS", row_call_keys)
     first_turns = {f"t{i}": (prompt_of(length, 5 * i), new) for i, (length, new) in
                    enumerate([(37, 9), (5, 17), (120, 4), (64, 12), (1, 7), (250, 10)])}  # fmt: skip
 

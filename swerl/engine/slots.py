@@ -2,17 +2,18 @@
 
 SlotCache holds, per layer, keys and values of (slots, H_kv, capacity, D): the running batch's row i lives in slot
 i, holding its first `lengths[i]` positions; a step writes each new token's keys and values in place at its
-position, and attention reads each slot up to its own length. A request joining takes the next free slot; one
-leaving hands its slot to the batch's last row (one row's KV moves), so joins and leaves never rebuild or copy the
-batch. Capacity grows by doubling up to `max_tokens` (the engine's context cap), the only time the whole buffer
-is copied.
+position, and attention reads each slot up to its own length (masked past it). A request joining takes the next
+free slot; one leaving hands its slot to the batch's last row (one row's KV moves), so joins and leaves never
+rebuild or copy the batch. Capacity grows by doubling up to `max_tokens` (the engine's context cap), the only
+time the whole buffer is copied.
 
 SlotModel runs a Hugging Face Qwen3 (dense or MoE) on those buffers with the model's own modules (norms,
 projections, MLP or experts) and none of its per-call machinery (cache objects, mask builders): the new tokens of
-every row go through the projections and MLP as one flat batch (decode rows and prefills alike); attention runs
-row by row over each slot's own length, with no padding to the longest row: a decode row's one query sees every
-key (no mask; GQA packed into a (1, H_kv, G, D) query, as transformers does for one token), a prefill from
-position 0 runs SDPA's causal kernel, one after a cached prefix a causal mask offset by the prefix.
+every row go through the projections and MLP as one flat batch (decode rows and prefills alike). Decode rows
+attend in one call over their slots padded to the longest (GQA packed into a (B, H_kv, G, D) query, as
+transformers does for one token; a length mask where lengths differ) unless padding would cost more than a call
+per row (ROW_CALL_KEYS), then each over its own slot up to its own length; a prefill from position 0 runs SDPA's
+causal kernel, one after a cached prefix a causal mask offset by the prefix.
 """
 
 from __future__ import annotations
@@ -175,18 +176,28 @@ class SlotModel:
         return logits.float()
 
 
+ROW_CALL_KEYS = 256
+"""What one attention call per row costs beyond its keys, in keys of padding: decode rows of lengths L_i attend
+in one call padded to the longest when rows x longest <= sum(L_i) + ROW_CALL_KEYS x rows, else one call each
+(measured on the 2-core development machine: a per-row SDPA call costs ~28 us, a key ~0.09 us)."""
+
+
 @dataclass
 class _Rows:
-    """Attention row by row, each over its own slot up to its own length (no padding to the longest row): one new
-    token sees every key (GQA packed: a (1, H_kv, G, D) query); several from position 0 run SDPA's causal kernel
-    (as a forward without a cache does); several after a cached prefix get a mask (query i sees keys up to
-    start + i)."""
+    """The step's attention: the leading decode rows (one new token each) in one call padded to the longest of
+    them (GQA packed: a (B, H_kv, G, D) query; a mask only where lengths differ) when padding costs less than a
+    call per row, else each row over its own slot up to its own length; a prefill row from position 0 runs SDPA's
+    causal kernel (as a forward without a cache does), one after a cached prefix gets a mask (query i sees keys up
+    to start + i)."""
 
     first: int  # row 0's slot
     offsets: list[int]  # each row's first query among the step's flat queries
     starts: list[int]
     counts: list[int]
     masks: list[torch.Tensor | None]
+    together: int  # leading decode rows attended in one padded call (0: none)
+    together_keys: int
+    together_mask: torch.Tensor | None
 
     @staticmethod
     def of(rows: StepRows, device: torch.device) -> _Rows:
@@ -200,7 +211,18 @@ class _Rows:
             <= start + torch.arange(n, device=device)[:, None]
             for start, n in zip(rows.starts, rows.counts, strict=True)
         ]
-        return _Rows(rows.first, offsets, rows.starts, rows.counts, masks)
+        decoding = next((i for i, n in enumerate(rows.counts) if n != 1), len(rows.counts))
+        ends = [start + 1 for start in rows.starts[:decoding]]
+        longest = max(ends, default=0)
+        together, mask = 0, None
+        if decoding > 1 and decoding * longest <= sum(ends) + ROW_CALL_KEYS * decoding:
+            together = decoding
+            if min(ends) < longest:
+                lengths = torch.tensor(ends, device=device)
+                mask = (torch.arange(longest, device=device)[None] < lengths[:, None]).view(
+                    decoding, 1, 1, longest
+                )
+        return _Rows(rows.first, offsets, rows.starts, rows.counts, masks, together, longest, mask)
 
     def attend(
         self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
@@ -208,9 +230,17 @@ class _Rows:
         """Attention of the step's flat queries (N, H, D) -> (N, H * D)."""
         outputs = []
         width = model.heads * model.head_dim
-        for row, (offset, start, n, mask) in enumerate(
-            zip(self.offsets, self.starts, self.counts, self.masks, strict=True)
-        ):
+        if self.together:
+            count, end = self.together, self.first + self.together
+            packed = query[:count].view(count, model.kv_heads, model.groups, model.head_dim)
+            out = F.scaled_dot_product_attention(
+                packed, keys[self.first : end, :, : self.together_keys],
+                values[self.first : end, :, : self.together_keys], attn_mask=self.together_mask,
+                scale=model.scaling,
+            )  # fmt: skip
+            outputs.append(out.reshape(count, width))
+        for row in range(self.together, len(self.counts)):
+            offset, start, n, mask = self.offsets[row], self.starts[row], self.counts[row], self.masks[row]
             slot = self.first + row
             row_keys = keys[slot : slot + 1, :, : start + n]
             row_values = values[slot : slot + 1, :, : start + n]
