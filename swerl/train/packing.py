@@ -100,9 +100,11 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, _packed_mask)
 def use_packed_attention(model: PreTrainedModel) -> PreTrainedModel:
     """Switch an sdpa model to PACKED_SDPA (in place; other kernels handle packed rows themselves, see above).
 
-    The switch is not saved: save_pretrained writes no attention implementation into config.json.
+    Models with sliding-window layers keep transformers' masks (per-sequence sdpa has no window). The switch is
+    not saved: save_pretrained writes no attention implementation into config.json.
     """
-    if model.config._attn_implementation == "sdpa":
+    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    if model.config._attn_implementation == "sdpa" and set(layer_types) == {"full_attention"}:
         model.config._attn_implementation = PACKED_SDPA
     return model
 
