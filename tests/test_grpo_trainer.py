@@ -191,6 +191,23 @@ def test_packed_logprobs_and_entropy_equal_the_full_padded_forward(
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
 
 
+def test_a_micro_batch_without_a_scored_token_still_reaches_every_parameter(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """No scored token (a sampled token only at position 0, which is never scored): log-probs 0, no logits, and a
+    backward that still reaches every parameter (sharded ranks must run the same collectives)."""
+    model = tiny_model(tokenizer)
+    trainer = grpo_trainer(model)
+    rng = random.Random(3)
+    trajectory = synthetic_trajectory(rng, 1.0, 0, [(1, 5)], len(tokenizer))
+    assert trajectory.loss_mask[0] == 1 and sum(trajectory.loss_mask[1:]) == 0
+    micro = collate([trajectory, trajectory], [0.5, -0.5], pad_token_id=0)
+    logprobs, logits = trainer._logprobs(model, micro, grad=True)
+    assert logits.shape == (0, model.config.vocab_size) and bool((logprobs == 0).all())
+    (logprobs.sum() * 0.0).backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
 def test_rollout_groups_keeps_order_and_respects_concurrency() -> None:
     in_flight = peak = 0
 

@@ -536,7 +536,8 @@ class GRPOTrainer:
         head and log-softmax run only at the positions whose next token is scored (loss_mask[:, 1:]). logprobs
         holds them there, in the (B, T-1) layout the loss reads, and 0 at every unscored position (the loss, the
         entropy and the importance statistics read scored positions only). A micro-batch without any scored token
-        still runs the LM head at one position, times 0, so that its backward reaches every parameter.
+        gives (0, V) logits, and its backward still reaches every parameter (with zeros), as a sharded model's ranks
+        need.
         """
         length = micro.input_ids.shape[1]
         real = torch.arange(length, device=micro.input_ids.device) < micro.lengths.unsqueeze(-1)  # (B, T)
@@ -545,17 +546,10 @@ class GRPOTrainer:
         keep[:, :-1] = scored  # scored implies real: the mask is 0 on padding
         keep = keep[real].unsqueeze(0)  # (1, N), in the packed row's order (row-major)
         positions = torch.arange(length, device=real.device).expand_as(real)[real].unsqueeze(0)  # (1, N)
-        empty = not bool(keep.any())
-        if empty:
-            keep[0, 0] = True
         with torch.set_grad_enabled(grad):
             logits = kept_logits(
                 model, micro.input_ids[real].unsqueeze(0), positions, keep, self.bf16
             )  # (K, V)
-            if empty:
-                return torch.zeros(scored.shape, device=logits.device) + 0.0 * logits.float().sum(), logits[
-                    :0
-                ]
             selected = token_logprobs(
                 logits, micro.input_ids[:, 1:][scored], self.logprob_temperature
             )  # (K,)

@@ -124,8 +124,8 @@ def kept_logits(
     """Logits (K, V) at the K positions where keep (1, N) bool is True, of one packed row (1, N) under model.
 
     One forward through the model's own __call__ (so FSDP2's hooks run), attention per sequence (module
-    docstring), the LM head only at the kept positions. Keep at least one position when the backward must reach
-    every parameter (a sharded model's ranks must run the same collectives).
+    docstring), the LM head only at the kept positions. None kept: (0, V) logits, whose backward still reaches
+    every parameter (with zero gradients), as a sharded model's ranks need.
     """
     device = input_ids.device
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
