@@ -898,6 +898,10 @@ class EvaluateConfig(StrictModel):
     dataset: DatasetSource | None = None
     """Evaluate on this published dataset (e.g. princeton-nlp/SWE-bench_Verified, split test, schema swebench)
     instead of the curate stage's held-out split; None: the held-out split."""
+    split: Literal["held_out", "train"] = "held_out"
+    """Without `dataset`: the curate stage's held-out split, or its training split (the tasks SFT and GRPO trained on,
+    a fixed stratified probe set of max_tasks: how well training fitted them, not generalisation; the report says
+    which split it is)."""
     by_difficulty: bool = True
     """Strata are repository x difficulty; False (or a dataset without labels): repository only."""
     grader: Literal["swebench", "episode"] = "swebench"

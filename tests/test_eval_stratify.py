@@ -206,3 +206,41 @@ def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp
     saved = Subset.from_json(store.read_bytes(store.rel_of(uri)))
     assert load_or_draw_subset(store, tasks, cfg, seed=7) == (saved, uri)
     assert load_or_draw_subset(store, tasks, cfg, seed=8)[1] != uri
+
+
+def test_the_training_split_is_a_fixed_probe_set_named_as_such(tmp_path: Path) -> None:
+    """evaluate.split: train draws from the curate stage's train.parquet (and the report says so)."""
+    from swerl.config import EvaluateConfig
+    from swerl.data.loaders import load_tasks as load_dataset_tasks
+    from swerl.data.taskio import tasks_to_parquet
+    from swerl.eval.report import markdown_report
+    from swerl.stages.evaluate import evaluation_tasks
+    from swerl.stages.runner import StageContext, run_stage
+    from swerl.storage import Store
+    from swerl.tracking import Tracker
+
+    path = tmp_path / "rows.jsonl"
+    write_swebench_rows(path, with_difficulty=True)
+    rows, _ = load_dataset_tasks(str(path), "swebench", "test", None)
+    train, held_out = rows[:12], rows[12:]
+    store = Store(f"file://{tmp_path}/store")
+
+    def curate(cfg: object, ctx: StageContext) -> object:
+        from swerl.stages.runner import StageResult
+
+        ctx.write_artifact("train.parquet", tasks_to_parquet(train))
+        ctx.write_artifact("eval.parquet", tasks_to_parquet(held_out))
+        return StageResult()
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "split")
+    done = run_stage("curate", curate, EvaluateConfig(), store=store, tracker=tracker, parent=None)  # type: ignore[arg-type]
+    manifest = done.manifest
+    ctx = StageContext(stage="evaluate", store=store, prefix="p", workdir=tmp_path, inputs={}, run=None,  # type: ignore[arg-type]
+                       log=logging.getLogger("test"))  # fmt: skip
+    got, source = evaluation_tasks(EvaluateConfig(split="train"), ctx, manifest)
+    assert [t.instance_id for t in got] == [t.instance_id for t in train] and "training split" in source
+    got, source = evaluation_tasks(EvaluateConfig(), ctx, manifest)
+    assert [t.instance_id for t in got] == [t.instance_id for t in held_out] and "held-out split" in source
+    text = markdown_report({}, [], attempts=1, temperature=0.0, confidence=0.95, samples=100, subset_note="",
+                           subset_uri="u", by_difficulty=True, source=source, training_split=True)  # fmt: skip
+    assert text.startswith("# Evaluation on training tasks") and "held-out split" in text

@@ -50,13 +50,20 @@ def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 def markdown_report(
     results: Mapping[str, Mapping[str, Any]], comparisons: list[dict[str, Any]], *, attempts: int,
     temperature: float, confidence: float, samples: int, subset_note: str, subset_uri: str, by_difficulty: bool,
+    source: str = "", training_split: bool = False,
 ) -> str:  # fmt: skip
     pct = int(round(confidence * 100))
     tasks = max((int(r["tasks"] + r["missing"]) for r in results.values()), default=0)
     strata = "repository x difficulty" if by_difficulty else "repository only"
+    title = (
+        "# Evaluation on training tasks (fit, not generalisation)"
+        if training_split
+        else "# Held-out evaluation"
+    )
     lines = [
-        "# Held-out evaluation",
+        title,
         "",
+        *([f"Tasks from {source}.", ""] if source else []),
         f"{tasks} tasks (stratified: {strata}; ids in `{subset_uri}`) x {attempts} attempt(s), temperature "
         f"{temperature}. pass@1 = mean per-task success rate; {pct}% percentile bootstrap CIs over tasks "
         f"({samples} resamples). A task whose every attempt hit an infrastructure error is *missing*: it leaves "

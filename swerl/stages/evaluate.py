@@ -107,7 +107,8 @@ def models_to_evaluate(cfg: EvaluateConfig, ctx: StageContext) -> list[str]:
 def evaluation_tasks(
     cfg: EvaluateConfig, ctx: StageContext, curate: Manifest
 ) -> tuple[list[TaskInstance], str]:
-    """The tasks to draw the subset from: `evaluate.dataset` (through `datasets`) or the curate held-out split."""
+    """The tasks to draw the subset from: `evaluate.dataset` (through `datasets`), or the curate stage's held-out
+    split (or its training split, `evaluate.split: train`)."""
     if cfg.dataset is not None:
         d = cfg.dataset
         tasks, report = load_dataset_tasks(d.path, d.schema_name, d.split, d.limit)
@@ -115,11 +116,13 @@ def evaluation_tasks(
             ctx.log.warning("evaluate.dataset %s: %d row(s) rejected, e.g. %s", d.path, len(report.rejected),
                             report.rejected[0])  # fmt: skip
         source = f"evaluate.dataset {d.path} (split {d.split})"
+    elif cfg.split == "train":
+        tasks, source = load_tasks(ctx.store, curate, "train.parquet"), f"the training split of {curate.uri}"
     else:
         tasks, source = load_tasks(ctx.store, curate, "eval.parquet"), f"the held-out split of {curate.uri}"
     if not tasks:
         if cfg.dataset is None:
-            raise ValueError(f"the curate stage ({curate.uri}) produced no held-out tasks to evaluate on")
+            raise ValueError(f"the curate stage ({curate.uri}) produced no {cfg.split} tasks to evaluate on")
         raise ValueError(f"{source} holds no usable task to evaluate on")
     return tasks, source
 
@@ -328,7 +331,7 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
         ctx.log.info("evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s", name,
                      summary["pass@1"], summary["ci_low"], summary["ci_high"], summary["tasks"], summary["missing"],
                      cfg.evaluate.attempts, summary["statuses"], summary["wall_s"])  # fmt: skip
-    markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri)
+    markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri, source)
     for c in comparisons:
         metrics[f"compare/{c['b']}_vs_{c['a']}/difference"] = float(c["difference"])
         metrics[f"compare/{c['b']}_vs_{c['a']}/p_value"] = float(c["p_value"])
@@ -370,7 +373,7 @@ def check_missing(ev: EvaluateConfig, results: dict[str, Any]) -> None:
 
 def publish(
     ev: EvaluateConfig, ctx: StageContext, results: dict[str, Any], episodes: dict[str, bytes], subset: Subset,
-    subset_uri: str,
+    subset_uri: str, source: str = "",
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """Comparisons, report, plot; then (every model evaluated) the artifacts and one MLflow eval run per model.
 
@@ -380,7 +383,8 @@ def publish(
     comparisons = compare_consecutive(per_task, ev.comparison_samples, ev.confidence, ctx.seed)
     markdown = markdown_report(results, comparisons, attempts=ev.attempts, temperature=ev.temperature,
                                confidence=ev.confidence, samples=ev.bootstrap_samples, subset_note=subset.note,
-                               subset_uri=subset_uri, by_difficulty=subset.by_difficulty)  # fmt: skip
+                               subset_uri=subset_uri, by_difficulty=subset.by_difficulty, source=source,
+                               training_split=ev.dataset is None and ev.split == "train")  # fmt: skip
     plot = plot_strata(results, ctx.workdir / "pass_at_1_by_stratum.png", ev.confidence)
     ctx.write_artifact("eval_tasks.json", json.dumps(subset.instance_ids, indent=1).encode())
     ctx.write_artifact("eval_subset.json", subset.to_json())
@@ -396,6 +400,7 @@ def publish(
                     "swerl.checkpoint.run_id": ctx.inputs[SOURCES[name][0]].mlflow_run_id or "",
                     "swerl.checkpoint.artifact": SOURCES[name][1]} for name in results}  # fmt: skip
     shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
+              "swerl.eval.split": "dataset" if ev.dataset is not None else ev.split,
               "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
     run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown)
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})
