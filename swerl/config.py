@@ -857,7 +857,9 @@ class GRPOConfig(StrictModel):
         r = self.rollout
         adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share}
         if self.mode != "async" and any(adaptive.values()):
-            raise ValueError(f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)")
+            raise ValueError(
+                f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)"
+            )
         if r.probe_attempts >= r.attempts_per_task:
             raise ValueError(f"grpo.rollout.probe_attempts ({r.probe_attempts}) must be below attempts_per_task "
                              f"({r.attempts_per_task}): the probe is the first part of a group")  # fmt: skip
