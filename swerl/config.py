@@ -411,6 +411,10 @@ class EngineConfig(StrictModel):
     prefix_cache_size: int = Field(0, ge=0, le=1_000_000)
     """Local engines: finished requests whose KV cache is kept for the next turn of the same trajectory (rid), so
     a turn prefills only its new tokens (SGLang's radix cache does this on its own); 0: no prefix cache."""
+    prefill_tokens_per_step: int = Field(1024, ge=1, le=10_000_000)
+    """Local engines: most prompt tokens prefilled in one model step, unless one request alone has more: admitted
+    requests share a step up to it (one pass over the weights for several prompts); past it the activations
+    outgrow a CPU's caches (16 prompts of ~420 tokens took 1.3x as long in one step as in steps of 2-4)."""
     num_engines: int = Field(1, ge=1, le=4096)
     """Engine processes behind the router (http_local, sglang)."""
     urls: list[str] = Field(default_factory=list)

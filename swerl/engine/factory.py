@@ -42,6 +42,7 @@ async def open_engine(
             model_dir, max_batch_size=cfg.max_batch_size, max_context_tokens=cfg.max_context_tokens, seed=seed,
             weight_version=weight_version, intra_op_threads=cfg.threads, prefix_cache_size=cfg.prefix_cache_size,
             device=cfg.device, dtype=DTYPES[cfg.dtype], weight_sync_timeout_s=cfg.weight_sync.timeout_s,
+            prefill_tokens_per_step=cfg.prefill_tokens_per_step,
         ) as engine:  # fmt: skip
             yield engine
         return
@@ -85,7 +86,7 @@ def server_spec(
     if cfg.kind == "http_local":
         return LocalServerSpec(str(model_dir), cfg.max_batch_size, cfg.max_context_tokens, cfg.threads, seed,
                                weight_version, cfg.prefix_cache_size, cfg.device, cfg.dtype, sync.timeout_s,
-                               sync.socket_ifname)  # fmt: skip
+                               sync.socket_ifname, cfg.prefill_tokens_per_step)  # fmt: skip
     if cfg.kind == "sglang":
         return SGLangSpec(str(model_dir), cfg.tp_size, cfg.max_context_tokens, cfg.mem_fraction_static,
                           cfg.max_batch_size, seed, weight_version, tuple(cfg.sglang_args),

@@ -36,6 +36,7 @@ class LocalServerSpec:
     dtype: str = "float32"
     weight_sync_timeout_s: float = 600.0
     socket_ifname: str | None = None
+    prefill_tokens_per_step: int = 1024
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def local_server_command(spec: LocalServerSpec, host: str, port: int, index: int
         "--device", spec.device,
         "--dtype", spec.dtype,
         "--weight-sync-timeout-s", str(spec.weight_sync_timeout_s),
+        "--prefill-tokens-per-step", str(spec.prefill_tokens_per_step),
         "--parent-pid", str(os.getpid()),  # the server exits when the process that launched it is gone
     ]  # fmt: skip
 

@@ -15,7 +15,7 @@ the model's own modules over the slots) writes each new token's keys and values 
 attention reads each row's slot up to its own length (decode rows in one call padded to the longest and masked,
 or one call per row where padding would cost more). A joining request takes the next free slot; a leaving one's
 slot is taken by the last row (that row's KV moves), so nothing else is rebuilt or copied. A prefill step runs
-several admitted requests' new tokens through the model at once (up to PREFILL_TOKENS_PER_STEP; projections and
+several admitted requests' new tokens through the model at once (up to prefill_tokens_per_step; projections and
 MLP over all of them together, attention per row, causal).
 
 Prefix cache (SGLang's radix cache, per trajectory): with `prefix_cache_size` > 0, a finished request's KV cache
@@ -154,6 +154,7 @@ class LocalEngine:
         device: where the model and its KV cache live ("cpu", "cuda", "cuda:1"); sampling runs on CPU (the
             requests' seeded generators), a step's logits moved there at once.
         weight_sync_timeout_s: how long joining a weight group, or one bucket's broadcast, may take.
+        prefill_tokens_per_step: most prompt tokens prefilled in one model step (engine.prefill_tokens_per_step).
         return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
         weight_version: version of the weights loaded from model_path.
         intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models
@@ -162,11 +163,6 @@ class LocalEngine:
 
     DECODE_STEPS_PER_ITERATION = 16
     """Most decode steps per hand-over to the worker thread (bounds how long an arrival waits to be admitted)."""
-
-    PREFILL_TOKENS_PER_STEP = 1024
-    """Most prompt tokens prefilled in one model step, unless one request alone has more: admitted requests share
-    a step up to it (one pass over the weights for several prompts), and past it the activations outgrow the
-    CPU's caches (16 prompts of ~420 tokens took 1.3x as long in one step as in steps of 2-4)."""
 
     def __init__(
         self,
@@ -182,11 +178,15 @@ class LocalEngine:
         intra_op_threads: int | None = 1,
         device: str | torch.device = "cpu",
         weight_sync_timeout_s: float = 600.0,
+        prefill_tokens_per_step: int = 1024,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_size < 0:
             raise ValueError(f"prefix_cache_size must be >= 0, got {prefix_cache_size}")
+        if prefill_tokens_per_step < 1:
+            raise ValueError(f"prefill_tokens_per_step must be >= 1, got {prefill_tokens_per_step}")
+        self.prefill_tokens_per_step = prefill_tokens_per_step
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
@@ -375,7 +375,7 @@ class LocalEngine:
     def _prefill(self, admitted: list[_Request], version: int) -> None:
         """Give the admitted requests the batch's next slots, fill each slot from the prefix cache where its rid
         has one, then prefill the requests' remaining tokens, several requests per model step (up to
-        PREFILL_TOKENS_PER_STEP tokens), and sample each one's first token."""
+        prefill_tokens_per_step tokens), and sample each one's first token."""
         started = time.perf_counter()
         first = self._batch.add(admitted)
         starts = []
@@ -390,7 +390,7 @@ class LocalEngine:
         for index in range(len(admitted)):
             group.append(index)
             fed = sum(counts[i] for i in group)
-            if index + 1 < len(admitted) and fed + counts[index + 1] <= self.PREFILL_TOKENS_PER_STEP:
+            if index + 1 < len(admitted) and fed + counts[index + 1] <= self.prefill_tokens_per_step:
                 continue
             rows = StepRows(
                 tokens=[token for i in group for token in admitted[i].request.input_ids[starts[i] :]],

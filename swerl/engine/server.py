@@ -326,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--weight-sync-timeout-s", type=float, default=600.0,
                         help="joining a weight group, or one bucket's broadcast, may take this long")  # fmt: skip
+    parser.add_argument("--prefill-tokens-per-step", type=int, default=1024,
+                        help="most prompt tokens prefilled in one model step")  # fmt: skip
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (pending connections)")
     parser.add_argument("--limit-concurrency", type=int, default=None, help="uvicorn's cap (None: none)")
     parser.add_argument("--parent-pid", type=int, default=None,
@@ -353,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
             device=args.device,
             dtype=DTYPES[args.dtype],
             weight_sync_timeout_s=args.weight_sync_timeout_s,
+            prefill_tokens_per_step=args.prefill_tokens_per_step,
         )
 
     app = create_app(build, model)
