@@ -223,6 +223,10 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
     # eval/* metrics at the steps evaluated; the skipped count at the steps skipped.
     assert [step for step, _ in env.metric(manifest, "eval/pass_at_1")] == evaluated
     assert [step for step, _ in env.metric(manifest, "eval/tasks")] == evaluated
+    # the learning curve: a picture of the evaluated steps, published with the stage
+    curve = manifest.artifact("learning_curve.png")
+    png = env.store.read_bytes(env.store.rel_of(curve.uri))
+    assert curve.size > 10_000 and png.startswith(b"\x89PNG\r\n\x1a\n")
     skipped = [(step, float(count)) for count, step in enumerate(evaluations["skipped"], 1)]
     assert env.metric(manifest, "eval/skipped") == skipped
     assert len(env.metric(manifest, "train/reward_mean")) == steps

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,57 @@ def plot_strata(results: Mapping[str, Mapping[str, Any]], path: Path, confidence
     ax.invert_yaxis()
     ax.legend(loc="best", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_learning_curve(
+    evaluations: Sequence[Mapping[str, Any]],
+    history: Sequence[Mapping[str, float]],
+    path: Path,
+    title: str = "",
+) -> Path:
+    """GRPO's learning curve, a PNG at `path`: held-out pass@1 with its CI at each evaluated step (above), and per
+    trainer step the training reward and groups with signal per 100 rolled episodes (below)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    points = sorted(evaluations, key=lambda e: int(e["step"]))
+    if points:
+        steps = [int(e["step"]) for e in points]
+        ys = [float(e["pass@1"]) for e in points]
+        err = [[y - float(e["ci_low"]) for y, e in zip(ys, points, strict=True)],
+               [float(e["ci_high"]) - y for y, e in zip(ys, points, strict=True)]]  # fmt: skip
+        tasks = int(points[0].get("tasks", 0))
+        top.errorbar(
+            steps, ys, yerr=err, fmt="o-", capsize=3, label=f"held-out pass@1 ({tasks} tasks, 95% CI)"
+        )
+        top.legend(loc="best", fontsize=8)
+    top.set_ylabel("held-out pass@1")
+    top.set_ylim(-0.02, 1.02)
+    top.grid(alpha=0.3)
+    if title:
+        top.set_title(title, fontsize=9)
+    rows = [h for h in history if "step" in h]
+    if rows:
+        steps = [int(h["step"]) for h in rows]
+        bottom.plot(steps, [h.get("reward_mean", math.nan) for h in rows], "o-", label="training reward")
+        bottom.set_ylabel("training reward")
+        bottom.set_ylim(-0.02, 1.02)
+        signal = [h.get("signal/groups_per_100_episodes", math.nan) for h in rows]
+        if any(not math.isnan(v) for v in signal):
+            twin = bottom.twinx()
+            twin.plot(steps, signal, "s--", color="tab:green", label="groups with signal / 100 episodes")
+            twin.set_ylabel("signal groups per 100 episodes")
+            twin.legend(loc="upper right", fontsize=8)
+        bottom.legend(loc="upper left", fontsize=8)
+    bottom.set_xlabel("GRPO step")
+    bottom.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

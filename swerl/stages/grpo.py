@@ -31,6 +31,7 @@ from swerl.data.environments import setup_patch
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
+from swerl.eval.report import plot_learning_curve
 from swerl.model.loading import context_length, load_model_and_tokenizer, load_tokenizer
 from swerl.rollout.environments import EnvironmentPlanner, ProviderEnvironments
 from swerl.rollout.step import DistributedWeights
@@ -384,6 +385,11 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
                    "resume": run.asynchronous.resumed}  # fmt: skip
     if run.evaluator is not None:
         report["evaluations"] = run.evaluator.report()
+        if run.evaluator.entries:
+            curve = plot_learning_curve(run.evaluator.entries, history, run.ctx.workdir / "learning_curve.png",
+                                        f"GRPO: held-out pass@1 every {g.eval.every} steps")  # fmt: skip
+            run.ctx.put_artifact("learning_curve.png", curve)
+            run.ctx.run.log_file(curve)
     run.ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"], "max_steps": float(g.schedule.steps),
                "ended_by_budget": float(run.progress.ended_by_budget),
