@@ -803,6 +803,9 @@ class GRPOEvalConfig(StrictModel):
     sandbox (as the evaluate stage; extra `swebench`)."""
     at_end: Literal["wait", "cancel"] = "wait"
     """An evaluation still running when training ends is awaited (and logged), or cancelled."""
+    at_start: bool = False
+    """Also evaluate the starting weights (step 0: the SFT model) beside the first steps, on the same tasks, so the
+    learning curve starts where GRPO started (not on a resumed run: its step 0 was evaluated before)."""
 
 
 _GRPO_SECTIONS: dict[str, type[StrictModel]] = {

@@ -243,6 +243,21 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
           f"skipped {evaluations['skipped']}")  # fmt: skip
 
 
+def test_the_starting_weights_are_evaluated_first_when_asked(env: Env) -> None:
+    """eval.at_start: step 0 (the SFT model the stage starts from) is evaluated on the same tasks, beside training,
+    so the learning curve starts where GRPO started."""
+    g = grpo_with(schedule={"steps": 1, "checkpoint_every": 0},
+                  eval={"every": 1, "tasks": 1, "concurrency": 1, "at_start": True})  # fmt: skip
+    cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
+    manifest = env.run("grpo-eval-start", cfg).manifest
+    evaluations = env.report(manifest)["evaluations"]
+    evaluated = [entry["step"] for entry in evaluations["evaluated"]]
+    assert evaluated[0] == 0 and sorted(evaluated + evaluations["skipped"]) == [0, 1], evaluations
+    assert not evaluations["errors"] and not evaluations["cancelled"], evaluations
+    assert [step for step, _ in env.metric(manifest, "eval/pass_at_1")] == evaluated
+    assert not leftover_threads()
+
+
 def test_a_running_evaluation_is_cancelled_at_the_end_when_configured(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -341,6 +341,9 @@ async def _sample_and_train(
                              weights=weights)  # fmt: skip
             return
         trained = False
+        if run.evaluator is not None and g.eval.at_start and trainer.step == 0:
+            # a private copy of the start weights, evaluated beside step 1
+            run.evaluator.after_export(serve_dir, 0)
         try:
             await run.asynchronous.run(trainer, engine, episode, run.counts, run.history, run.save,
                                        lambda groups: episode_stats(groups) | provider.step_metrics(),
