@@ -122,7 +122,8 @@ def evaluation_tasks(
         tasks, source = load_tasks(ctx.store, curate, "eval.parquet"), f"the held-out split of {curate.uri}"
     if not tasks:
         if cfg.dataset is None:
-            raise ValueError(f"the curate stage ({curate.uri}) produced no {cfg.split} tasks to evaluate on")
+            which = "held-out" if cfg.split == "held_out" else "training"
+            raise ValueError(f"the curate stage ({curate.uri}) produced no {which} tasks to evaluate on")
         raise ValueError(f"{source} holds no usable task to evaluate on")
     return tasks, source
 
