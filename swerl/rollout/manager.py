@@ -161,9 +161,8 @@ class RolloutManager(Generic[TaskT]):
         for seq in range(state.max_seq + 1):
             if seq in consumed:
                 continue
-            if (
-                self.curriculum is not None and seq not in self._plans
-            ):  # opened, nothing written: plan it anew
+            if self.curriculum is not None and seq not in self._plans:
+                # opened, nothing written: plan it anew
                 self._plans[seq] = self.curriculum.plan(seq, time.time())
                 self._write_plan(seq)
             generation, finished = state.groups.get(seq, (0, {}))
