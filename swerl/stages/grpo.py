@@ -326,7 +326,9 @@ async def _sample_and_train(
             """A group's environment (docker: its image) prepared once at the configured pull rate; returns
             the start of its n sandboxes, made if the group has not opened yet (grpo.rollout.prewarm_groups)."""
             env_dir = await planner.environment(task)
-            return lambda: provider.warm_ahead(env_dir, setup_patch(task), g.rollout.attempts_per_task)
+            # a probing group starts with its probe's attempts only (prewarm is refused with replays)
+            first = g.rollout.probe_attempts or g.rollout.attempts_per_task
+            return lambda: provider.warm_ahead(env_dir, setup_patch(task), first)
 
         weights = distributed_weights(cfg.engine, g)
         if run.asynchronous is None:
