@@ -22,11 +22,20 @@ from pathlib import Path
 log = logging.getLogger("swerl.services")
 
 
+# Ports this process has handed out (and SeaweedFS's derived grpc ports): the OS may offer a port again until the
+# server it was picked for binds it, so two picks in a row (SeaweedFS's filer, then Prefect) could collide.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now on host (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free right now on host (the OS picks it), never one this process handed out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _bin(name: str) -> str:
@@ -129,8 +138,9 @@ class SeaweedPorts:
         ports: list[int] = []
         while len(ports) < 6:
             p = free_port(host)
-            if p < 55000 and p not in ports and _port_free(host, p + 10000):
+            if p < 55000 and p + 10000 not in _HANDED_OUT and _port_free(host, p + 10000):
                 ports.append(p)
+                _HANDED_OUT.add(p + 10000)
         return cls(*ports)
 
 

@@ -85,3 +85,12 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def test_ports_handed_out_are_never_repeated_within_a_process():
+    """The OS offers a port again until its server binds it: picks in a row (SeaweedFS's six and their grpc ports,
+    then Prefect's and MLflow's) must still all differ. Failed in CI when Prefect drew the filer's port."""
+    weed = services.SeaweedPorts.free()
+    http = [weed.s3, weed.master, weed.volume, weed.filer, weed.webdav, weed.admin]
+    picked = http + [p + 10000 for p in http] + [services.free_port() for _ in range(400)]
+    assert len(set(picked)) == len(picked)
