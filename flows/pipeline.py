@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
 
 from swerl.config import PipelineConfig
 from swerl.pipeline import open_session
-from tasks.stages import curate_tasks, evaluate_task, grpo_task, sft_task, trace_tasks
-
-StageName = Literal["curate", "traces", "sft", "grpo", "evaluate"]
+from tasks.stages import curate_tasks, evaluate_task, grpo_phase_tasks, sft_task, trace_tasks
 
 
 @flow(name="swerl-pipeline", log_prints=True)
-def pipeline(config: PipelineConfig | None = None, force: list[StageName] | None = None) -> dict[str, Any]:
-    """Run every stage in order; finished stages (same config and inputs) are skipped."""
+def pipeline(config: PipelineConfig | None = None, force: list[str] | None = None) -> dict[str, Any]:
+    """Run every stage in order; finished stages (same config and inputs) are skipped. `force`: stages to rerun
+    with every later one (curate, traces, sft, grpo or a phase's grpo-NAME, evaluate)."""
     config = config or PipelineConfig()
     with open_session(config, force=list(force or []), flow_run_id=flow_run.get_id()) as session:
         curate = curate_tasks(session)
         traces = trace_tasks(session, curate)
         sft = sft_task(session, curate, traces)
-        grpo = grpo_task(session, curate, sft)
+        grpo = grpo_phase_tasks(session, curate, sft)
         evaluate_task(session, curate, sft, grpo)
         return session.summary()
 

@@ -105,6 +105,9 @@ def plan_refusal(cfg: PipelineConfig) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    from swerl.pipeline import stages_to_force
+
+    stages_to_force(args.force or [], cfg)  # an unknown stage is a ConfigError before anything starts
     refusal = plan_refusal(cfg)
     if refusal is not None:
         print(f"swerl run: {refusal}", file=sys.stderr)
@@ -287,7 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_run = sub.add_parser("run", help="run the pipeline (finished stages are skipped)")
     with_config(p_run)
-    p_run.add_argument("--force", action="append", choices=STAGES, help="rerun this stage and all after it")
+    p_run.add_argument(
+        "--force",
+        action="append",
+        metavar="STAGE",
+        help=f"rerun this stage and all after it ({', '.join(STAGES)}, or a GRPO phase's grpo-NAME)",
+    )
     p_run.add_argument("--ignore-doctor", action="store_true",
                        help="run even when `swerl doctor` refuses the config on this machine")  # fmt: skip
     p_run.set_defaults(func=cmd_run)

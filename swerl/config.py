@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -821,6 +822,95 @@ GRPO_MOVED_KEYS: dict[str, str] = {
 """Flat grpo keys of earlier swerl versions and where each lives now (an old key is an error naming the new one)."""
 
 
+class GRPOPhaseTasks(StrictModel):
+    """Which training tasks a phase's groups run: a task passes when it matches every list given (an empty list
+    matches all). The data stream stays the one seeded order over the training split; a phase skips the positions
+    whose task it excludes (so phases hand over the data position, and a later phase without a filter continues
+    the stream where the earlier one stopped)."""
+
+    difficulties: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(default_factory=list)
+    """Task difficulty labels (the curate stage's: e.g. easy, medium, hard)."""
+    repos: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(default_factory=list)
+    """Repository names (a task's `repo`)."""
+    modifiers: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(default_factory=list)
+    """Bug modifiers that made the task (synthesized tasks)."""
+
+    def matches(self, difficulty: str | None, repo: str, modifier: str | None) -> bool:
+        return ((not self.difficulties or difficulty in self.difficulties)
+                and (not self.repos or repo in self.repos)
+                and (not self.modifiers or modifier in self.modifiers))  # fmt: skip
+
+
+PHASE_SECTIONS = ("grpo", "agent", "engine")
+"""Config sections a GRPO phase may change (each against the base settings, not the previous phase's)."""
+PHASE_FIXED_KEYS: dict[str, str] = {
+    "grpo.phases": "phases do not nest",
+    "grpo.mode": "every phase continues the same loop's state (sync and async checkpoints differ)",
+    "grpo.distributed": "every phase loads the previous phase's checkpoint, written by the same trainer layout",
+    "grpo.schedule.steps": "a phase's own steps are grpo.phases[i].steps",
+    "grpo.schedule.task_seed_offset": "one seeded data stream runs through all phases (use grpo.phases[i].tasks "
+    "to choose tasks)",
+}
+"""Keys a phase may not change, and why."""
+
+
+class GRPOPhaseConfig(StrictModel):
+    """One GRPO phase: its own stage (stage name grpo-NAME), trained from the previous phase's checkpoint (the SFT
+    model for the first), with what it changes against the base grpo/agent/engine settings."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9_]*$")
+    """The phase's name: its stage is `grpo-NAME` (manifest, MLflow run, Prefect task, evaluate.checkpoints)."""
+    steps: int = Field(ge=0, le=10_000_000)
+    """GRPO steps this phase trains; the step axis continues from the previous phase's last step."""
+    reset_optimizer: bool = False
+    """Start with a fresh optimizer (the weights, step, data position and RNG still come from the previous
+    phase); False: the previous phase's optimizer state (AdamW moments) carries on, at this phase's settings."""
+    tasks: GRPOPhaseTasks | None = None
+    """Which training tasks this phase's groups run (async mode); None: every task."""
+    grpo: dict[str, Any] = Field(default_factory=dict)
+    """Changes to the base grpo settings, as nested keys (e.g. {algorithm: {lr: 5.0e-5}})."""
+    agent: dict[str, Any] = Field(default_factory=dict)
+    """Changes to the base agent settings (e.g. {max_trajectory_tokens: 1536, max_turns: 8})."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Changes to the base engine settings (e.g. {max_context_tokens: 2048})."""
+
+
+@dataclass(frozen=True)
+class ResolvedPhase:
+    """A GRPO phase with its effective settings (the base settings with its changes applied)."""
+
+    index: int
+    name: str
+    stage: str
+    """`grpo` for the single default phase (no grpo.phases), else `grpo-NAME`."""
+    steps: int
+    reset_optimizer: bool
+    tasks: GRPOPhaseTasks | None
+    grpo: GRPOConfig
+    agent: AgentConfig
+    engine: EngineConfig
+
+
+def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _flat_keys(data: dict[str, Any], prefix: str) -> list[str]:
+    keys = []
+    for key, value in data.items():
+        path = f"{prefix}.{key}"
+        keys.append(path)
+        if isinstance(value, dict):
+            keys += _flat_keys(value, path)
+    return keys
+
+
 class GRPOConfig(StrictModel):
     """GRPO on the SFT checkpoint: B groups of n attempts per step, token-level clipped loss, TIS/MIS; sync or
     fully asynchronous (swerl.rollout)."""
@@ -843,6 +933,10 @@ class GRPOConfig(StrictModel):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Trainer processes, devices, sharding (the default: one CPU process; fsdp2 and megatron always run their ranks
     in processes of their own, whatever trainer_process says)."""
+    phases: list[GRPOPhaseConfig] | None = None
+    """GRPO in phases, each its own checkpointed stage (grpo-NAME) started from the previous one's checkpoint and
+    changing what it names against these base settings (e.g. a tighter trajectory cap, a learning-rate drop, easier
+    tasks first). None: one phase with these settings, the stage `grpo`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -892,15 +986,19 @@ class GRPOConfig(StrictModel):
         return self.schedule.tasks_per_step * (self.rollout.max_staleness + 1)
 
 
-CheckpointName = Literal["base", "sft", "grpo"]
-CHECKPOINT_NAMES: tuple[CheckpointName, ...] = ("base", "sft", "grpo")
+CHECKPOINT_NAMES: tuple[str, ...] = ("base", "sft", "grpo")
+"""Models the evaluate stage can name: base and sft (from the sft stage), grpo (every GRPO phase among its inputs),
+and grpo-NAME (one phase of grpo.phases)."""
 
 
 class EvaluateConfig(StrictModel):
     """Held-out evaluation: a stratified subset, k attempts per task, pass@k with bootstrap CIs, paired tests."""
 
-    checkpoints: list[CheckpointName] = Field(default_factory=lambda: list(CHECKPOINT_NAMES))
-    """Which models are evaluated, each on the same tasks (those whose stage is among the inputs)."""
+    checkpoints: list[Annotated[str, Field(pattern=r"^(base|sft|grpo|grpo-[a-z0-9][a-z0-9_]*)$")]] = Field(
+        default_factory=lambda: list(CHECKPOINT_NAMES), min_length=1
+    )
+    """Which models are evaluated, each on the same tasks (those whose stage is among the inputs): base, sft, grpo
+    (every GRPO phase: the one `grpo` stage, or each grpo-NAME of grpo.phases) or grpo-NAME (that phase)."""
     max_tasks: int = Field(100, ge=1, le=10_000_000)
     """Subset size: held-out tasks drawn proportionally from repository x difficulty strata (an error if the
     held-out set is smaller)."""
@@ -1031,6 +1129,83 @@ class PipelineConfig(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """The machines `swerl plan` places the run on (read by no stage: changing it reruns nothing)."""
 
+    @model_validator(mode="after")
+    def _phases_resolve(self) -> PipelineConfig:
+        phases = self.grpo_phases()  # raises naming the phase and key
+        names = {p.stage for p in phases}
+        unknown = [c for c in self.evaluate.checkpoints if c.startswith("grpo-") and c not in names]
+        if unknown:
+            have = sorted(names) if self.grpo.phases else "none (grpo.phases is not set: the model is `grpo`)"
+            raise ValueError(f"evaluate.checkpoints names GRPO phase(s) {unknown} that grpo.phases does not "
+                             f"define; phases: {have}")  # fmt: skip
+        return self
+
+    def grpo_phases(self) -> list[ResolvedPhase]:
+        """The GRPO phases in order, each with its effective grpo/agent/engine settings; without grpo.phases, one
+        phase (stage `grpo`) with the base settings. ValueError naming the phase and key for bad input."""
+        if self.grpo.phases is None:
+            return [ResolvedPhase(0, "grpo", "grpo", self.grpo.schedule.steps, False, None, self.grpo, self.agent,
+                                  self.engine)]  # fmt: skip
+        if not self.grpo.phases:
+            raise ValueError("grpo.phases is an empty list: give at least one phase, or leave grpo.phases out for "
+                             "one phase with the base grpo settings")  # fmt: skip
+        seen: set[str] = set()
+        out = []
+        for i, phase in enumerate(self.grpo.phases):
+            where = f"grpo.phases[{i}] ({phase.name})"
+            if phase.name in seen:
+                raise ValueError(
+                    f"{where}: name {phase.name!r} is used by an earlier phase; names must differ"
+                )
+            seen.add(phase.name)
+            out.append(self._resolve_phase(i, phase, where))
+        return out
+
+    def _resolve_phase(self, index: int, phase: GRPOPhaseConfig, where: str) -> ResolvedPhase:
+        changes = {"grpo": phase.grpo, "agent": phase.agent, "engine": phase.engine}
+        for section, body in changes.items():
+            for key in _flat_keys(body, section):
+                if key in PHASE_FIXED_KEYS:
+                    raise ValueError(f"{where}: {key} cannot change in a phase: {PHASE_FIXED_KEYS[key]}")
+        models: dict[str, BaseModel] = {}
+        for section, body in changes.items():
+            base = getattr(self, section).model_dump(mode="json", by_alias=True)
+            if section == "grpo":
+                base["phases"] = None
+                base["schedule"]["steps"] = phase.steps
+            cls = type(getattr(self, section))
+            try:
+                models[section] = cls.model_validate(_deep_merge(base, body))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join([section, *(str(p) for p in err['loc'])])}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise ValueError(f"{where}: {problems}") from None
+        g, agent, engine = models["grpo"], models["agent"], models["engine"]
+        assert (
+            isinstance(g, GRPOConfig) and isinstance(agent, AgentConfig) and isinstance(engine, EngineConfig)
+        )
+        if agent.max_trajectory_tokens > engine.max_context_tokens:
+            raise ValueError(
+                f"{where}: agent.max_trajectory_tokens ({agent.max_trajectory_tokens}) exceeds the phase's "
+                f"engine.max_context_tokens ({engine.max_context_tokens}): a phase cannot loosen a cap beyond the "
+                "engine's context"
+            )
+        if phase.tasks is not None and g.mode != "async":
+            raise ValueError(f"{where}: tasks needs grpo.mode async (the sync loop takes B tasks in order)")
+        if g.distributed.backend == "megatron" and index > 0:
+            if phase.reset_optimizer:
+                raise ValueError(f"{where}: reset_optimizer is not built for the megatron backend")
+            if (
+                g.algorithm.lr != self.grpo.algorithm.lr
+                or g.algorithm.weight_decay != self.grpo.algorithm.weight_decay
+            ):
+                raise ValueError(f"{where}: grpo.algorithm.lr / weight_decay cannot change between phases with the "
+                                 "megatron backend (its optimizer state carries them)")  # fmt: skip
+        return ResolvedPhase(index, phase.name, f"grpo-{phase.name}", phase.steps, phase.reset_optimizer,
+                             phase.tasks, g, agent, engine)  # fmt: skip
+
     def stage_config(self, stage: str) -> BaseModel:
         """The config section a stage's checkpoint key is computed from."""
         section = getattr(self, stage, None)
@@ -1078,7 +1253,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     """One line per problem, each naming the dotted key."""
     lines = [f"invalid config ({source}):"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        key = ".".join(str(p) for p in err["loc"])
+        if not key:  # a check across sections: its message names its keys
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
         got = err.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"  {key}: {err['msg']}{shown}")

@@ -25,15 +25,23 @@ from swerl.tracking import StageRun, Tracker, get_tracker
 log = logging.getLogger("swerl.pipeline")
 
 
-def stages_to_force(force: list[str]) -> set[str]:
-    """`--force STAGE` reruns that stage and every stage after it."""
-    unknown = [s for s in force if s not in STAGES]
+def pipeline_stages(cfg: PipelineConfig | None = None) -> list[str]:
+    """The pipeline's stages in order, each GRPO phase its own (grpo, or grpo-NAME per phase of grpo.phases)."""
+    phases = [p.stage for p in cfg.grpo_phases()] if cfg is not None else ["grpo"]
+    return [s for stage in STAGES for s in (phases if stage == "grpo" else [stage])]
+
+
+def stages_to_force(force: list[str], cfg: PipelineConfig | None = None) -> set[str]:
+    """`--force STAGE` reruns that stage and every stage after it; `grpo` names the first GRPO phase."""
+    order = pipeline_stages(cfg)
+    names = {s: s for s in order} | {"grpo": next(s for s in order if s.startswith("grpo"))}
+    unknown = [s for s in force if s not in names]
     if unknown:
-        raise ConfigError(f"--force: unknown stage(s) {unknown}; stages are {list(STAGES)}")
+        raise ConfigError(f"--force: unknown stage(s) {unknown}; stages are {order}")
     if not force:
         return set()
-    first = min(STAGES.index(s) for s in force)
-    return set(STAGES[first:])
+    first = min(order.index(names[s]) for s in force)
+    return set(order[first:])
 
 
 def store_for(cfg: PipelineConfig) -> Store:
@@ -108,7 +116,7 @@ def open_session(
     cfg: PipelineConfig, *, force: list[str] | None = None, flow_run_id: str | None = None
 ) -> Iterator[PipelineSession]:
     """Open the store and the MLflow parent run; save the resolved config with the run."""
-    forced = stages_to_force(force or [])
+    forced = stages_to_force(force or [], cfg)
     store = store_for(cfg)
     tracker = get_tracker(cfg.tracking.uri, cfg.tracking.experiment)
     # The random suffix keeps two runs started in the same second (a scheduler, --limit 2) apart.

@@ -78,23 +78,43 @@ def sft_task(session: PipelineSession, curate: Manifest, traces: Manifest) -> Ma
 
 
 @task(name="grpo", cache_policy=NO_CACHE, retries=0)
-def grpo_task(session: PipelineSession, curate: Manifest, sft: Manifest) -> Manifest:
-    """GRPO on the training tasks, starting from the SFT checkpoint."""
-    from swerl.stages.grpo import GRPOStage, run_grpo
+def grpo_task(
+    session: PipelineSession,
+    curate: Manifest,
+    sft: Manifest,
+    phase: int = 0,
+    previous: Manifest | None = None,
+) -> Manifest:
+    """One GRPO phase on the training tasks: from the SFT checkpoint (the first) or the previous phase's."""
+    from swerl.stages.grpo import phase_stage, run_grpo
 
-    cfg = GRPOStage(grpo=session.cfg.grpo, agent=session.cfg.agent, engine=session.cfg.engine)
-    outcome = session.run_stage("grpo", run_grpo, cfg, inputs=[curate, sft])
-    publish_outcome("grpo", outcome)
+    resolved = session.cfg.grpo_phases()[phase]
+    cfg = phase_stage(session.cfg, phase)
+    inputs = [curate, sft] + ([previous] if previous is not None else [])
+    outcome = session.run_stage(resolved.stage, run_grpo, cfg, inputs=inputs)
+    publish_outcome(resolved.stage, outcome)
     return outcome.manifest
 
 
+def grpo_phase_tasks(session: PipelineSession, curate: Manifest, sft: Manifest) -> list[Manifest]:
+    """Every GRPO phase in order, each its own Prefect task (named by its stage: grpo, or grpo-NAME)."""
+    manifests: list[Manifest] = []
+    for phase in session.cfg.grpo_phases():
+        previous = manifests[-1] if manifests else None
+        run = grpo_task.with_options(name=phase.stage, task_run_name=phase.stage)
+        manifests.append(run(session, curate, sft, phase.index, previous))
+    return manifests
+
+
 @task(name="evaluate", cache_policy=NO_CACHE, retries=0)
-def evaluate_task(session: PipelineSession, curate: Manifest, sft: Manifest, grpo: Manifest) -> Manifest:
-    """Held-out pass@1 of the base, SFT and GRPO models on the same tasks."""
+def evaluate_task(
+    session: PipelineSession, curate: Manifest, sft: Manifest, grpo: list[Manifest]
+) -> Manifest:
+    """Held-out pass@1 of the base, SFT and GRPO models (every phase's) on the same tasks."""
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
 
     cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
-    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, sft, grpo])
+    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, sft, *grpo])
     publish_outcome("evaluate", outcome)
     return outcome.manifest
 

@@ -218,10 +218,85 @@ def test_cli_bad_file_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_cli_rejects_unknown_force_stage(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["run", str(REPO / "configs" / "local.yaml"), "--force", "nope"])
-    assert exc.value.code == 2
-    assert "nope" in capsys.readouterr().err
+    assert main(["run", str(REPO / "configs" / "local.yaml"), "--force", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "['curate', 'traces', 'sft', 'grpo', 'evaluate']" in err
+
+
+PHASES = [
+    {"name": "wide", "steps": 3},
+    {"name": "tight", "steps": 2, "reset_optimizer": True, "agent": {"max_trajectory_tokens": 512},
+     "grpo": {"algorithm": {"lr": 2.0e-5}, "rollout": {"max_staleness": 1}}, "tasks": {"difficulties": ["easy"]}},
+]  # fmt: skip
+
+
+def phased(phases: Any = PHASES, **sections: Any) -> dict[str, Any]:
+    data = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    data["grpo"]["phases"] = phases
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return dict(data)
+
+
+def test_grpo_phases_resolve_against_the_base_settings() -> None:
+    cfg = PipelineConfig.model_validate(phased())
+    wide, tight = cfg.grpo_phases()
+    assert (wide.stage, wide.index, wide.steps, tight.stage, tight.steps) == ("grpo-wide", 0, 3, "grpo-tight", 2)
+    # each phase changes what it names against the base, nothing else; the base is untouched
+    assert wide.grpo.model_dump(exclude={"phases", "schedule"}) == cfg.grpo.model_dump(exclude={"phases", "schedule"})
+    assert wide.agent == cfg.agent and wide.engine == cfg.engine
+    assert tight.agent.max_trajectory_tokens == 512 and tight.agent.max_turns == cfg.agent.max_turns
+    assert tight.grpo.algorithm.lr == 2.0e-5 and tight.grpo.algorithm.weight_decay == cfg.grpo.algorithm.weight_decay
+    assert tight.grpo.rollout.max_staleness == 1 and tight.grpo.rollout.attempts_per_task == cfg.grpo.rollout.attempts_per_task
+    assert tight.grpo.schedule.steps == 2 and tight.grpo.phases is None and tight.reset_optimizer
+    assert tight.tasks is not None and tight.tasks.matches("easy", "r", None) and not tight.tasks.matches("hard", "r", None)
+    assert cfg.agent.max_trajectory_tokens != 512 and cfg.grpo.algorithm.lr != 2.0e-5
+    # no phases: one, the stage `grpo`, with the base settings
+    base = load_config(REPO / "configs" / "local.yaml")
+    [only] = base.grpo_phases()
+    assert (only.stage, only.steps, only.grpo, only.agent) == ("grpo", base.grpo.schedule.steps, base.grpo, base.agent)
+    # a phase is forced with every stage after it; `grpo` forces them all
+    from swerl.pipeline import pipeline_stages, stages_to_force
+
+    assert pipeline_stages(cfg) == ["curate", "traces", "sft", "grpo-wide", "grpo-tight", "evaluate"]
+    assert stages_to_force(["grpo-tight"], cfg) == {"grpo-tight", "evaluate"}
+    assert stages_to_force(["grpo"], cfg) == {"grpo-wide", "grpo-tight", "evaluate"}
+    with pytest.raises(ConfigError, match="grpo-nope"):
+        stages_to_force(["grpo-nope"], cfg)
+
+
+@pytest.mark.parametrize(
+    ("phases", "sections", "message"),
+    [
+        ([], {}, "grpo.phases is an empty list"),
+        ([{"name": "a", "steps": 1, "grpo": {"algorithm": {"learning_rate": 1e-5}}}], {},
+         r"grpo.phases\[0\] \(a\): grpo.algorithm.learning_rate: Extra inputs are not permitted"),
+        ([{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "agent": {"max_trajectory_tokens": 4096}}], {},
+         r"grpo.phases\[1\] \(b\): agent.max_trajectory_tokens \(4096\) exceeds the phase's engine.max_context_tokens"),
+        ([{"name": "a", "steps": 1, "engine": {"max_context_tokens": 256}}], {},
+         r"grpo.phases\[0\] \(a\): agent.max_trajectory_tokens \(\d+\) exceeds the phase's engine.max_context_tokens \(256\)"),
+        ([{"name": "a", "steps": 1, "grpo": {"mode": "sync"}}], {}, r"grpo.phases\[0\] \(a\): grpo.mode cannot change"),
+        ([{"name": "a", "steps": 1, "grpo": {"schedule": {"steps": 4}}}], {},
+         r"grpo.schedule.steps cannot change in a phase: a phase's own steps are grpo.phases\[i\].steps"),
+        ([{"name": "a", "steps": 1, "grpo": {"distributed": {"ranks": 2}}}], {}, "grpo.distributed cannot change"),
+        ([{"name": "a", "steps": 1, "grpo": {"rollout": {"attempts_per_task": 1}}}], {},
+         r"grpo.phases\[0\] \(a\): grpo.rollout.attempts_per_task: Input should be greater than or equal to 2"),
+        ([{"name": "a", "steps": 1}, {"name": "a", "steps": 2}], {}, r"grpo.phases\[1\] \(a\): name 'a' is used"),
+        ([{"name": "a", "steps": 1, "tasks": {"difficulties": ["easy"]}}], {"grpo": {"mode": "sync", "eval": {"every": 0}, "rollout": {"probe_attempts": 0}}},
+         r"grpo.phases\[0\] \(a\): tasks needs grpo.mode async"),
+        ([{"name": "Bad Name", "steps": 1}], {}, r"grpo.phases.0.name"),
+        ([{"name": "a"}], {}, r"grpo.phases.0.steps: Field required"),
+        ([{"name": "a", "steps": 1}], {"evaluate": {"checkpoints": ["sft", "grpo-b"]}},
+         r"evaluate.checkpoints names GRPO phase\(s\) \['grpo-b'\] that grpo.phases does not define; phases: \['grpo-a'\]"),
+    ],
+)  # fmt: skip
+def test_bad_grpo_phases_are_refused_naming_the_phase_and_key(
+    tmp_path: Path, phases: Any, sections: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "phases.yaml"
+    path.write_text(yaml.safe_dump(phased(phases, **sections)))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
 
 
 def test_cli_config_prints_the_resolved_config(capsys: pytest.CaptureFixture[str]) -> None:

@@ -325,7 +325,13 @@ def test_resume_reruns_a_probe_midway_keeps_a_settled_one_and_finishes_an_expand
 
     counts, buffered = asyncio.run(run())
     assert buffered == [(1, True)]
-    assert counts == {"reloaded_groups": 1, "partial_groups": 2, "rerun_groups": 1, "damaged_entries": 0}
+    assert counts == {
+        "reloaded_groups": 1,
+        "partial_groups": 2,
+        "rerun_groups": 1,
+        "skipped_groups": 0,
+        "damaged_entries": 0,
+    }
     # only what is missing: group 0's second probe attempt, group 2's attempt 2, group 3's probe; then seq 4 (task 4,
     # the curriculum's fresh position after the journaled picks 0-3)
     assert started == ["g00000000/1", "g00000002/2", "g00000003/0", "g00000003/1", "g00000004/0", "g00000004/1",

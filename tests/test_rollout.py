@@ -270,7 +270,13 @@ def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(
         return counts, buffered, position
 
     counts, buffered, next_seq = asyncio.run(run())
-    assert counts == {"reloaded_groups": 2, "partial_groups": 1, "rerun_groups": 1, "damaged_entries": 0}
+    assert counts == {
+        "reloaded_groups": 2,
+        "partial_groups": 1,
+        "rerun_groups": 1,
+        "skipped_groups": 0,
+        "damaged_entries": 0,
+    }
     assert buffered == [3, 0]  # finished, untrained: back in the buffer in finishing order
     # Only the missing attempt of group 1, all of group 2, then the data stream continues at 5 (not 0, not 4).
     assert started == ["g00000001/0", "g00000002/0", "g00000002/1", "g00000005/0"]
@@ -772,3 +778,46 @@ def test_group_ids_parse_back_to_seq_and_generation() -> None:
     for bad in ["", "x00000001", "g", "g1r", "g00000001-a0001"]:
         with pytest.raises(ValueError, match="not a rollout group id"):
             parse_group_id(bad)
+
+
+def test_a_later_phase_reads_the_earlier_journal_with_its_own_and_carries_what_was_left(
+    tmp_path: Path,
+) -> None:
+    """GRPO phases (swerl.stages.grpo): phase 2 reads phase 1's journal (read-only) with its own. Phase 1 (n = 2)
+    left group 1 finished and unconsumed, group 2 half finished, group 3 opened with nothing finished; phase 2 has
+    n = 3, a task filter that excludes the tasks at indices 3 and 5, and starts at phase 1's data position 4."""
+    store = Store(f"file://{tmp_path}/store")
+    phase1 = RolloutJournal(store, "stages/grpo-a/K1/rollouts")
+    for seq, attempts in [(0, [0, 1]), (1, [0, 1]), (2, [1])]:
+        group = finished_group(seq, [1.0, 0.0], 10.0 + seq)
+        for attempt in attempts:
+            phase1.record(group[attempt])
+    ledger = Ledger([(0, 2, "trained")])  # phase 1's final checkpoint consumed group 0
+    phase2 = RolloutJournal(store, "stages/grpo-b/K2/rollouts", [phase1.prefix])
+    started: list[str] = []
+
+    async def recording(engine: Engine, task: Any, *, attempt: int, group_id: str) -> Trajectory:
+        started.append(f"{group_id}/{attempt}")
+        return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
+
+    async def run() -> tuple[dict[str, int], list[int], int]:
+        manager = RolloutManager(None, recording, lambda seq: seq, n_attempts=3, max_in_flight=8,  # type: ignore[arg-type]
+                                 max_buffered_groups=100, journal=phase2, eligible=lambda i: i % 6 not in (3, 5))  # fmt: skip
+        counts = manager.restore(phase2.load(ledger.consumed), ledger, position=4)
+        buffered, position = [group.seq for group in manager.buffer], manager.next_seq
+        manager.start()
+        await asyncio.sleep(0.05)
+        await manager.close()
+        return counts, buffered, position
+
+    counts, buffered, position = asyncio.run(run())
+    # groups 1 and 2 are completed to phase 2's n = 3 (their finished attempts kept), nothing is reloaded whole
+    assert buffered == [] and position == 4
+    assert counts == {"reloaded_groups": 0, "partial_groups": 2, "rerun_groups": 0, "skipped_groups": 0,
+                      "damaged_entries": 0}  # fmt: skip
+    # their missing attempts, then the stream at 4 (group 3, opened in phase 1 past its journal's last finished
+    # attempt, is not reopened), 5 skipped by the filter, 6
+    assert started == ["g00000001/2", "g00000002/0", "g00000002/2", "g00000004/0", "g00000004/1", "g00000004/2",
+                       "g00000006/0", "g00000006/1"]  # fmt: skip
+    # phase 2 wrote only under its own prefix; phase 1's journal is as it was
+    assert len(store.list(phase1.prefix)) == 3

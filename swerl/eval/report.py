@@ -144,9 +144,11 @@ def plot_learning_curve(
     history: Sequence[Mapping[str, float]],
     path: Path,
     title: str = "",
+    boundaries: Sequence[tuple[int, str]] = (),
 ) -> Path:
     """GRPO's learning curve, a PNG at `path`: held-out pass@1 with its CI at each evaluated step (above), and per
-    trainer step the training reward and groups with signal per 100 rolled episodes (below)."""
+    trainer step the training reward and groups with signal per 100 rolled episodes (below). boundaries: (first
+    step, name) of each GRPO phase after the first, drawn as a dashed line where it starts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,6 +186,10 @@ def plot_learning_curve(
         bottom.legend(loc="upper left", fontsize=8)
     bottom.set_xlabel("GRPO step")
     bottom.grid(alpha=0.3)
+    for step, name in boundaries:
+        for axis in (top, bottom):
+            axis.axvline(step + 0.5, color="grey", linestyle=":", linewidth=1)
+        top.annotate(f"phase {name}", (step + 0.5, 0.97), fontsize=7, color="grey", ha="left", va="top")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -100,11 +100,16 @@ def probe_settles(rewards: Sequence[float | None]) -> bool:
 class Curriculum:
     """Plans groups over `n_tasks` tasks in a seeded order (index i is order[i]); see the module docstring."""
 
-    def __init__(self, n_tasks: int, settings: CurriculumSettings) -> None:
+    def __init__(
+        self, n_tasks: int, settings: CurriculumSettings, eligible: Callable[[int], bool] | None = None
+    ) -> None:
+        """eligible(task index): whether a task may be planned (a GRPO phase's task filter; at least one must be):
+        fresh picks pass over the others, replays wait in the queue for a phase that takes them."""
         if n_tasks < 1:
             raise ValueError("the curriculum needs at least one task")
         self.n_tasks = n_tasks
         self.settings = settings
+        self.eligible = eligible
         self.fresh_next = 0  # fresh picks so far: the next is order[fresh_next % n_tasks]
         self.opened = 0
         self.replayed = 0
@@ -115,12 +120,21 @@ class Curriculum:
     def plan(self, seq: int, now: float = 0.0) -> GroupPlan:
         """The next group's plan (state advances: call once per opened group)."""
         s = self.settings
-        if self.queue and self.replayed < s.replay_share * (self.opened + 1):
-            task = self.queue.popleft()
+        ok = self.eligible or (lambda _: True)
+        replay = next((t for t in self.queue if ok(t)), None)
+        if replay is not None and self.replayed < s.replay_share * (self.opened + 1):
+            task = replay
+            self.queue.remove(task)
             self._queued.discard(task)
             source: Literal["fresh", "replay"] = "replay"
             probe = 0
         else:
+            for _ in range(self.n_tasks):
+                if ok(self.fresh_next % self.n_tasks):
+                    break
+                self.fresh_next += 1
+            else:
+                raise ValueError("no task is eligible for this phase: the curriculum has nothing to plan")
             task = self.fresh_next % self.n_tasks
             self.fresh_next += 1
             source, probe = "fresh", s.probe_attempts

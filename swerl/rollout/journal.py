@@ -17,6 +17,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,11 +149,27 @@ class JournalState:
 
 
 class RolloutJournal:
-    """Finished attempts in the store under `prefix` (None store: nothing is persisted, for benchmarks)."""
+    """Finished attempts in the store under `prefix` (None store: nothing is persisted, for benchmarks).
 
-    def __init__(self, store: Store | None, prefix: str) -> None:
+    `earlier`: the journals of earlier GRPO phases (read-only, oldest first). A later phase reads them with its own
+    as one journal, so the groups an earlier phase left unconsumed (finished, or partly finished) carry on in this
+    phase exactly as after a crash, and nothing finished is lost between phases; it writes only under `prefix`."""
+
+    def __init__(self, store: Store | None, prefix: str, earlier: Sequence[str] = ()) -> None:
         self.store = store
         self.prefix = prefix.strip("/")
+        self.earlier = [e.strip("/") for e in earlier]
+
+    def _folders(self) -> list[tuple[int, str]]:
+        """(seq, folder) of every group folder in the earlier journals and this one, in that order."""
+        assert self.store is not None
+        out = []
+        for prefix in [*self.earlier, self.prefix]:
+            for folder in self.store.list(prefix):
+                name = folder.rsplit("/", 1)[-1]
+                if name.startswith("g") and name[1:].isdigit():
+                    out.append((int(name[1:]), folder))
+        return out
 
     def entry_path(self, seq: int, generation: int, attempt: int) -> str:
         """The store path of one finished attempt's entry."""
@@ -182,23 +199,25 @@ class RolloutJournal:
     def load_curriculum(self) -> tuple[list[GroupPlan], list[tuple[float, int, list[float | None]]]]:
         """Every group's plan and every finished group's (finished_at, seq, rewards): what Curriculum.restore
         replays. A damaged record is skipped with a warning (its group's attempts are still in the journal)."""
-        plans: list[GroupPlan] = []
-        finishes: list[tuple[float, int, list[float | None]]] = []
+        plans: dict[int, GroupPlan] = {}
+        finishes: dict[tuple[int, int], tuple[float, int, list[float | None]]] = {}
         if self.store is None:
-            return plans, finishes
-        for folder in self.store.list(self.prefix):
+            return [], []
+        for _, folder in self._folders():
             for rel in self.store.list(folder):
                 name = rel.rsplit("/", 1)[-1]
                 try:
                     if name == "plan.json":
-                        plans.append(self.store.read_parsed(rel, GroupPlan.from_json, "group plan"))
-                    elif _OUTCOME_NAME.match(name):
+                        plan = self.store.read_parsed(rel, GroupPlan.from_json, "group plan")
+                        plans[plan.seq] = plan
+                    elif match := _OUTCOME_NAME.match(name):
                         body = self.store.read_parsed(rel, json.loads, "group outcome")
                         rewards = [None if r is None else float(r) for r in body["rewards"]]
-                        finishes.append((float(body["finished_at"]), int(body["seq"]), rewards))
+                        seq = int(body["seq"])
+                        finishes[(seq, int(match[1]))] = (float(body["finished_at"]), seq, rewards)
                 except (CorruptStoreFile, KeyError, TypeError, ValueError) as exc:
                     _log.warning("rollout journal: %s skipped (%s)", rel, exc)
-        return plans, finishes
+        return list(plans.values()), list(finishes.values())
 
     def load(self, skip: set[int]) -> JournalState:
         """Read the journal; groups in `skip` (consumed) are only counted for the data position, not read."""
@@ -207,24 +226,19 @@ class RolloutJournal:
         max_seq = -1
         if self.store is None:
             return JournalState(groups, max_seq)
-        for folder in self.store.list(self.prefix):
-            name = folder.rsplit("/", 1)[-1]
-            if not (name.startswith("g") and name[1:].isdigit()):
-                continue
-            seq = int(name[1:])
+        files: dict[int, dict[int, dict[int, str]]] = {}  # seq -> generation -> attempt -> path
+        for seq, folder in self._folders():
             max_seq = max(max_seq, seq)
             if seq in skip:
                 continue
-            files: dict[int, dict[int, str]] = {}
             for rel in self.store.list(folder):
                 match = _ATTEMPT_NAME.match(rel.rsplit("/", 1)[-1])
                 if match:
-                    files.setdefault(int(match[1]), {})[int(match[2])] = rel
-            if not files:
-                continue
-            generation = max(files)
+                    files.setdefault(seq, {}).setdefault(int(match[1]), {})[int(match[2])] = rel
+        for seq, by_generation in files.items():
+            generation = max(by_generation)
             attempts = {}
-            for index, rel in files[generation].items():
+            for index, rel in by_generation[generation].items():
                 try:
                     attempts[index] = self.store.read_parsed(rel, FinishedAttempt.from_json, "journal entry")
                 except CorruptStoreFile as exc:

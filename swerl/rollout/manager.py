@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import re
 import time
@@ -80,6 +81,8 @@ class RolloutManager(Generic[TaskT]):
         prewarm_groups: how many groups past the newest open one are warmed ahead (0: none).
         curriculum: plans each group (task, probe) from the outcomes so far; an adaptive one (replay) cannot be
             combined with prewarm (a later group's task is not known before it opens).
+        eligible: whether the task at a data-stream index may open a group (a GRPO phase's task filter); a data
+            position whose task is not eligible is skipped (no group opens there). None: every task.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class RolloutManager(Generic[TaskT]):
         prewarm: Callable[[TaskT], Awaitable[Callable[[], None]]] | None = None,
         prewarm_groups: int = 0,
         curriculum: Curriculum | None = None,
+        eligible: Callable[[int], bool] | None = None,
     ) -> None:
         if curriculum is not None and curriculum.settings.adaptive and prewarm is not None and prewarm_groups:
             raise ValueError(
@@ -129,6 +133,8 @@ class RolloutManager(Generic[TaskT]):
         self._prewarmed_to = -1  # groups up to this seq have been warmed ahead (or opened)
         self._prewarming: set[asyncio.Task[None]] = set()
         self.curriculum = curriculum
+        self.eligible = eligible
+        self.skipped_positions = 0  # data positions skipped for a task the phase's filter excludes
         self._plans: dict[int, GroupPlan] = {}
         self._plan_writes: dict[int, asyncio.Task[None]] = {}
 
@@ -143,16 +149,18 @@ class RolloutManager(Generic[TaskT]):
     # -- resume -------------------------------------------------------------------------------------------------
 
     def restore(
-        self, state: JournalState, ledger: Ledger, plans: list[GroupPlan] | None = None
+        self, state: JournalState, ledger: Ledger, plans: list[GroupPlan] | None = None, position: int = 0
     ) -> dict[str, int]:
         """Rebuild from the journal and the restored checkpoint's ledger (before `start`); returns counts (groups
         reloaded whole, partial, rerun; journal entries skipped as damaged). `plans`: the journal's group plans
-        (the curriculum restored from the same journal beforehand)."""
+        (the curriculum restored from the same journal beforehand). `position`: the data position handed over by
+        an earlier GRPO phase (groups it opened past its journal's last finished attempt are not reopened)."""
         consumed = ledger.consumed
         counts = {
             "reloaded_groups": 0,
             "partial_groups": 0,
             "rerun_groups": 0,
+            "skipped_groups": 0,
             "damaged_entries": len(state.damaged),
         }
         reloaded = []
@@ -166,10 +174,15 @@ class RolloutManager(Generic[TaskT]):
                 self._plans[seq] = self.curriculum.plan(seq, time.time())
                 self._write_plan(seq)
             generation, finished = state.groups.get(seq, (0, {}))
+            if not finished and self.eligible is not None and not self.eligible(self.plan_of(seq).task_index):
+                counts["skipped_groups"] += 1
+                continue  # opened, nothing finished, and its task is not this phase's: not reopened
             probe = self.plan_of(seq).probe
             rewards = [finished[a].trajectory.reward for a in sorted(finished)]
             stopped = probe > 0 and sorted(finished) == list(range(probe)) and probe_settles(rewards)
-            if len(finished) == self.n_attempts or stopped:
+            # A group an earlier GRPO phase finished with more attempts than this phase's n is whole; one with fewer
+            # is completed to n (its finished attempts kept)
+            if len(finished) >= self.n_attempts or stopped:
                 reloaded.append(
                     FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)], stopped)
                 )
@@ -177,11 +190,12 @@ class RolloutManager(Generic[TaskT]):
                 continue
             probing = probe > 0 and not all(a in finished for a in range(probe))
             target = probe if probing else self.n_attempts
+            missing = (a for a in itertools.count() if a not in finished)
             self._open[seq] = _OpenGroup(generation, dict(finished), target)
-            self._pending.extend((seq, generation, a) for a in range(target) if a not in finished)
+            self._pending.extend((seq, generation, next(missing)) for _ in range(target - len(finished)))
             counts["partial_groups" if finished else "rerun_groups"] += 1
         self.buffer.extend(sorted(reloaded, key=lambda group: group.finished_at))
-        self.next_seq = state.max_seq + 1
+        self.next_seq = max(state.max_seq + 1, position)
         return counts
 
     # -- scheduling ---------------------------------------------------------------------------------------------
@@ -202,6 +216,9 @@ class RolloutManager(Generic[TaskT]):
                 if self.curriculum is not None:
                     self._plans[seq] = self.curriculum.plan(seq, time.time())
                     self._write_plan(seq)
+                elif self.eligible is not None and not self.eligible(seq):
+                    self.skipped_positions += 1
+                    continue  # this position's task is not this phase's
                 target = self._first_target(seq)
                 self._open[seq] = _OpenGroup(0, {}, target)
                 self._pending.extend((seq, 0, attempt) for attempt in range(target))
@@ -241,6 +258,8 @@ class RolloutManager(Generic[TaskT]):
         assert self.prewarm is not None
         if seq < self.next_seq:  # opened in the same fill: too late to warm
             return
+        if self.curriculum is None and self.eligible is not None and not self.eligible(seq):
+            return  # a position the phase's filter skips: no group will open there
         try:
             start = await self.prewarm(self.task_of(seq))
             if seq >= self.next_seq and not self._closed:

@@ -6,7 +6,8 @@ attempt's patch is graded from its test log by the swebench package (swerl.eval.
 `evaluate.grader`). An attempt lost to the infrastructure is rerun (agent.infra_retries) and otherwise left out; a
 task with no scored attempt is reported as missing, never counted as a failure, and every pass@1 states its
 denominator. Models evaluated: those of `evaluate.checkpoints` whose stage is among the inputs (the pipeline
-passes sft and grpo: base, sft and grpo; a scheduled evaluation of one checkpoint passes one of them).
+passes sft and every GRPO phase: base, sft and grpo, or grpo-NAME per phase; a scheduled evaluation of one
+checkpoint passes one of them).
 
 Artifacts: eval_tasks.json (the ids), eval_subset.json (strata, allocation, notes), eval_results.json (per model:
 pass@1 with CI and denominator, pass@k, per-stratum / repository / modifier tables, statuses, per-task rewards;
@@ -52,8 +53,15 @@ from swerl.stages.runner import Manifest, StageContext, StageResult
 from swerl.storage import Store
 from swerl.trajectory import EpisodeStatus, Trajectory
 
-SOURCES = {"base": ("sft", "base"), "sft": ("sft", "model"), "grpo": ("grpo", "model")}
-"""Model name -> (stage whose manifest holds it, artifact directory)."""
+
+def source_of(name: str) -> tuple[str, str]:
+    """A model's (stage whose manifest holds it, artifact directory): base and sft from the sft stage; a GRPO model
+    is named by its stage (grpo, or grpo-NAME for a phase of grpo.phases)."""
+    return {"base": ("sft", "base"), "sft": ("sft", "model")}.get(name, (name, "model"))
+
+
+def is_grpo_stage(stage: str) -> bool:
+    return stage == "grpo" or stage.startswith("grpo-")
 
 
 class EvaluateStage(StrictModel):
@@ -69,7 +77,7 @@ class CheckpointLoadError(ValueError):
 
 
 def model_dir(ctx: StageContext, name: str) -> Path:
-    stage, directory = SOURCES[name]
+    stage, directory = source_of(name)
     manifest: Manifest = input_manifest(ctx, stage)
     return get_dir(ctx.store, manifest, directory, ctx.workdir / f"model_{name}")
 
@@ -78,7 +86,7 @@ def checked_model_dir(ctx: StageContext, name: str) -> Path:
     """Download a model and check that its config and tokenizer load, before any episode runs."""
     from transformers import AutoConfig, AutoTokenizer
 
-    manifest = ctx.inputs[SOURCES[name][0]]
+    manifest = ctx.inputs[source_of(name)[0]]
     try:
         path = model_dir(ctx, name)
         AutoConfig.from_pretrained(path, local_files_only=True)
@@ -95,11 +103,16 @@ def checked_model_dir(ctx: StageContext, name: str) -> Path:
 
 
 def models_to_evaluate(cfg: EvaluateConfig, ctx: StageContext) -> list[str]:
-    names: list[str] = [name for name in cfg.checkpoints if SOURCES[name][0] in ctx.inputs]
+    """The models evaluate.checkpoints names among the inputs, in its order; `grpo` stands for every GRPO stage
+    among the inputs (the one `grpo`, or each phase's grpo-NAME, in phase order)."""
+    names: list[str] = []
+    for name in cfg.checkpoints:
+        expanded = [s for s in ctx.inputs if is_grpo_stage(s)] if name == "grpo" else [name]
+        names += [n for n in expanded if source_of(n)[0] in ctx.inputs and n not in names]
     if not names:
         raise ValueError(
             f"evaluate.checkpoints {cfg.checkpoints} names no model of the inputs ({sorted(ctx.inputs)}); "
-            "base and sft come from an sft manifest, grpo from a grpo manifest"
+            "base and sft come from an sft manifest, grpo from a grpo manifest (grpo-NAME: that phase's)"
         )
     return names
 
@@ -396,10 +409,10 @@ def publish(
     ctx.put_artifact("pass_at_1_by_stratum.png", plot)
     ctx.write_artifact("report.md", markdown.encode())
     ctx.run.log_file(plot)
-    links = {name: {"swerl.checkpoint.stage": SOURCES[name][0],
-                    "swerl.checkpoint.manifest": ctx.inputs[SOURCES[name][0]].uri,
-                    "swerl.checkpoint.run_id": ctx.inputs[SOURCES[name][0]].mlflow_run_id or "",
-                    "swerl.checkpoint.artifact": SOURCES[name][1]} for name in results}  # fmt: skip
+    links = {name: {"swerl.checkpoint.stage": source_of(name)[0],
+                    "swerl.checkpoint.manifest": ctx.inputs[source_of(name)[0]].uri,
+                    "swerl.checkpoint.run_id": ctx.inputs[source_of(name)[0]].mlflow_run_id or "",
+                    "swerl.checkpoint.artifact": source_of(name)[1]} for name in results}  # fmt: skip
     shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
               "swerl.eval.split": "dataset" if ev.dataset is not None else ev.split,
               "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip

@@ -26,7 +26,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
-from swerl.config import AgentConfig, EngineConfig, GRPOAlgorithmConfig, GRPOConfig, StrictModel
+from swerl.config import (
+    AgentConfig,
+    EngineConfig,
+    GRPOAlgorithmConfig,
+    GRPOConfig,
+    GRPOPhaseTasks,
+    PipelineConfig,
+    StrictModel,
+)
 from swerl.data.environments import setup_patch
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature
@@ -45,6 +53,7 @@ from swerl.stages.common import (
     input_manifest,
     load_tasks,
     put_dir,
+    read_input,
     run_async,
     sandbox_pool,
     seeded_sample,
@@ -53,6 +62,7 @@ from swerl.stages.common import (
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
 from swerl.stages.runner import StageContext, StageResult
+from swerl.train.checkpoint import CheckpointMirror
 from swerl.train.distributed import RankContext, device_of, init_rank, load_sharded_model
 from swerl.train.grpo_trainer import GRPOTrainer, Trainer, UpdateSettings
 from swerl.train.ranks import DistributedTrainer
@@ -66,12 +76,87 @@ SCHEDULE_FILE = "schedule_state.json"
 trainer checkpoint: a resumed stage continues its time budget and data position from there."""
 
 
+HANDOFF_FILE = "phase_handoff.json"
+"""Every GRPO stage's artifact for the phase after it: its final checkpoint in the store, the step and data position
+there, the rollout journals so far (unconsumed groups carry on), and the learning curve so far."""
+
+
+class GRPOPhaseRef(StrictModel):
+    """Which phase of grpo.phases a GRPO stage runs (GRPOStage.phase; None: the single default phase)."""
+
+    name: str
+    index: int
+    previous: str | None = None
+    """The stage of the phase before (its manifest is an input), None for the first."""
+    reset_optimizer: bool = False
+    tasks: GRPOPhaseTasks | None = None
+
+
 class GRPOStage(StrictModel):
-    """What the GRPO stage's checkpoint key covers."""
+    """What a GRPO stage's checkpoint key covers (one phase's effective settings)."""
 
     grpo: GRPOConfig
     agent: AgentConfig
     engine: EngineConfig
+    phase: GRPOPhaseRef | None = None
+
+
+def phase_stage(cfg: PipelineConfig, index: int) -> GRPOStage:
+    """Phase `index` of the pipeline's GRPO phases as its stage config."""
+    phases = cfg.grpo_phases()
+    p = phases[index]
+    ref = None
+    if cfg.grpo.phases is not None:
+        ref = GRPOPhaseRef(name=p.name, index=p.index, previous=phases[index - 1].stage if index else None,
+                           reset_optimizer=p.reset_optimizer, tasks=p.tasks)  # fmt: skip
+    return GRPOStage(grpo=p.grpo, agent=p.agent, engine=p.engine, phase=ref)
+
+
+@dataclass(frozen=True)
+class PhaseStart:
+    """Where a later GRPO phase starts: the previous phase's handoff (HANDOFF_FILE)."""
+
+    stage: str
+    step: int
+    data_position: int
+    checkpoints: str
+    checkpoint: str
+    journals: list[str]
+    curve: dict[str, Any]
+
+    @classmethod
+    def read(cls, ctx: StageContext, ref: GRPOPhaseRef | None) -> PhaseStart | None:
+        if ref is None or ref.previous is None:
+            return None
+        manifest = input_manifest(ctx, ref.previous)
+        if HANDOFF_FILE not in manifest.artifacts:
+            raise ValueError(f"grpo phase {ref.name}: the previous phase's manifest {manifest.uri} has no "
+                             f"{HANDOFF_FILE} (written by an older swerl): rerun it with --force {ref.previous}")  # fmt: skip
+        body = json.loads(read_input(ctx.store, manifest, HANDOFF_FILE))
+        return cls(ref.previous, int(body["step"]), int(body["data_position"]), str(body["checkpoints"]),
+                   str(body["checkpoint"]), [str(j) for j in body["journals"]], dict(body["curve"]))  # fmt: skip
+
+    def restore(self, ctx: StageContext) -> Path:
+        """Download the previous phase's final checkpoint (model, optimizer, RNG, ledger, counts)."""
+        return CheckpointMirror(ctx.store, self.checkpoints, ctx.workdir / "phase_start").restore(
+            self.checkpoint
+        )
+
+
+def task_filter(cfg: GRPOStage, order: list[TaskInstance]) -> Callable[[int], bool] | None:
+    """The phase's task filter over the data stream's indices; ValueError naming the phase when it matches none."""
+    f = cfg.phase.tasks if cfg.phase is not None else None
+    if f is None:
+        return None
+    allowed = [f.matches(t.difficulty, t.repo, t.modifier) for t in order]
+    if not any(allowed):
+        present = {"difficulties": sorted({str(t.difficulty) for t in order}),
+                   "repos": sorted({t.repo for t in order}), "modifiers": sorted({str(t.modifier) for t in order})}  # fmt: skip
+        raise ValueError(
+            f"grpo.phases[{cfg.phase.index}] ({cfg.phase.name}): tasks {f.model_dump()} match none of the "  # type: ignore[union-attr]
+            f"{len(order)} training tasks; they have {present}"
+        )
+    return lambda index: allowed[index % len(allowed)]
 
 
 def check_config(cfg: GRPOStage, context: int) -> None:
@@ -121,11 +206,20 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     if not tasks:
         raise ValueError("the curate stage produced no training tasks for GRPO")
     order = seeded_sample(tasks, len(tasks), f"grpo:{ctx.seed}:{g.schedule.task_seed_offset}")
+    eligible = task_filter(cfg, order)
+    start = PhaseStart.read(ctx, cfg.phase)
     start_dir = get_dir(ctx.store, sft, "model", ctx.workdir / "sft_model")
     durable = DurableCheckpoints(ctx, ctx.workdir / "checkpoints", keep=cfg.grpo.schedule.keep_checkpoints)
     resume = durable.restore_latest()
+    # A later phase's first attempt starts from the previous phase's final checkpoint; its crashes resume from its own.
+    handoff = start.restore(ctx) if start is not None and resume is None else None
     tokenizer = load_tokenizer(start_dir)
-    check_config(cfg, context_length(start_dir))
+    try:
+        check_config(cfg, context_length(start_dir))
+    except ValueError as exc:
+        if cfg.phase is None:
+            raise
+        raise ValueError(f"grpo.phases[{cfg.phase.index}] ({cfg.phase.name}): {exc}") from None
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature,
                               top_p=g.rollout.top_p)  # fmt: skip
     trainer: Trainer
@@ -144,7 +238,8 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     else:
         trainer = build_trainer(start_dir, g, temperature, ctx.seed)
     try:
-        return _run_grpo(cfg, ctx, trainer, tokenizer, sampling, start_dir, durable, resume, order, started)
+        return _run_grpo(cfg, ctx, trainer, tokenizer, sampling, start_dir, durable, resume, order, started,
+                         PhaseContext(start, handoff, eligible))  # fmt: skip
     finally:
         if isinstance(trainer, TrainerProcess | DistributedTrainer):
             trainer.close()
@@ -190,6 +285,20 @@ def update_settings(algorithm: GRPOAlgorithmConfig) -> UpdateSettings:
     return UpdateSettings(**algorithm.model_dump())
 
 
+@dataclass(frozen=True)
+class PhaseContext:
+    """A stage's place among the GRPO phases: the previous phase's handoff (None for the first or only phase),
+    its downloaded checkpoint (None when this phase resumes from its own), the phase's task filter."""
+
+    start: PhaseStart | None = None
+    handoff: Path | None = None
+    eligible: Callable[[int], bool] | None = None
+
+    @property
+    def first_step(self) -> int:
+        return self.start.step if self.start is not None else 0
+
+
 @dataclass
 class _GRPORun:
     """One attempt of the stage: what the loop, its per-step callback, the checkpoints and the report share."""
@@ -205,6 +314,7 @@ class _GRPORun:
     evaluator: CheckpointEvaluator | None
     started: float = field(default_factory=time.monotonic)
     elapsed_before_s: float = 0.0  # spent by earlier attempts, up to the resumed checkpoint
+    phase: PhaseContext = field(default_factory=PhaseContext)
     progress: SyncProgress = field(default_factory=SyncProgress)
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -239,15 +349,29 @@ def _run_grpo(
     resume: Path | None,
     order: list[TaskInstance],
     started: float,
+    phase: PhaseContext | None = None,
 ) -> StageResult:
-    """Resume, sample and train (sync or async), publish the model and the report."""
-    g = cfg.grpo
+    """Resume (or start from the previous phase), sample and train (sync or async), publish the model, the report
+    and the handoff to the next phase."""
+    phase = phase or PhaseContext()
+    # The loops count steps from 0: a later phase trains up to its first step + its own steps.
+    g = cfg.grpo.model_copy(update={"schedule": cfg.grpo.schedule.model_copy(
+        update={"steps": phase.first_step + cfg.grpo.schedule.steps})})  # fmt: skip
+    cfg = cfg.model_copy(update={"grpo": g})
     serve_dir = start_dir
     if resume is not None:
         trainer.load(resume)
         serve_dir = resume
         ctx.log.info("grpo: resumed at step %d from %s", trainer.step, resume.name)
-    state = load_schedule_state(resume)
+    elif phase.handoff is not None and phase.start is not None and cfg.phase is not None:
+        reset = cfg.phase.reset_optimizer
+        trainer.load(phase.handoff, optimizer=not reset)
+        serve_dir = phase.handoff
+        ctx.log.info("grpo phase %s: starts at step %d, data position %d, from %s's checkpoint %s (%s)",
+                     cfg.phase.name, trainer.step, phase.start.data_position, phase.start.stage, phase.start.checkpoint,
+                     "fresh optimizer" if reset else "its optimizer state")  # fmt: skip
+    state = load_schedule_state(resume)  # a phase's time budget is its own: elapsed time only from its own
+    skipped = state.get("skipped_batches", load_schedule_state(phase.handoff).get("skipped_batches", 0))
     before_s = float(state.get("elapsed_s", 0.0))
     budget = g.schedule.time_budget_s
     if budget is not None and before_s > 0:
@@ -255,16 +379,23 @@ def _run_grpo(
     # The async loop measures its budget from its own start: it gets what earlier attempts left.
     g_async = g if budget is None else g.model_copy(update={"schedule": g.schedule.model_copy(
         update={"time_budget_s": max(1e-6, budget - before_s)})})  # fmt: skip
-    asynchronous = AsyncGRPO(ctx, g_async, order, resume) if g.mode == "async" else None
+    asynchronous = None
+    if g.mode == "async":
+        start = phase.start
+        asynchronous = AsyncGRPO(ctx, g_async, order, resume or phase.handoff,
+                                 earlier_journals=start.journals if start else (),
+                                 start_position=start.data_position if start else 0, eligible=phase.eligible)  # fmt: skip
     run = _GRPORun(
         cfg, ctx, trainer, durable, order, sandbox_pool(cfg.agent.sandbox, git_baseline=True),
-        load_failure_counts(resume), asynchronous,
+        load_failure_counts(resume or phase.handoff), asynchronous,
         checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None,
-        started=started, elapsed_before_s=before_s,
-        progress=SyncProgress(skipped_batches=int(state.get("skipped_batches", 0))),
+        started=started, elapsed_before_s=before_s, phase=phase,
+        progress=SyncProgress(skipped_batches=int(skipped)),
     )  # fmt: skip
     run_async(_sample_and_train(run, tokenizer, sampling, serve_dir, started))
-    if run.history:  # the final state, whatever the checkpoint interval
+    if (
+        run.history or resume is None
+    ):  # the final state, whatever the checkpoint interval (the next phase's start)
         run.save()
     if asynchronous is not None:
         asynchronous.log_histograms()
@@ -277,9 +408,11 @@ def _check_trained(run: _GRPORun) -> None:
     """Say loudly when the time budget ended the stage early; refuse to publish the SFT weights as GRPO's result
     when no step was trained although some were asked for."""
     g, ctx, step = run.cfg.grpo, run.ctx, run.trainer.step
-    steps = g.schedule.steps
-    if steps == 0:
-        ctx.log.warning("grpo: grpo.schedule.steps is 0: the GRPO model is the SFT model, unchanged")
+    steps, first = g.schedule.steps, run.phase.first_step
+    if steps == first:
+        ctx.log.warning("grpo: %s is 0: the model is the %s model, unchanged", "grpo.schedule.steps"
+                        if first == 0 and run.phase.start is None else "this phase's steps",
+                        run.phase.start.stage if run.phase.start else "SFT")  # fmt: skip
         return
     if step >= steps:
         return
@@ -288,9 +421,9 @@ def _check_trained(run: _GRPORun) -> None:
     ctx.log.warning("grpo: the time budget of %s s ended the stage at step %d of %d (%.0f s spent): raise "
                     "grpo.schedule.time_budget_s or lower grpo.schedule.steps", g.schedule.time_budget_s, step,
                     steps, run.elapsed_s)  # fmt: skip
-    if step == 0:
+    if step == first:
         raise RuntimeError(
-            f"grpo: trained 0 of {steps} steps before the time budget of {g.schedule.time_budget_s} s ran out "
+            f"grpo: trained 0 of {steps - first} steps before the time budget of {g.schedule.time_budget_s} s ran out "
             f"({run.elapsed_s:.0f} s spent, {run.elapsed_before_s:.0f} s of them by earlier attempts); the SFT "
             "weights are not published as GRPO's result (set grpo.schedule.steps: 0 to pass them on on purpose)"
         )
@@ -309,6 +442,7 @@ async def _sample_and_train(
     pool_cfg = cfg.agent.sandbox.pool
     planner = EnvironmentPlanner(ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute,
                                  burst=pool_cfg.pull_burst)  # fmt: skip
+    ctx.log.info("grpo: the engine starts from %s at weight version %d", serve_dir, trainer.step)
     async with provider, planner, open_engine(
         cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
         concurrency=g.rollout.max_in_flight if run.asynchronous else g.rollout.concurrency,
@@ -382,20 +516,33 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         "skipped_batches": run.progress.skipped_batches,
         "skipped_reasons": run.progress.skipped_reasons,
         "sft_passed_on": g.schedule.steps == 0,
-    }
+        "phase": None if run.cfg.phase is None else {
+            "name": run.cfg.phase.name, "index": run.cfg.phase.index, "previous": run.cfg.phase.previous,
+            "first_step": run.phase.first_step, "steps": g.schedule.steps - run.phase.first_step,
+            "started_from": run.phase.start.checkpoint if run.phase.start else None,
+            "reset_optimizer": run.cfg.phase.reset_optimizer,
+            "tasks": run.cfg.phase.tasks.model_dump() if run.cfg.phase.tasks else None},
+    }  # fmt: skip
     if run.asynchronous is not None:
         ledger = run.asynchronous.ledger
         report |= {"data_position": run.asynchronous.next_seq, "ledger": ledger.entries,
                    "scored_attempts": {str(step): pairs for step, pairs in sorted(ledger.scored.items())},
                    "resume": run.asynchronous.resumed}  # fmt: skip
+    if run.asynchronous is not None:
+        report["skipped_positions"] = run.asynchronous.skipped_positions
     if run.evaluator is not None:
         report["evaluations"] = run.evaluator.report()
-        if run.evaluator.entries:
-            curve = plot_learning_curve(run.evaluator.entries, history, run.ctx.workdir / "learning_curve.png",
-                                        f"GRPO: held-out pass@1 every {g.eval.every} steps")  # fmt: skip
-            run.ctx.put_artifact("learning_curve.png", curve)
-            run.ctx.run.log_file(curve)
+    curve = learning_curve(run, history)
+    if curve["evaluations"]:
+        phases = curve["phases"]
+        title = f"GRPO: held-out pass@1 every {g.eval.every} steps" + (
+            f" (phases {', '.join(name for _, name in phases)})" if len(phases) > 1 else "")  # fmt: skip
+        png = plot_learning_curve(curve["evaluations"], curve["history"], run.ctx.workdir / "learning_curve.png",
+                                  title, boundaries=[(int(step), str(name)) for step, name in phases[1:]])  # fmt: skip
+        run.ctx.put_artifact("learning_curve.png", png)
+        run.ctx.run.log_file(png)
     run.ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    run.ctx.write_artifact(HANDOFF_FILE, json.dumps(handoff(run, curve), indent=2, sort_keys=True).encode())
     metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"], "max_steps": float(g.schedule.steps),
                "ended_by_budget": float(run.progress.ended_by_budget),
                "skipped_batches": float(run.progress.skipped_batches)}  # fmt: skip
@@ -413,6 +560,41 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
     return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
                        summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
                        f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
+
+
+CURVE_KEYS = ("step", "reward_mean", "signal/groups_per_100_episodes")
+"""The per-step history a learning curve keeps (handed on from phase to phase)."""
+
+
+def learning_curve(run: _GRPORun, history: list[dict[str, float]]) -> dict[str, Any]:
+    """The learning curve up to this stage: the earlier phases' (from the previous phase's handoff) and this one's
+    evaluations beside training and per-step history, with where each phase started (its first step)."""
+    before = run.phase.start.curve if run.phase.start is not None else {}
+    this = run.cfg.phase.name if run.cfg.phase is not None else "grpo"
+    entries = run.evaluator.entries if run.evaluator is not None else []
+    return {
+        "evaluations": [*before.get("evaluations", []), *entries],
+        "history": [*before.get("history", []), *({k: h[k] for k in CURVE_KEYS if k in h} for h in history)],
+        "phases": [*before.get("phases", []), [run.phase.first_step, this]],
+    }
+
+
+def handoff(run: _GRPORun, curve: dict[str, Any]) -> dict[str, Any]:
+    """What the next phase starts from (HANDOFF_FILE): the newest checkpoint in the store (the final state, saved
+    at the end of the stage), its step and data position, and every rollout journal so far."""
+    names = run.durable.complete()
+    if not names:
+        raise RuntimeError(
+            f"grpo: no complete checkpoint under {run.durable.prefix} to hand to the next phase"
+        )
+    journals = list(run.phase.start.journals) if run.phase.start is not None else []
+    if run.asynchronous is not None:
+        journals.append(run.asynchronous.journal.prefix)
+        position = run.asynchronous.next_seq
+    else:
+        position = (run.trainer.step + run.progress.skipped_batches) * run.cfg.grpo.schedule.tasks_per_step
+    return {"stage": run.ctx.stage, "checkpoints": run.durable.prefix, "checkpoint": names[-1],
+            "step": run.trainer.step, "data_position": position, "journals": journals, "curve": curve}  # fmt: skip
 
 
 def save(

@@ -42,11 +42,27 @@ class AsyncGRPO:
     rerun of a crashed stage finds both.
     """
 
-    def __init__(self, ctx: StageContext, g: GRPOConfig, order: Sequence[TaskInstance], resume: Path | None):
+    def __init__(
+        self,
+        ctx: StageContext,
+        g: GRPOConfig,
+        order: Sequence[TaskInstance],
+        resume: Path | None,
+        *,
+        earlier_journals: Sequence[str] = (),
+        start_position: int = 0,
+        eligible: Callable[[int], bool] | None = None,
+    ):
+        """resume: the checkpoint the trainer restored (its ledger); earlier_journals, start_position: a later GRPO
+        phase's view of the phases before it (their journals, read-only, and the data position where it starts);
+        eligible(index): the phase's task filter over the data stream (None: every task)."""
         self.ctx, self.g, self.order = ctx, g, list(order)
         self.ledger = Ledger.load(resume)
-        self.journal = RolloutJournal(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/rollouts")
+        self.journal = RolloutJournal(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/rollouts", earlier_journals)
+        self.start_position = start_position
+        self.eligible = eligible
         self.next_seq = 0
+        self.skipped_positions = 0  # data positions this attempt skipped for the phase's task filter
         self.durations: list[float] = []
         self.turns: list[int] = []
         self.resumed: dict[str, int] = {}
@@ -58,10 +74,18 @@ class AsyncGRPO:
         """The probe/replay curriculum (None when both are off), rebuilt from the journal's plans and outcomes."""
         r = self.g.rollout
         settings = CurriculumSettings(r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits)
-        if not (settings.probe_attempts or settings.adaptive):
+        enabled = bool(settings.probe_attempts or settings.adaptive)
+        if not (enabled or self.journal.earlier):
             return None, []
-        curriculum = Curriculum(len(self.order), settings)
+        # Plans count without a curriculum too: a group an earlier phase planned runs the task its plan names.
         plans, finishes = self.journal.load_curriculum()
+        if not enabled:
+            return None, plans
+        planned = {plan.seq for plan in plans}
+        # Groups an earlier phase opened without a curriculum ran order[seq]: as fresh picks, so the fresh
+        # position continues where the data stream stands.
+        plans += [GroupPlan(seq, seq, "fresh", 0) for seq in range(self.start_position) if seq not in planned]
+        curriculum = Curriculum(len(self.order), settings, self.eligible)
         curriculum.restore(plans, finishes)
         return curriculum, plans
 
@@ -91,8 +115,10 @@ class AsyncGRPO:
         manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.rollout.attempts_per_task,
                                  max_in_flight=g.rollout.max_in_flight, max_buffered_groups=g.buffered_groups,
                                  journal=self.journal, prewarm=prewarm,
-                                 prewarm_groups=g.rollout.prewarm_groups, curriculum=curriculum)  # fmt: skip
-        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans)
+                                 prewarm_groups=g.rollout.prewarm_groups, curriculum=curriculum,
+                                 eligible=self.eligible)  # fmt: skip
+        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans,
+                                       self.start_position)  # fmt: skip
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
         started = time.monotonic()
 
@@ -121,6 +147,7 @@ class AsyncGRPO:
                           export_dir=ctx.workdir / "exports", on_step=on_step, save=checkpoint,
                           infra_counts=infra_counts, on_export=on_export, weights=weights)  # fmt: skip
         self.next_seq = manager.next_seq
+        self.skipped_positions = manager.skipped_positions
 
     def log_histograms(self) -> None:
         """Trajectory durations and turns of the whole stage as MLflow artifacts."""

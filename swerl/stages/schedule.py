@@ -1,7 +1,8 @@
 """Which checkpoints in the store await evaluation (the scheduled evaluation flow evaluates each of them).
 
 A checkpoint is a published manifest of a checkpoint-producing stage: `stages/sft/KEY/manifest.json` (base and
-SFT models) or `stages/grpo/KEY/manifest.json` (the GRPO model). It has been evaluated when some evaluate manifest
+SFT models), `stages/grpo/KEY/manifest.json` (the GRPO model) or `stages/grpo-NAME/KEY/manifest.json` (the model
+at the end of GRPO phase NAME), each evaluated on its own. It has been evaluated when some evaluate manifest
 lists it among its inputs with the same fingerprint (a forced rerun that republished the stage under the same key
 changes the fingerprint, so the new model is evaluated again). Its held-out tasks come from the curate manifest it
 was trained from (its `curate` input), so a checkpoint is always evaluated on the held-out split of its own run.
@@ -18,6 +19,18 @@ from swerl.storage import CorruptStoreFile, Store
 log = logging.getLogger("swerl.schedule")
 
 CHECKPOINT_STAGES = ("sft", "grpo")
+"""Stages whose manifests hold checkpoints; `grpo` also stands for each GRPO phase's stage (grpo-NAME)."""
+
+
+def checkpoint_stages(store: Store) -> list[str]:
+    """The checkpoint stages present in the store: sft, grpo and every GRPO phase's grpo-NAME (sorted)."""
+    present = {rel.rsplit("/", 1)[-1] for rel in store.list("stages")}
+    phases = sorted(s for s in present if s.startswith("grpo-"))
+    return [s for s in CHECKPOINT_STAGES if s in present] + phases
+
+
+def _pipeline_rank(stage: str) -> int:
+    return CHECKPOINT_STAGES.index("grpo" if stage.startswith("grpo-") else stage)
 
 
 @dataclass(frozen=True)
@@ -53,7 +66,7 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
     done = evaluated_inputs(store)
     pending: list[PendingCheckpoint] = []
     problems: list[str] = []
-    for stage in CHECKPOINT_STAGES:
+    for stage in checkpoint_stages(store):
         for manifest in _manifests(store, stage):
             if (manifest.uri, manifest.fingerprint) in done:
                 continue
@@ -77,7 +90,7 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
                 continue
             pending.append(PendingCheckpoint(manifest, curate))
     # oldest first; within one timestamp (a fast pipeline), in pipeline order (sft before grpo)
-    pending.sort(key=lambda p: (p.checkpoint.finished_at, CHECKPOINT_STAGES.index(p.checkpoint.stage),
+    pending.sort(key=lambda p: (p.checkpoint.finished_at, _pipeline_rank(p.checkpoint.stage),
                                 p.checkpoint.uri))  # fmt: skip
     return pending, problems
 

@@ -411,14 +411,24 @@ class CheckpointMirror:
 
         return self.store.read_parsed(f"{self.prefix}/{name}/{COMPLETE_MARKER}", parse, "COMPLETE marker")
 
+    def restore(self, name: str) -> Path:
+        """Download the complete checkpoint `name` into local_root and verify it (what a later GRPO phase starts
+        from); CorruptStoreFile, CheckpointCorrupt or FileNotFoundError naming it when it is not intact."""
+        if not self.store.exists(f"{self.prefix}/{name}/{COMPLETE_MARKER}"):
+            raise FileNotFoundError(f"checkpoint {self.store.uri(f'{self.prefix}/{name}')} has no "
+                                    f"{COMPLETE_MARKER} marker: it is incomplete or was pruned")  # fmt: skip
+        target = self.local_root / name
+        for rel in self._files(name):
+            self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
+        verify_checkpoint(target)
+        return target
+
     def restore_latest(self) -> Path | None:
         """Download the newest intact complete checkpoint into local_root; None when there is none."""
         for name in reversed(self.complete()):
             target = self.local_root / name
             try:
-                for rel in self._files(name):
-                    self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
-                verify_checkpoint(target)
+                self.restore(name)
             except (CorruptStoreFile, CheckpointCorrupt, FileNotFoundError) as exc:
                 shutil.rmtree(target, ignore_errors=True)
                 self.damaged.append(self.store.uri(f"{self.prefix}/{name}"))

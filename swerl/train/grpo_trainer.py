@@ -221,7 +221,7 @@ class Trainer(PolicyTrainer, Protocol):
         keep_last: int = 2,
     ) -> Path: ...
 
-    def load(self, path: str | Path) -> TrainerState: ...
+    def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState: ...
 
     def save_model(self, out_dir: str | Path) -> Path: ...
 
@@ -326,6 +326,8 @@ class GRPOTrainer:
         self.settings = settings
         self.model = use_packed_attention(model).train()
         self.optimizer = build_optimizer(model, settings.lr, settings.weight_decay, betas, adam_eps)
+        # (lr, weight decay) per parameter group as these settings build them: restored after a checkpoint loads
+        self._hyperparameters = [(g["lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
         self.grad_clip = settings.grad_clip
         self.clip_eps_low, self.clip_eps_high = settings.clip_eps_low, settings.clip_eps_high
         self.tis_cap, self.tis_level = settings.tis_cap, settings.tis_level
@@ -679,13 +681,20 @@ class GRPOTrainer:
             checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last, self.ranks
         )
 
-    def load(self, path: str | Path) -> TrainerState:
-        """Restore a checkpoint written by `save` (same model architecture and seed); returns its state."""
-        state = load_checkpoint(path, self.model, self.optimizer, self.ranks)
+    def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState:
+        """Restore a checkpoint written by `save` (same model architecture and seed); returns its state.
+
+        optimizer: also its AdamW state (moments, step counts); False keeps this trainer's fresh optimizer (a GRPO
+        phase with reset_optimizer). Either way the optimizer then runs at this trainer's settings (lr, weight
+        decay): a checkpoint's saved hyperparameters never override them, so a later phase's learning-rate drop
+        takes effect while its moments carry on."""
+        state = load_checkpoint(path, self.model, self.optimizer if optimizer else None, self.ranks)
         if state.shuffle_seed != self.seed:
             raise ValueError(
                 f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {self.seed}"
             )
+        for group, (lr, weight_decay) in zip(self.optimizer.param_groups, self._hyperparameters, strict=True):
+            group["lr"], group["weight_decay"] = lr, weight_decay
         self.step = state.step
         logger.info("GRPO: resumed from %s at step %d", path, state.step)
         return state

@@ -944,9 +944,12 @@ class MegatronGRPOTrainer:
                 torch.save(payload, temp / STATE_FILE)
         return Path(checkpoint_dir) / checkpoint_name(state.step)
 
-    def load(self, path: str | Path) -> TrainerState:
+    def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState:
         """Restore a checkpoint `save` wrote (same parallel layout up to data-parallel resharding, same seed);
-        collective."""
+        collective. optimizer False (a GRPO phase's reset_optimizer) is not built here (the config refuses it)."""
+        if not optimizer:
+            raise ValueError("the megatron backend loads its optimizer state with its weights: reset_optimizer "
+                             "is not built for it")  # fmt: skip
         from megatron.core import dist_checkpointing, tensor_parallel
 
         directory = check_checkpoint_dir(path)

@@ -128,8 +128,8 @@ class RemoteTrainer(abc.ABC):
             )
         )  # fmt: skip
 
-    def load(self, path: str | Path) -> TrainerState:
-        state: TrainerState = self._invoke("load", Path(path))
+    def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState:
+        state: TrainerState = self._invoke("load", Path(path), optimizer=optimizer)
         return state
 
     def weight_specs(self, dtype: str) -> list[Any]:
