@@ -14,8 +14,13 @@ from tasks.stages import curate_tasks, evaluate_task, grpo_phase_tasks, sft_task
 
 @flow(name="swerl-pipeline", log_prints=True)
 def pipeline(config: PipelineConfig | None = None, force: list[str] | None = None) -> dict[str, Any]:
-    """Run every stage in order; finished stages (same config and inputs) are skipped. `force`: stages to rerun
-    with every later one (curate, traces, sft, grpo or a phase's grpo-NAME, evaluate)."""
+    """Run every stage in order; finished stages (same config and inputs) are skipped.
+
+    Args:
+        config: the pipeline's config (every section; the defaults where left out).
+        force: stages to rerun, each with every stage after it: curate, traces, sft, grpo (from the first GRPO
+            phase), grpo-NAME (from that phase of grpo.phases), evaluate.
+    """
     config = config or PipelineConfig()
     with open_session(config, force=list(force or []), flow_run_id=flow_run.get_id()) as session:
         curate = curate_tasks(session)

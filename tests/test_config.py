@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -241,20 +242,43 @@ def phased(phases: Any = PHASES, **sections: Any) -> dict[str, Any]:
 def test_grpo_phases_resolve_against_the_base_settings() -> None:
     cfg = PipelineConfig.model_validate(phased())
     wide, tight = cfg.grpo_phases()
-    assert (wide.stage, wide.index, wide.steps, tight.stage, tight.steps) == ("grpo-wide", 0, 3, "grpo-tight", 2)
+    assert (wide.stage, wide.index, wide.steps, tight.stage, tight.steps) == (
+        "grpo-wide",
+        0,
+        3,
+        "grpo-tight",
+        2,
+    )
     # each phase changes what it names against the base, nothing else; the base is untouched
-    assert wide.grpo.model_dump(exclude={"phases", "schedule"}) == cfg.grpo.model_dump(exclude={"phases", "schedule"})
+    assert wide.grpo.model_dump(exclude={"phases", "schedule"}) == cfg.grpo.model_dump(
+        exclude={"phases", "schedule"}
+    )
     assert wide.agent == cfg.agent and wide.engine == cfg.engine
     assert tight.agent.max_trajectory_tokens == 512 and tight.agent.max_turns == cfg.agent.max_turns
-    assert tight.grpo.algorithm.lr == 2.0e-5 and tight.grpo.algorithm.weight_decay == cfg.grpo.algorithm.weight_decay
-    assert tight.grpo.rollout.max_staleness == 1 and tight.grpo.rollout.attempts_per_task == cfg.grpo.rollout.attempts_per_task
+    assert (
+        tight.grpo.algorithm.lr == 2.0e-5
+        and tight.grpo.algorithm.weight_decay == cfg.grpo.algorithm.weight_decay
+    )
+    assert (
+        tight.grpo.rollout.max_staleness == 1
+        and tight.grpo.rollout.attempts_per_task == cfg.grpo.rollout.attempts_per_task
+    )
     assert tight.grpo.schedule.steps == 2 and tight.grpo.phases is None and tight.reset_optimizer
-    assert tight.tasks is not None and tight.tasks.matches("easy", "r", None) and not tight.tasks.matches("hard", "r", None)
+    assert (
+        tight.tasks is not None
+        and tight.tasks.matches("easy", "r", None)
+        and not tight.tasks.matches("hard", "r", None)
+    )
     assert cfg.agent.max_trajectory_tokens != 512 and cfg.grpo.algorithm.lr != 2.0e-5
     # no phases: one, the stage `grpo`, with the base settings
     base = load_config(REPO / "configs" / "local.yaml")
     [only] = base.grpo_phases()
-    assert (only.stage, only.steps, only.grpo, only.agent) == ("grpo", base.grpo.schedule.steps, base.grpo, base.agent)
+    assert (only.stage, only.steps, only.grpo, only.agent) == (
+        "grpo",
+        base.grpo.schedule.steps,
+        base.grpo,
+        base.agent,
+    )
     # a phase is forced with every stage after it; `grpo` forces them all
     from swerl.pipeline import pipeline_stages, stages_to_force
 

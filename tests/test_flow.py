@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,9 +30,11 @@ class FakeStage:
     name: str
     calls: int = 0
     fail: bool = False
+    stages: list[str] = field(default_factory=list)  # the stage of each call (a GRPO phase's grpo-NAME)
 
     def __call__(self, cfg: Any, ctx: StageContext) -> StageResult:
         self.calls += 1
+        self.stages.append(ctx.stage)
         body = {"stage": self.name, "inputs": sorted(ctx.inputs)}
         if self.name == "curate":
             body |= {"repos": cfg.model_dump(mode="json")["repos"], "n": cfg.max_candidates_per_repo}
@@ -250,6 +252,63 @@ def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate:
     assert json.loads(parent.data.params["forced_stages"]) == sorted(STAGES)
 
 
+def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_phase_reruns_only_what_follows(
+    prefect_api: str, cfg: PipelineConfig, fakes: dict[str, FakeStage]
+) -> None:
+    def phased(lr: float) -> PipelineConfig:
+        data = cfg.model_dump(mode="json", by_alias=True)
+        data["grpo"]["phases"] = [{"name": "wide", "steps": 2},
+                                  {"name": "tight", "steps": 1, "grpo": {"algorithm": {"lr": lr}}}]  # fmt: skip
+        return PipelineConfig.model_validate(data)
+
+    state = _run(phased(1e-5))
+    assert state.is_completed(), state
+    summary = state.result()
+    order = ["curate", "traces", "sft", "grpo-wide", "grpo-tight", "evaluate"]
+    assert list(summary["stages"]) == order
+    assert fakes["grpo"].stages == ["grpo-wide", "grpo-tight"]
+    # The Prefect run graph: one task run per phase, named by its stage, the second fed by the first.
+    with _client() as client:
+        task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(state.state_details.flow_run_id))
+        names = {t.name for t in task_runs}
+        assert {"grpo-wide", "grpo-tight"} <= names and "grpo" not in names, names
+        tight = next(t for t in task_runs if t.name == "grpo-tight")
+        wide = next(t for t in task_runs if t.name == "grpo-wide")
+        upstream = {str(i.id) for inputs in tight.task_inputs.values() for i in inputs if hasattr(i, "id")}
+        assert str(wide.id) in upstream
+    # MLflow: one nested run per phase; each phase got the manifests it depends on (phase 2: phase 1's)
+    (parent,) = _parent_runs(cfg)
+    children = {c.data.tags["swerl.stage"] for c in _children(cfg, parent.info.run_id)}
+    assert children == set(order)
+    from swerl.pipeline import store_for
+
+    store = store_for(cfg)
+
+    def inputs(stage: str, outcome: dict[str, Any]) -> list[str]:
+        manifest = load_manifest(store, stage, outcome["manifest"].rsplit("/", 2)[-2])
+        assert manifest is not None
+        artifact = (
+            "grpo.json" if stage.startswith("grpo") else f"{stage}.json"
+        )  # FakeStage's, named by its fake
+        return list(store.read_json(store.rel_of(manifest.artifact(artifact).uri))["inputs"])
+
+    got = {stage: inputs(stage, outcome) for stage, outcome in summary["stages"].items()}
+    assert got["grpo-wide"] == ["curate", "sft"] and got["grpo-tight"] == ["curate", "grpo-wide", "sft"]
+    assert got["evaluate"] == ["curate", "grpo-tight", "grpo-wide", "sft"]
+
+    # Phase 2's learning rate changes: phase 2 and the evaluation rerun, nothing before them.
+    before = {name: fake.calls for name, fake in fakes.items()}
+    summary2 = _run(phased(5e-6)).result()
+    ran = [stage for stage, outcome in summary2["stages"].items() if not outcome["skipped"]]
+    assert ran == ["grpo-tight", "evaluate"]
+    assert fakes["grpo"].stages[-1:] == ["grpo-tight"] and fakes["grpo"].calls == before["grpo"] + 1
+    assert {name: fake.calls - before[name] for name, fake in fakes.items()} == {
+        "curate": 0, "traces": 0, "sft": 0, "grpo": 1, "evaluate": 1}  # fmt: skip
+    # --force on a phase reruns it and what follows
+    summary3 = _run(phased(5e-6), force=["grpo-tight"]).result()
+    assert [s for s, o in summary3["stages"].items() if not o["skipped"]] == ["grpo-tight", "evaluate"]
+
+
 def _flow_run_logs(flow_run_id: UUID) -> list[str]:
     """What the Prefect UI shows for a flow run (its logs as the server stored them)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -308,7 +367,9 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     assert fields == set(PipelineConfig.model_fields)
     curate_fields = set(definitions["CurateConfig"]["properties"])
     assert {"repos", "modifiers", "validation_workers", "sandbox"} <= curate_fields
-    assert set(json.dumps(schema["properties"]["force"]).split('"')) >= set(STAGES)
+    # force: stage names (a GRPO phase's grpo-NAME depends on the config), each named in its description
+    force = schema["properties"]["force"]
+    assert "array" in json.dumps(force) and all(stage in force["description"] for stage in STAGES), force
 
 
 def test_swerl_curate_runs_only_curate_and_follows_the_repository_contents(
