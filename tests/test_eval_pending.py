@@ -53,6 +53,14 @@ def test_pending_checkpoints_follow_evaluations_and_reruns(tmp_path: Path, track
     run("evaluate", b"scores", [curate, grpo])
     assert pending_evaluations(store) == ([], [])
 
+    # Each GRPO phase's checkpoint (stage grpo-NAME) awaits its own evaluation, in pipeline order.
+    wide = run("grpo-wide", b"phase 1", [curate, sft])
+    tight = run("grpo-tight", b"phase 2", [curate, sft, wide])
+    assert [(p.checkpoint.uri, p.label) for p in pending_evaluations(store)[0]] == [
+        (wide.uri, f"grpo-wide/{wide.key}"), (tight.uri, f"grpo-tight/{tight.key}")]  # fmt: skip
+    run("evaluate", b"scores", [curate, sft, wide, tight])
+    assert pending_evaluations(store) == ([], [])
+
     # A forced rerun republishes sft under the same key with other weights: it is pending again.
     sft2 = run("sft", b"model-2", [curate, traces], force=True)
     assert sft2.uri == sft.uri and sft2.fingerprint != sft.fingerprint

@@ -220,6 +220,42 @@ def test_bad_input_is_refused_with_nothing_written(env: Env, curate: Manifest, s
             update={"checkpoints": ["grpo"]})}), [curate, sft])  # fmt: skip
 
 
+def tiny_phase(cfg: TinyModelConfig, ctx: StageContext) -> StageResult:
+    """A literal GRPO phase: publishes a tiny random model (seeded by its stage name) as its `model`."""
+    from swerl.model.loading import load_tokenizer
+    from swerl.stages.common import get_dir
+
+    tokenizer = load_tokenizer(get_dir(ctx.store, ctx.inputs["sft"], "model", ctx.workdir / "sft"))
+    model = build_tiny_model(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
+                             cfg.ffn_size, cfg.max_positions, seed=len(ctx.stage))  # fmt: skip
+    put_dir(ctx, "model", save_model_and_tokenizer(model, tokenizer, ctx.workdir / "model"))
+    return StageResult()
+
+
+def test_every_grpo_phase_is_evaluated_beside_base_and_sft_and_each_can_be_named(
+    env: Env, curate: Manifest, sft: Manifest
+) -> None:
+    wide = env.run("grpo-wide", tiny_phase, TINY, [curate, sft]).manifest
+    tight = env.run("grpo-tight", tiny_phase, TINY, [curate, sft, wide]).manifest
+    one = EVALUATE.model_copy(update={"attempts": 1})
+    cfg = EvaluateStage(evaluate=one, agent=AGENT, engine=ENGINE)
+    manifest = env.run("evaluate-phases", run_evaluate, cfg, [curate, sft, wide, tight]).manifest
+    results = env.json(manifest, "eval_results.json")
+    # `grpo` stands for every phase, in phase order; consecutive models are compared (sft -> wide -> tight)
+    assert set(results["models"]) == {"base", "sft", "grpo-wide", "grpo-tight"}
+    assert [(c["a"], c["b"]) for c in results["comparisons"]] == [
+        ("base", "sft"), ("sft", "grpo-wide"), ("grpo-wide", "grpo-tight")]  # fmt: skip
+    runs = {r.data.tags["swerl.eval.checkpoint"]: r for r in env.eval_runs(manifest.mlflow_run_id)}
+    assert set(runs) == {"base", "sft", "grpo-wide", "grpo-tight"}
+    assert runs["grpo-tight"].data.tags["swerl.checkpoint.manifest"] == tight.uri
+    assert runs["grpo-wide"].data.tags["swerl.checkpoint.stage"] == "grpo-wide"
+    assert "grpo-tight/pass_at_1" in manifest.metrics
+    # a phase named on its own
+    named = cfg.model_copy(update={"evaluate": one.model_copy(update={"checkpoints": ["sft", "grpo-wide"]})})
+    again = env.run("evaluate-phases", run_evaluate, named, [curate, sft, wide, tight]).manifest
+    assert set(env.json(again, "eval_results.json")["models"]) == {"sft", "grpo-wide"}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # scheduled evaluation on a real Prefect server
 

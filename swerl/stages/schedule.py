@@ -89,8 +89,15 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
                 )
                 continue
             pending.append(PendingCheckpoint(manifest, curate))
-    # oldest first; within one timestamp (a fast pipeline), in pipeline order (sft before grpo)
-    pending.sort(key=lambda p: (p.checkpoint.finished_at, _pipeline_rank(p.checkpoint.stage),
+    # oldest first; within one timestamp (a fast pipeline), in pipeline order (sft before grpo, a GRPO phase after
+    # the phase it started from)
+    by_uri = {p.checkpoint.uri: p.checkpoint for p in pending}
+
+    def depth(m: Manifest) -> int:
+        earlier = [by_uri[ref.uri] for ref in m.inputs if ref.uri in by_uri and ref.stage.startswith("grpo")]
+        return 1 + max(map(depth, earlier)) if earlier else 0
+
+    pending.sort(key=lambda p: (p.checkpoint.finished_at, _pipeline_rank(p.checkpoint.stage), depth(p.checkpoint),
                                 p.checkpoint.uri))  # fmt: skip
     return pending, problems
 
