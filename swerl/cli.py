@@ -73,16 +73,31 @@ def _warm_tracking(cfg: PipelineConfig) -> None:
         log.debug("tracking warm-up failed: %s", exc)
 
 
+def by_phase(problems: dict[str, list[str]]) -> list[str]:
+    """Problems found per GRPO phase (stage -> lines), each line once: as it is when every phase has it, else
+    followed by the phases that have it."""
+    stages = list(problems)
+    seen: dict[str, list[str]] = {}
+    for stage, lines in problems.items():
+        for line in lines:
+            seen.setdefault(line, []).append(stage)
+    return [
+        line if where == stages else f"{line} (GRPO phase {', '.join(where)})" for line, where in seen.items()
+    ]
+
+
 def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
     """`swerl doctor` before a run: the refusal (failed checks named, with their numbers) that stops it, or None
     (it passed, or --ignore-doctor was given: then it is only a warning)."""
     from swerl.doctor import diagnose
 
-    report = diagnose(cfg)
-    if report.ok:
+    variants = cfg.phase_variants()  # every GRPO phase as it runs (its caps, concurrency)
+    found = by_phase(
+        {stage: [f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok] for stage, v in variants}
+    )
+    if not found:
         return None
-    failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.ok]
-    message = "swerl doctor refuses this config on this machine:\n  " + "\n  ".join(failed)
+    message = "swerl doctor refuses this config on this machine:\n  " + "\n  ".join(found)
     if ignore:
         log.warning("%s\n(--ignore-doctor: running anyway; the run may hit a cap)", message)
         return None
@@ -94,11 +109,12 @@ def plan_refusal(cfg: PipelineConfig) -> str | None:
     A plan cannot be ignored (--ignore-doctor does not skip it): what does not fit in memory fails later anyway."""
     from swerl.plan import make_plan
 
-    plan = make_plan(cfg)
-    if plan.ok:
+    plans = {stage: make_plan(v) for stage, v in cfg.phase_variants()}  # every GRPO phase as it runs
+    refusals = by_phase({stage: [] if plan.ok else [plan.refusal()] for stage, plan in plans.items()})
+    if not refusals:
         return None
     return (
-        plan.refusal()
+        "\n".join(refusals)
         + "\nsee `swerl plan` for the whole placement; fix the config's cluster, engine or distributed"
     )
 
@@ -267,9 +283,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from swerl.plan import make_plan
 
-    plan = make_plan(_load(args), source=args.config)
-    print(plan.text())
-    return 0 if plan.ok else 1
+    cfg = _load(args)
+    ok = True
+    for stage, variant in cfg.phase_variants():
+        if cfg.grpo.phases is not None:
+            print(f"== GRPO phase {stage} (its grpo, agent and engine settings) ==")
+        plan = make_plan(variant, source=args.config)
+        print(plan.text())
+        ok = ok and plan.ok
+    return 0 if ok else 1
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -1161,6 +1161,14 @@ class PipelineConfig(StrictModel):
             out.append(self._resolve_phase(i, phase, where))
         return out
 
+    def phase_variants(self) -> list[tuple[str, PipelineConfig]]:
+        """The whole config as each GRPO phase runs it (its grpo, agent and engine in place of the base's), for
+        the checks made before a run (`swerl plan`, `swerl doctor`); one (stage grpo, this config) without phases."""
+        if self.grpo.phases is None:
+            return [("grpo", self)]
+        return [(p.stage, self.model_copy(update={"grpo": p.grpo, "agent": p.agent, "engine": p.engine}))
+                for p in self.grpo_phases()]  # fmt: skip
+
     def _resolve_phase(self, index: int, phase: GRPOPhaseConfig, where: str) -> ResolvedPhase:
         changes = {"grpo": phase.grpo, "agent": phase.agent, "engine": phase.engine}
         for section, body in changes.items():

@@ -37,7 +37,8 @@ def stages_to_force(force: list[str], cfg: PipelineConfig | None = None) -> set[
     names = {s: s for s in order} | {"grpo": next(s for s in order if s.startswith("grpo"))}
     unknown = [s for s in force if s not in names]
     if unknown:
-        raise ConfigError(f"--force: unknown stage(s) {unknown}; stages are {order}")
+        alias = "" if "grpo" in order else " (and grpo: from the first GRPO phase)"
+        raise ConfigError(f"--force: unknown stage(s) {unknown}; stages are {order}{alias}")
     if not force:
         return set()
     first = min(order.index(names[s]) for s in force)

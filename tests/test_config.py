@@ -48,6 +48,13 @@ def test_recipe_config_reads_published_datasets() -> None:
     assert [(d.schema_name, d.path) for d in cfg.curate.datasets] == [("swesmith", "SWE-bench/SWE-smith")]
     assert cfg.curate.decontamination_sets[0].schema_name == "swebench"
     assert cfg.storage.max_pool_connections == 64
+    # GRPO as the recipe ran it: two phases, the tighter trajectory cap second, 145 steps in all
+    explore, capped = cfg.grpo_phases()
+    assert (explore.stage, capped.stage) == ("grpo-explore", "grpo-capped")
+    assert explore.steps + capped.steps == 145
+    assert capped.agent.max_turns < explore.agent.max_turns
+    assert capped.agent.max_trajectory_tokens < explore.agent.max_trajectory_tokens <= cfg.engine.max_context_tokens
+    assert capped.grpo.algorithm == explore.grpo.algorithm == cfg.grpo.algorithm
 
 
 def test_defaults_without_a_file() -> None:
@@ -221,7 +228,7 @@ def test_cli_bad_file_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Capt
 def test_cli_rejects_unknown_force_stage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(REPO / "configs" / "local.yaml"), "--force", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "nope" in err and "['curate', 'traces', 'sft', 'grpo', 'evaluate']" in err
+    assert "nope" in err and "['curate', 'traces', 'sft', 'grpo-explore', 'grpo-capped', 'evaluate']" in err
 
 
 PHASES = [
@@ -271,7 +278,7 @@ def test_grpo_phases_resolve_against_the_base_settings() -> None:
     )
     assert cfg.agent.max_trajectory_tokens != 512 and cfg.grpo.algorithm.lr != 2.0e-5
     # no phases: one, the stage `grpo`, with the base settings
-    base = load_config(REPO / "configs" / "local.yaml")
+    base = load_config(REPO / "configs" / "local.yaml", ["grpo.phases=null"])
     [only] = base.grpo_phases()
     assert (only.stage, only.steps, only.grpo, only.agent) == (
         "grpo",

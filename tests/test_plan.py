@@ -236,3 +236,22 @@ def test_run_refuses_an_impossible_plan_before_any_stage(tmp_path: Path, capsys,
     assert "gpus: engine.kind sglang needs GPUs, but cluster.gpus_per_node is 0" in err
     assert started == []  # neither Prefect nor any stage started
     assert not store.exists() or not list(store.rglob("manifest*")), list(store.rglob("*"))
+
+
+def test_run_checks_every_grpo_phase_as_it_runs(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A phase that changes the engine is planned with its engine: the refusal names that phase only."""
+    import swerl.cli as cli
+
+    started: list[bool] = []
+    monkeypatch.setattr(cli, "_prefect_env", lambda: started.append(True))
+    phases = "grpo.phases=[{name: a, steps: 1}, {name: b, steps: 1, engine: {kind: sglang}}]"
+    over = ["--set", f"storage.root=file://{tmp_path}/store", "--set", phases, "--ignore-doctor"]
+    assert main(["run", LOCAL, *over]) == 1
+    err = capsys.readouterr().err
+    assert "gpus: engine.kind sglang needs GPUs, but cluster.gpus_per_node is 0" in err
+    assert "(GRPO phase grpo-b)" in err and "grpo-a" not in err, err
+    assert started == []
+    # `swerl plan` shows each phase's placement
+    assert main(["plan", LOCAL, "--set", phases]) == 1
+    out = capsys.readouterr().out
+    assert "== GRPO phase grpo-a" in out and "== GRPO phase grpo-b" in out

@@ -99,6 +99,11 @@ class GRPOStage(StrictModel):
     agent: AgentConfig
     engine: EngineConfig
     phase: GRPOPhaseRef | None = None
+    eval_agent: AgentConfig | None = None
+    """The agent settings evaluation beside training runs with (grpo.eval): the base ones, when a phase changes
+    the rollouts' (so every point of the learning curve is measured alike); None: `agent`."""
+    eval_engine: EngineConfig | None = None
+    """The engine settings of that evaluation (as eval_agent); None: `engine`."""
 
 
 def phase_stage(cfg: PipelineConfig, index: int) -> GRPOStage:
@@ -109,7 +114,9 @@ def phase_stage(cfg: PipelineConfig, index: int) -> GRPOStage:
     if cfg.grpo.phases is not None:
         ref = GRPOPhaseRef(name=p.name, index=p.index, previous=phases[index - 1].stage if index else None,
                            reset_optimizer=p.reset_optimizer, tasks=p.tasks)  # fmt: skip
-    return GRPOStage(grpo=p.grpo, agent=p.agent, engine=p.engine, phase=ref)
+    return GRPOStage(grpo=p.grpo, agent=p.agent, engine=p.engine, phase=ref,
+                     eval_agent=cfg.agent if p.agent != cfg.agent else None,
+                     eval_engine=cfg.engine if p.engine != cfg.engine else None)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -388,7 +395,8 @@ def _run_grpo(
     run = _GRPORun(
         cfg, ctx, trainer, durable, order, sandbox_pool(cfg.agent.sandbox, git_baseline=True),
         load_failure_counts(resume or phase.handoff), asynchronous,
-        checkpoint_evaluator(ctx, g, cfg.agent, cfg.engine) if asynchronous is not None else None,
+        checkpoint_evaluator(ctx, g, cfg.eval_agent or cfg.agent, cfg.eval_engine or cfg.engine)
+        if asynchronous is not None else None,
         started=started, elapsed_before_s=before_s, phase=phase,
         progress=SyncProgress(skipped_batches=int(skipped)),
     )  # fmt: skip
