@@ -53,7 +53,11 @@ def test_recipe_config_reads_published_datasets() -> None:
     assert (explore.stage, capped.stage) == ("grpo-explore", "grpo-capped")
     assert explore.steps + capped.steps == 145
     assert capped.agent.max_turns < explore.agent.max_turns
-    assert capped.agent.max_trajectory_tokens < explore.agent.max_trajectory_tokens <= cfg.engine.max_context_tokens
+    assert (
+        capped.agent.max_trajectory_tokens
+        < explore.agent.max_trajectory_tokens
+        <= cfg.engine.max_context_tokens
+    )
     assert capped.grpo.algorithm == explore.grpo.algorithm == cfg.grpo.algorithm
 
 
