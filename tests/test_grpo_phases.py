@@ -243,5 +243,26 @@ def test_a_phase_with_reset_optimizer_starts_with_fresh_adamw_state(tmp_path: Pa
                     )
 
 
+@pytest.mark.slow
+def test_sync_phases_continue_the_step_and_the_data_position(tmp_path: Path) -> None:
+    """Synchronous GRPO in phases: phase 2 continues phase 1's step and task position (B tasks a step)."""
+    os.environ.setdefault("SWERL_CACHE_DIR", str(tmp_path / "swerl-cache"))
+    for manifest in make_inputs(tmp_path):
+        (tmp_path / f"{manifest.stage}.json").write_text(manifest.model_dump_json())
+    data = pipeline_config().model_dump(mode="json", by_alias=True)
+    data["grpo"] |= {"mode": "sync", "rollout": {"attempts_per_task": N, "concurrency": 4}}
+    data["grpo"]["phases"] = [{"name": "wide", "steps": 1}, {"name": "tight", "steps": 1,
+                               "grpo": {"algorithm": {"lr": LR2}}}]  # fmt: skip
+    cfg = PipelineConfig.model_validate(data)
+    h1 = report_of(tmp_path, run_phase(tmp_path, 0, cfg), "phase_handoff.json")
+    p2 = run_phase(tmp_path, 1, cfg)
+    r2, h2 = report_of(tmp_path, p2), report_of(tmp_path, p2, "phase_handoff.json")
+    assert (h1["step"], h1["data_position"], h1["journals"]) == (1, B, [])
+    assert (
+        r2["steps"] == 2 and r2["phase"]["first_step"] == 1 and [int(h["step"]) for h in r2["history"]] == [2]
+    )
+    assert h2["data_position"] == 2 * B and r2["mode"] == "sync"
+
+
 if __name__ == "__main__":
     child(Path(sys.argv[1]), sys.argv[2])
