@@ -245,6 +245,30 @@ def test_dynamic_sampling_refills_instead_of_training_groups_without_gradient(dy
         assert ledger.entries == [(0, 1, "trained"), (1, 1, "trained")]
 
 
+def restore_and_start(
+    journal: RolloutJournal, ledger: Ledger, position: int = 0, **manager_args: Any
+) -> tuple[dict[str, int], list[int], int, list[str]]:
+    """A manager restored from `journal` and `ledger`, then started for a moment (its episodes never finish): the
+    restore's counts, the groups back in the buffer, the data position, the attempts started ("gSEQ/ATTEMPT")."""
+    started: list[str] = []
+
+    async def recording(engine: Engine, task: Any, *, attempt: int, group_id: str) -> Trajectory:
+        started.append(f"{group_id}/{attempt}")
+        return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
+
+    async def run() -> tuple[dict[str, int], list[int], int]:
+        manager = RolloutManager(None, recording, lambda seq: seq, max_buffered_groups=100, journal=journal,  # type: ignore[arg-type]
+                                 **manager_args)  # fmt: skip
+        counts = manager.restore(journal.load(ledger.consumed), ledger, position=position)
+        buffered, next_seq = [group.seq for group in manager.buffer], manager.next_seq
+        manager.start()
+        await asyncio.sleep(0.05)
+        await manager.close()
+        return counts, buffered, next_seq
+
+    return (*asyncio.run(run()), started)
+
+
 def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(tmp_path: Path) -> None:
     store = Store(f"file://{tmp_path}/store")
     journal = RolloutJournal(store, "stages/grpo/KEY/rollouts")
@@ -253,23 +277,7 @@ def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(
         for attempt in attempts:
             journal.record(group[attempt])
     ledger = Ledger([(4, 1, "trained")])  # the restored checkpoint had trained group 4
-    started: list[str] = []
-
-    async def recording(engine: Engine, task: Any, *, attempt: int, group_id: str) -> Trajectory:
-        started.append(f"{group_id}/{attempt}")
-        return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
-
-    async def run() -> tuple[dict[str, int], list[int], int]:
-        manager = RolloutManager(None, recording, lambda seq: seq, n_attempts=2, max_in_flight=4,  # type: ignore[arg-type]
-                                 max_buffered_groups=100, journal=journal)  # fmt: skip
-        counts = manager.restore(journal.load(ledger.consumed), ledger)
-        buffered, position = [group.seq for group in manager.buffer], manager.next_seq
-        manager.start()
-        await asyncio.sleep(0.05)
-        await manager.close()
-        return counts, buffered, position
-
-    counts, buffered, next_seq = asyncio.run(run())
+    counts, buffered, next_seq, started = restore_and_start(journal, ledger, n_attempts=2, max_in_flight=4)
     assert counts == {
         "reloaded_groups": 2,
         "partial_groups": 1,
@@ -794,23 +802,8 @@ def test_a_later_phase_reads_the_earlier_journal_with_its_own_and_carries_what_w
             phase1.record(group[attempt])
     ledger = Ledger([(0, 2, "trained")])  # phase 1's final checkpoint consumed group 0
     phase2 = RolloutJournal(store, "stages/grpo-b/K2/rollouts", [phase1.prefix])
-    started: list[str] = []
-
-    async def recording(engine: Engine, task: Any, *, attempt: int, group_id: str) -> Trajectory:
-        started.append(f"{group_id}/{attempt}")
-        return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
-
-    async def run() -> tuple[dict[str, int], list[int], int]:
-        manager = RolloutManager(None, recording, lambda seq: seq, n_attempts=3, max_in_flight=8,  # type: ignore[arg-type]
-                                 max_buffered_groups=100, journal=phase2, eligible=lambda i: i % 6 not in (3, 5))  # fmt: skip
-        counts = manager.restore(phase2.load(ledger.consumed), ledger, position=4)
-        buffered, position = [group.seq for group in manager.buffer], manager.next_seq
-        manager.start()
-        await asyncio.sleep(0.05)
-        await manager.close()
-        return counts, buffered, position
-
-    counts, buffered, position = asyncio.run(run())
+    counts, buffered, position, started = restore_and_start(phase2, ledger, position=4, n_attempts=3, max_in_flight=8,
+                                                            eligible=lambda i: i % 6 not in (3, 5))  # fmt: skip
     # groups 1 and 2 are completed to phase 2's n = 3 (their finished attempts kept), nothing is reloaded whole
     assert buffered == [] and position == 4
     assert counts == {"reloaded_groups": 0, "partial_groups": 2, "rerun_groups": 0, "skipped_groups": 0,
