@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from swerl.config import STAGES, ConfigError, PipelineConfig, dump_config
-from swerl.stages.runner import Manifest, StageFn, StageOutcome, run_stage
+from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
+from swerl.stages.runner import Manifest, ProgressFn, StageFn, StageOutcome, run_stage
 from swerl.storage import Store, open_store
-from swerl.tracking import StageRun, Tracker, get_tracker
+from swerl.tracking import CONFIG_HASH_TAG, KIND_TAG, StageRun, Tracker, get_tracker, git_tags, run_url
 
 log = logging.getLogger("swerl.pipeline")
 
@@ -58,6 +58,27 @@ def store_for(cfg: PipelineConfig) -> Store:
     )
 
 
+STAGE_DATASETS: dict[str, list[tuple[str, str, str]]] = {
+    "sft": [("traces", "traces.jsonl", "training")],
+    "grpo": [("curate", "train.parquet", "training")],
+    "evaluate": [("curate", "eval.parquet", "evaluation")],
+}
+"""What each stage trains or evaluates on: (input stage, artifact, MLflow context), logged as dataset inputs."""
+
+
+def stage_datasets(stage: str, inputs: list[Manifest]) -> list[tuple[str, str, str, str]]:
+    """(name, uri, sha256, context) of the datasets `stage` reads from its input manifests (STAGE_DATASETS)."""
+    by_stage = {m.stage: m for m in inputs}
+    wanted = STAGE_DATASETS.get("grpo" if stage.startswith("grpo") else stage, [])
+    out = []
+    for source, artifact, context in wanted:
+        manifest = by_stage.get(source)
+        if manifest is not None and artifact in manifest.artifacts:
+            record = manifest.artifacts[artifact]
+            out.append((f"{source}/{artifact}", record.uri, record.sha256, context))
+    return out
+
+
 @dataclass
 class PipelineSession:
     """State shared by the stages of one pipeline run."""
@@ -77,6 +98,7 @@ class PipelineSession:
         stage_cfg: BaseModel,
         inputs: list[Manifest] | None = None,
         content: str = "",
+        progress: ProgressFn | None = None,
     ) -> StageOutcome:
         outcome = run_stage(
             stage,
@@ -90,6 +112,8 @@ class PipelineSession:
             seed=self.cfg.run.seed,
             log=logging.getLogger(f"swerl.{stage}"),
             content=content,
+            progress=progress,
+            datasets=stage_datasets(stage, inputs or []),
         )
         self.outcomes[stage] = outcome
         self.parent.set_tags(
@@ -99,6 +123,11 @@ class PipelineSession:
             }
         )
         return outcome
+
+    @property
+    def mlflow_url(self) -> str | None:
+        """The parent run's page in the MLflow UI (a tracking server only)."""
+        return run_url(self.tracker.uri, self.tracker.experiment_id, self.parent.run_id)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -116,17 +145,30 @@ class PipelineSession:
 def open_session(
     cfg: PipelineConfig, *, force: list[str] | None = None, flow_run_id: str | None = None
 ) -> Iterator[PipelineSession]:
-    """Open the store and the MLflow parent run; save the resolved config with the run."""
+    """Open the store and the MLflow parent run; save the resolved config with the run.
+
+    One parent run per pipeline config: a rerun of the same config (same `swerl.config_hash`, e.g. a resume after a
+    failure or Ctrl-C) continues the newest ended parent run of that config instead of starting another, so its
+    stages' runs (and their curves, continued by the stage runner) stay under one parent. Each continuation adds
+    its Prefect flow-run id (the tag names the latest) and bumps `swerl.resumes`; a parent still RUNNING (a live concurrent run) is never
+    shared: then a new parent starts.
+    """
     forced = stages_to_force(force or [], cfg)
     store = store_for(cfg)
     tracker = get_tracker(cfg.tracking.uri, cfg.tracking.experiment)
     # The random suffix keeps two runs started in the same second (a scheduler, --limit 2) apart.
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.run.name}-{uuid.uuid4().hex[:6]}"
-    tags = {"swerl.run_id": run_id, "swerl.store": store.root_uri}
+    identity = {KIND_TAG: "pipeline", CONFIG_HASH_TAG: config_hash(cfg)}
+    resume = tracker.find_run(identity)
+    tags: dict[str, str] = {**identity, "swerl.run_id": run_id, "swerl.store": store.root_uri, **git_tags()}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     t0 = time.monotonic()
-    with tracker.run(f"{cfg.run.name}-pipeline", tags=tags) as parent:
+    with tracker.run(f"{cfg.run.name}-pipeline", tags=tags, resume=resume, system_metrics=True) as parent:
+        if resume is not None:
+            log.info(
+                "continuing MLflow parent run %s of this config (hash %s)", resume, identity[CONFIG_HASH_TAG]
+            )
         resolved = dump_config(cfg)
         store.write_bytes(f"pipelines/{run_id}/config.yaml", resolved.encode())
         parent.log_text(resolved, "config.yaml")

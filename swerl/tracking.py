@@ -27,6 +27,19 @@ SECRET_KEY_PATTERN = re.compile(
 )
 MLFLOW_PARAM_VALUE_MAX = 6000
 
+# MLflow 3 opens an experiment without this tag in its GenAI view (runs listed as "Evaluations"); this value is the
+# one its UI calls "Machine learning": runs, charts and the compare view of a training experiment.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+KIND_TAG = "swerl.kind"  # pipeline | stage | eval
+CONFIG_HASH_TAG = "swerl.config_hash"
+RESUMES_TAG = "swerl.resumes"  # how many times a later process continued this run
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+GIT_DIRTY_TAG = "swerl.git.dirty"
+GIT_TIMEOUT_S = 10.0
+SYSTEM_METRICS_INTERVAL_S = 10.0
+"""MLflow system metrics (CPU, memory, disk, network, GPU): sampled this often on every run that asks for them."""
+
 OWNER_PID_TAG = "swerl.owner.pid"
 OWNER_HOST_TAG = "swerl.owner.host"
 OWNER_START_TAG = "swerl.owner.start"
@@ -107,9 +120,17 @@ class StageRun:
         self.run_id = run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params; on a continued run, those already logged are kept (MLflow params never change) and a
+        changed value is recorded as a `swerl.param_changed.KEY` tag instead."""
         from mlflow.entities import Param
 
-        items = [Param(k, v) for k, v in safe_params(params).items()]
+        existing = self.client.get_run(self.run_id).data.params
+        fresh = {k: v for k, v in safe_params(params).items() if k not in existing}
+        changed = {f"swerl.param_changed.{k}": v for k, v in safe_params(params).items()
+                   if k in existing and existing[k] != v}  # fmt: skip
+        if changed:
+            self.set_tags(changed)
+        items = [Param(k, v) for k, v in fresh.items()]
         for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
@@ -120,6 +141,16 @@ class StageRun:
         items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
+    def log_image(self, png: bytes, artifact_file: str) -> None:
+        """A PNG as a run artifact (under plots/ by convention), shown inline by MLflow's artifact view."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(artifact_file).name
+            path.write_bytes(png)
+            parent = str(Path(artifact_file).parent)
+            self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -156,6 +187,9 @@ class Tracker:
                 if found is not None
                 else self.client.create_experiment(experiment, artifact_location=self._artifact_root)
             )
+            kind = (found.tags if found is not None else {}).get(EXPERIMENT_KIND_TAG, "")
+            if kind in ("", "no_inferred_type") or kind.endswith("_inferred"):
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         except Exception as exc:  # noqa: BLE001 - an unreachable tracking server is infrastructure
             raise InfraError("storage", f"MLflow at {self.uri} unavailable: {exc}") from exc
 
@@ -197,7 +231,32 @@ class Tracker:
             killed.append(run_id)
         return killed
 
-    def _start(self, name: str, tags: Mapping[str, Any], parent: StageRun | None) -> StageRun:
+    def find_run(
+        self, tags: Mapping[str, str], parent: StageRun | None = None, statuses: tuple[str, ...] = ()
+    ) -> str | None:
+        """The newest run of this experiment with these tags (and this parent), not RUNNING, in `statuses` when
+        given; None when there is none. A run still RUNNING belongs to a live process and is never continued."""
+        clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()]
+        if parent is not None:
+            clauses.append(f"tags.`mlflow.parentRunId` = '{parent.run_id}'")
+        try:
+            found = self.client.search_runs(
+                [self.experiment_id], filter_string=" and ".join(clauses), order_by=["attributes.start_time DESC"],
+                max_results=FIND_RUN_MAX_RESULTS,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - then a new run starts, as before
+            _log.warning("could not search MLflow at %s for a run to continue: %s", self.uri, exc)
+            return None
+        for run in found:
+            status = run.info.status
+            if status == "RUNNING" or (statuses and status not in statuses):
+                continue
+            return str(run.info.run_id)
+        return None
+
+    def _start(
+        self, name: str, tags: Mapping[str, Any], parent: StageRun | None, resume: str | None = None
+    ) -> StageRun:
         self.mark_dead_runs()
         owner = process_owner()
         all_tags = {
@@ -209,15 +268,35 @@ class Tracker:
         }
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id
+        if resume is not None:
+            previous = self.client.get_run(resume)
+            resumes = int(previous.data.tags.get(RESUMES_TAG, "0") or 0) + 1
+            self.client.update_run(resume, status="RUNNING")
+            handle = StageRun(self.client, resume)
+            handle.set_tags({**all_tags, RESUMES_TAG: resumes})
+            _log.info("continuing MLflow run %s (%s), resume %d", resume, name, resumes)
+            return handle
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name)
         return StageRun(self.client, run.info.run_id)
 
     @contextmanager
     def run(
-        self, name: str, tags: Mapping[str, Any] | None = None, parent: StageRun | None = None
+        self,
+        name: str,
+        tags: Mapping[str, Any] | None = None,
+        parent: StageRun | None = None,
+        *,
+        resume: str | None = None,
+        system_metrics: bool = False,
     ) -> Iterator[StageRun]:
-        """A run that ends FINISHED, or FAILED if the body raises (and KILLED on KeyboardInterrupt)."""
-        handle = self._start(name, tags or {}, parent)
+        """A run that ends FINISHED, or FAILED if the body raises (and KILLED on KeyboardInterrupt).
+
+        resume: the id of an ended run to continue (find_run) instead of creating one; its metrics go on at the
+        steps the body logs. system_metrics: sample CPU, memory, disk, network (and GPU) into the run while the
+        body runs (MLflow's `system/*` metrics).
+        """
+        handle = self._start(name, tags or {}, parent, resume)
+        monitor = _system_monitor(handle.run_id, self.uri) if system_metrics else None
         status = "FAILED"
         try:
             yield handle
@@ -226,7 +305,53 @@ class Tracker:
             status = "KILLED"
             raise
         finally:
+            if monitor is not None:
+                try:
+                    monitor.finish()
+                except Exception as exc:  # noqa: BLE001 - metrics of the machine must never fail a run
+                    _log.warning("MLflow system metrics of run %s: %s", handle.run_id, exc)
             self.client.set_terminated(handle.run_id, status=status)
+
+
+FIND_RUN_MAX_RESULTS = 20
+
+
+def _system_monitor(run_id: str, uri: str) -> Any:
+    """MLflow's system metrics monitor on `run_id`, started; None (and a warning) where it cannot run."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(
+            run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, resume_logging=True, tracking_uri=uri
+        )
+        monitor.start()
+        return monitor
+    except Exception as exc:  # noqa: BLE001 - e.g. psutil missing
+        _log.warning("MLflow system metrics unavailable for run %s: %s", run_id, exc)
+        return None
+
+
+def git_tags(path: Path | None = None) -> dict[str, str]:
+    """The commit of the swerl checkout running (MLflow's source tag) and whether it has local changes; {} when it
+    is not a git checkout (an installed wheel)."""
+    import subprocess
+
+    where = str(path or Path(__file__).resolve().parent)
+    try:
+        commit = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=GIT_TIMEOUT_S, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {GIT_COMMIT_TAG: commit, GIT_DIRTY_TAG: "true" if dirty else "false"} if commit else {}
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI's page of a run when the tracking URI is a server (http/https); None for a local store."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 _TRACKERS: dict[tuple[str, str], Tracker] = {}
@@ -244,3 +369,35 @@ def get_tracker(uri: str, experiment: str) -> Tracker:
         if key not in _TRACKERS:
             _TRACKERS[key] = Tracker(uri, experiment)
         return _TRACKERS[key]
+
+
+DATASET_CONTEXT_TAG = "mlflow.data.context"  # MLflow's input tag: training | evaluation
+
+
+def dataset_input(name: str, uri: str, digest: str, context: str) -> Any:
+    """An MLflow dataset input for a stored artifact (by URI and content hash; nothing is read or copied)."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "can be interpreted in multiple ways": all local sources agree
+            source = resolve_dataset_source(uri)
+    except Exception:  # noqa: BLE001 - an unknown scheme: record the URI as it is
+        source = HTTPDatasetSource(uri)
+    dataset = MetaDataset(source, name=name, digest=digest[:36])
+    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, context)])
+
+
+def log_dataset_inputs(run: StageRun, datasets: list[tuple[str, str, str, str]]) -> None:
+    """Log (name, uri, sha256, context) records as the run's dataset inputs; a failure is only logged."""
+    if not datasets:
+        return
+    try:
+        run.client.log_inputs(run.run_id, datasets=[dataset_input(*d) for d in datasets])
+    except Exception as exc:  # noqa: BLE001 - lineage must never fail a stage
+        _log.warning("could not log dataset inputs of MLflow run %s: %s", run.run_id, exc)

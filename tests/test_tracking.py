@@ -10,7 +10,20 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from swerl.errors import InfraError
-from swerl.tracking import MLFLOW_PARAM_VALUE_MAX, Tracker, flatten, safe_params
+from swerl.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    GIT_COMMIT_TAG,
+    GIT_DIRTY_TAG,
+    MLFLOW_PARAM_VALUE_MAX,
+    RESUMES_TAG,
+    Tracker,
+    flatten,
+    git_tags,
+    log_dataset_inputs,
+    run_url,
+    safe_params,
+)
 
 
 def _experiment() -> str:
@@ -163,3 +176,83 @@ def test_unreachable_server_is_an_infra_error(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(InfraError) as err:
         Tracker(f"http://127.0.0.1:{free_port()}", "swerl")
     assert err.value.cause == "storage"
+
+
+def test_experiment_is_a_training_experiment_for_mlflow_3(tmp_path: Path) -> None:
+    """MLflow 3 opens an experiment without mlflow.experimentKind in its GenAI view; swerl's is 'Machine learning',
+    also when the experiment existed before (created by an older swerl)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    old = client.create_experiment("older")
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    for name in ("fresh", "older"):
+        tracker = Tracker(uri, name)
+        assert client.get_experiment(tracker.experiment_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert EXPERIMENT_KIND == "custom_model_development"
+
+
+def test_an_ended_run_is_continued_with_its_curve(tmp_path: Path) -> None:
+    """A resumed attempt finds its failed run and continues it: one run, one curve, params kept, a changed value
+    recorded as a tag (MLflow never changes a param), the resume counted; a RUNNING run is never continued."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "resume")
+    identity = {"swerl.kind": "stage", "swerl.key": "k1"}
+    with pytest.raises(RuntimeError), tracker.run("sft", tags=identity) as first:
+        first.log_params({"lr": 0.1, "steps": 4})
+        first.log_metrics({"loss": 3.0}, step=1)
+        assert tracker.find_run(identity) is None  # RUNNING: a live process owns it
+        raise RuntimeError("killed at step 1")
+    assert tracker.find_run({"swerl.kind": "stage", "swerl.key": "other"}) is None
+    assert tracker.find_run(identity, statuses=("FINISHED",)) is None
+    found = tracker.find_run(identity, statuses=("FAILED", "KILLED"))
+    assert found == first.run_id
+    with tracker.run("sft", tags=identity, resume=found) as second:
+        second.log_params({"lr": 0.1, "steps": 8, "new": 1})
+        second.log_metrics({"loss": 2.0}, step=2)
+    client = tracker.client
+    run = client.get_run(first.run_id)
+    assert second.run_id == first.run_id and run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.1", "steps": "4", "new": "1"}
+    assert run.data.tags["swerl.param_changed.steps"] == "8"
+    assert run.data.tags[RESUMES_TAG] == "1"
+    history = sorted(client.get_metric_history(first.run_id, "loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0)]
+    assert all(m.timestamp > 1_600_000_000_000 for m in history)  # real times, not 1970
+
+
+def test_system_metrics_are_sampled_into_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import swerl.tracking as tracking
+
+    monkeypatch.setattr(tracking, "SYSTEM_METRICS_INTERVAL_S", 0.5)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "system")
+    with tracker.run("pipe", system_metrics=True) as run:
+        time.sleep(2.5)
+    metrics = tracker.client.get_run(run.run_id).data.metrics
+    assert any(k.startswith("system/cpu_utilization") for k in metrics), metrics
+    assert any(k.startswith("system/system_memory_usage") for k in metrics), metrics
+
+
+def test_git_tags_name_the_checkout(tmp_path: Path) -> None:
+    tags = git_tags()
+    assert len(tags[GIT_COMMIT_TAG]) == 40 and tags[GIT_DIRTY_TAG] in ("true", "false")
+    assert git_tags(tmp_path) == {}  # not a checkout: no tag rather than a wrong one
+
+
+def test_dataset_inputs_are_logged_with_their_context(tmp_path: Path) -> None:
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "datasets")
+    with tracker.run("grpo") as run:
+        log_dataset_inputs(run, [("curate/train.parquet", f"file://{tmp_path}/train.parquet", "ab" * 32, "training"),
+                                 ("eval", "s3://bucket/eval.parquet", "cd" * 32, "evaluation")])  # fmt: skip
+    inputs = tracker.client.get_run(run.run_id).inputs.dataset_inputs
+    got = {
+        i.dataset.name: ({t.key: t.value for t in i.tags}["mlflow.data.context"], i.dataset.digest)
+        for i in inputs
+    }
+    assert got == {"curate/train.parquet": ("training", "ab" * 18), "eval": ("evaluation", "cd" * 18)}
+    assert "s3://bucket/eval.parquet" in [i.dataset.source for i in inputs if i.dataset.name == "eval"][0]
+
+
+def test_run_url_only_for_a_server() -> None:
+    assert run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert run_url("sqlite:///runs/mlflow.db", "3", "abc") is None

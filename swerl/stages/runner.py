@@ -34,7 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swerl.config import config_hash
 from swerl.storage import Artifact, CorruptStoreFile, Store
-from swerl.tracking import StageRun, Tracker, owner_is_dead, process_owner
+from swerl.tracking import (
+    CONFIG_HASH_TAG,
+    KIND_TAG,
+    StageRun,
+    Tracker,
+    git_tags,
+    log_dataset_inputs,
+    owner_is_dead,
+    process_owner,
+)
 
 MANIFEST_VERSION = 1
 
@@ -107,6 +116,14 @@ class StageResult:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     markdown: dict[str, str] = field(default_factory=dict)
     summary: str = ""
+    images: dict[str, bytes] = field(default_factory=dict)
+    """Plots as PNG bytes by title (e.g. "reward"): logged to the stage's MLflow run under plots/TITLE.png and
+    published by the Prefect task as an image artifact."""
+
+
+ProgressFn = Callable[[float, str], None]
+"""progress(fraction done in [0, 1], a short note): how a long stage reports where it is (a Prefect progress
+artifact when run by a flow); never raises into the stage."""
 
 
 @dataclass
@@ -122,6 +139,16 @@ class StageContext:
     log: logging.Logger
     seed: int = 0
     artifacts: dict[str, Artifact] = field(default_factory=dict)
+    progress_fn: ProgressFn | None = None
+
+    def progress(self, done: float, total: float, note: str = "") -> None:
+        """Report `done` of `total` (steps, models, tasks) to whoever watches the stage; errors only logged."""
+        if self.progress_fn is None or total <= 0:
+            return
+        try:
+            self.progress_fn(min(1.0, max(0.0, done / total)), note)
+        except Exception as exc:  # noqa: BLE001 - a progress display must never fail a stage
+            self.log.warning("stage %s: could not report progress: %s", self.stage, exc)
 
     def write_artifact(self, name: str, data: bytes) -> Artifact:
         art = self.store.write_bytes(f"{self.prefix}/{name}", data, name=name)
@@ -269,6 +296,11 @@ def _now() -> str:
 
 
 StageFn = Callable[[Any, StageContext], StageResult]
+PLOTS_DIR = "plots"
+"""Where a stage's plots go in its MLflow run's artifacts."""
+RESUMABLE_STATUSES = ("FAILED", "KILLED")
+"""A stage attempt's MLflow run that ended so is continued by the next attempt of the same key under the same
+parent (one run, one curve across resumes); a FINISHED one (a forced rerun) is not."""
 
 
 def _publish(
@@ -301,6 +333,8 @@ def _publish(
     run.log_dict(manifest.model_dump(mode="json"), "manifest.json")
     for title, text in result.markdown.items():
         run.log_text(text, f"{title}.md")
+    for title, png in result.images.items():
+        run.log_image(png, f"{PLOTS_DIR}/{title}.png")
     # Written last: the stage counts as done only once this object exists.
     store.write_bytes(manifest_path(stage, key), manifest_bytes(store, manifest))
     return manifest
@@ -319,8 +353,14 @@ def run_stage(
     seed: int = 0,
     log: logging.Logger | None = None,
     content: str = "",
+    progress: ProgressFn | None = None,
+    datasets: list[tuple[str, str, str, str]] | None = None,
 ) -> StageOutcome:
-    """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow."""
+    """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow.
+
+        A resumed attempt (same key, no manifest) continues the MLflow run of the attempt that failed or was killed
+        under the same parent, so its per-step metrics continue the same curves. datasets: (name, uri, sha256, context)
+    of what the stage trains or evaluates on, logged as the run's MLflow dataset inputs."""
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
     key = stage_key(stage, cfg, inputs, seed, content)
@@ -337,8 +377,12 @@ def run_stage(
     remove_dead_workdirs(stage, log)
     workdir = _make_workdir(stage, key, attempt)
     try:
-        with tracker.run(stage, tags={"swerl.stage": stage, "swerl.key": key}, parent=parent) as run:
+        identity = {KIND_TAG: "stage", "swerl.stage": stage, "swerl.key": key}
+        resume = None if force else tracker.find_run(identity, parent, RESUMABLE_STATUSES)
+        tags = {**identity, CONFIG_HASH_TAG: config_hash(cfg), **git_tags()}
+        with tracker.run(stage, tags=tags, parent=parent, resume=resume) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
+            log_dataset_inputs(run, datasets or [])
             ctx = StageContext(
                 stage=stage,
                 store=store,
@@ -348,6 +392,7 @@ def run_stage(
                 run=run,
                 log=log,
                 seed=seed,
+                progress_fn=progress,
             )
             result = fn(cfg, ctx)
             manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0)
