@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -64,7 +64,20 @@ class StrictModel(BaseModel):
     refused: a budget or a rate of infinity is written as the field's None, where it has one), and a boolean is
     not a number (`workers: true` is an error, not 1)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        frozen=False,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,  # each field's docstring is its description (the Prefect form shows it)
+        json_schema_extra=lambda schema, cls: _form_schema(schema, cls),
+    )
+
+    form_first: ClassVar[tuple[str, ...]] = ()
+    """Fields the deployment form shows first, in this order (the rest follow in definition order)."""
+    form_hidden: ClassVar[tuple[str, ...]] = ()
+    """Fields left out of the deployment form and of a deployment's parameters (settings of the services and of
+    `swerl serve`, which a run never reads)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -74,6 +87,19 @@ class StrictModel(BaseModel):
             if field is not None and _numeric_annotation(field.annotation):
                 raise ValueError(f"must be a number, not the boolean {v}")
         return v
+
+
+def _form_schema(schema: dict[str, Any], cls: Any) -> None:
+    """The JSON schema Prefect renders as the deployment form: `form_first` fields first, `form_hidden` ones out."""
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return
+    first = [k for k in getattr(cls, "form_first", ()) if k in props]
+    hidden = set(getattr(cls, "form_hidden", ()))
+    ordered = {k: props[k] for k in first} | {k: v for k, v in props.items() if k not in first}
+    schema["properties"] = {k: v for k, v in ordered.items() if k not in hidden}
+    if "required" in schema:
+        schema["required"] = [k for k in schema["required"] if k not in hidden]
 
 
 class RunConfig(StrictModel):
@@ -622,6 +648,8 @@ class TracesConfig(StrictModel):
 class SFTConfig(StrictModel):
     """Supervised fine-tuning on the traces (torch backend): packing, assistant-only loss, AdamW + cosine."""
 
+    form_first = ("max_steps", "time_budget_s", "model_path", "tiny")
+
     model_path: str | None = None
     """A Hugging Face causal-LM checkpoint directory (model + tokenizer) to start from; None: build `tiny`."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
@@ -915,6 +943,8 @@ class GRPOConfig(StrictModel):
     """GRPO on the SFT checkpoint: B groups of n attempts per step, token-level clipped loss, TIS/MIS; sync or
     fully asynchronous (swerl.rollout)."""
 
+    form_first = ("schedule", "phases")
+
     mode: Literal["sync", "async"] = "sync"
     """sync: sample B x n, then train (the baseline); async: rollouts never stop, the trainer takes finished groups."""
     threads: int = Field(2, ge=1, le=1024)
@@ -993,6 +1023,8 @@ and grpo-NAME (one phase of grpo.phases)."""
 
 class EvaluateConfig(StrictModel):
     """Held-out evaluation: a stratified subset, k attempts per task, pass@k with bootstrap CIs, paired tests."""
+
+    form_first = ("max_tasks", "checkpoints")
 
     checkpoints: list[Annotated[str, Field(pattern=r"^(base|sft|grpo|grpo-[a-z0-9][a-z0-9_]*)$")]] = Field(
         default_factory=lambda: list(CHECKPOINT_NAMES), min_length=1
@@ -1114,6 +1146,11 @@ class ClusterConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
+    # The form a user fills to run it: budgets and model (sft, grpo), data (curate), evaluation first; the services'
+    # and `swerl serve`'s settings are not a run's (they stay in the YAML, for `swerl up` and `swerl serve`).
+    form_first = ("run", "sft", "grpo", "curate", "evaluate")
+    form_hidden = ("serve", "services")
+
     run: RunConfig = Field(default_factory=RunConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
