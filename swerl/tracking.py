@@ -389,7 +389,7 @@ def dataset_input(name: str, uri: str, digest: str, context: str) -> Any:
             source = resolve_dataset_source(uri)
     except Exception:  # noqa: BLE001 - an unknown scheme: record the URI as it is
         source = HTTPDatasetSource(uri)
-    dataset = MetaDataset(source, name=name, digest=digest[:36])
+    dataset = MetaDataset(source, name=name, digest=digest[:36])  # type: ignore[abstract]
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, context)])
 
 

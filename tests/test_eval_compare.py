@@ -82,3 +82,27 @@ def test_swerl_compare_refuses_a_run_that_is_not_an_eval_run(
     assert "swerl compare:" in capsys.readouterr().err
     client = MlflowClient(tracking_uri=tracker.uri)
     assert client.get_run(ids["base"]).data.tags["swerl.eval.subset"] == "file:///subset.json"
+
+
+def test_eval_runs_carry_params_real_timestamps_and_their_dataset(tracker: Tracker) -> None:
+    """Eval runs are shown with their settings (secret-looking ones dropped) and at the time they were logged,
+    never at the epoch (MLflow's 1970), with the evaluated subset as their evaluation dataset input."""
+    import time
+
+    from swerl.tracking import dataset_input
+
+    before = int(time.time() * 1000)
+    with tracker.run("evaluate", tags={"swerl.stage": "evaluate"}) as stage:
+        per_task: dict[str, dict[str, list[float | None]]] = {"base": {"t1": [1.0]}}
+        dataset = dataset_input("eval_subset", "file:///store/subset.json", "ab" * 32, "evaluation")
+        ids = log_eval_runs(tracker.client, stage.run_id, {"base": summary_of(per_task["base"])}, per_task, {},
+                            {}, None, "# r\n", params={"attempts": 2, "e2b": {"api_key": "sk-x"}},
+                            dataset=dataset)  # fmt: skip
+    run = tracker.client.get_run(ids["base"])
+    assert run.data.params == {"attempts": "2", "checkpoint": "base"}
+    assert run.data.tags["swerl.kind"] == "eval"
+    history = tracker.client.get_metric_history(ids["base"], "pass_at_1")
+    assert history and all(m.timestamp >= before for m in history)
+    (inp,) = run.inputs.dataset_inputs
+    assert inp.dataset.name == "eval_subset"
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "evaluation"

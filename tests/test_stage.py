@@ -319,3 +319,46 @@ def test_session_rejects_unknown_force_before_opening_anything(tmp_path: Path) -
     with pytest.raises(ConfigError), open_session(cfg, force=["bogus"]):
         pass
     assert not (tmp_path / "store").exists()
+
+
+def test_a_rerun_of_the_same_config_continues_one_parent_and_the_failed_stage_run(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """One MLflow parent run per pipeline config: the resumed pipeline continues the failed parent, and the
+    resumed stage continues its failed run, so its curve is one line under one parent; tags name the config hash
+    and the git commit; progress reaches the hook; a changed config starts its own parent."""
+    cfg = _pipeline_cfg(tmp_path, mlflow_server)
+    with pytest.raises(RuntimeError), open_session(cfg, flow_run_id="flow-1") as first:
+        first.run_stage("curate", ToyStage(fail=True), ToyConfig())
+    seen: list[tuple[float, str]] = []
+
+    def stage(cfg: ToyConfig, ctx: StageContext) -> StageResult:
+        ctx.log_metrics({"progress": 1.0}, step=5)
+        ctx.progress(1, 2, "half")
+        return StageResult(images={"curve": b"\x89PNG fake bytes"})  # logged as bytes; no image decoding here
+
+    with open_session(cfg, flow_run_id="flow-2") as second:
+        out = second.run_stage("curate", stage, ToyConfig(), progress=lambda f, note: seen.append((f, note)))
+    client = MlflowClient(tracking_uri=mlflow_server)
+    assert second.parent.run_id == first.parent.run_id
+    parent = client.get_run(second.parent.run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["swerl.resumes"] == "1"
+    assert parent.data.tags["prefect.flow_run_id"] == "flow-2"
+    assert parent.data.tags["swerl.config_hash"] == config_hash(cfg)
+    assert len(parent.data.tags["mlflow.source.git.commit"]) == 40
+    runs = client.search_runs(
+        [second.tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    assert [r.info.run_id for r in runs] == [out.manifest.mlflow_run_id]
+    (run,) = runs
+    assert run.info.status == "FINISHED" and run.data.tags["swerl.resumes"] == "1"
+    assert run.data.tags["swerl.config_hash"] == config_hash(ToyConfig())
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "progress"))
+    assert steps == [0, 1, 2, 5]  # the failed attempt's points and the resumed one's, one curve
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/curve.png"]
+    assert seen == [(0.5, "half")]
+
+    other = cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": 6})})
+    with open_session(other) as third:
+        assert third.parent.run_id != first.parent.run_id

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from swerl.eval.metrics import PairedComparison, describe_comparison, paired_com
 
 PER_TASK_ARTIFACT = "per_task.json"
 EVAL_RUN_TAG = "swerl.eval.checkpoint"
+MLFLOW_PARAMS_PER_BATCH = 100  # MLflow's limit of params in one log_batch
 
 
 def _fmt(x: float) -> str:
@@ -199,26 +201,38 @@ def plot_learning_curve(
 def log_eval_runs(
     client: Any, parent_run_id: str, results: Mapping[str, Mapping[str, Any]],
     per_task: Mapping[str, Mapping[str, list[float | None]]], links: Mapping[str, Mapping[str, str]],
-    shared_tags: Mapping[str, str], plot: Path | None, report: str,
+    shared_tags: Mapping[str, str], plot: Path | None, report: str, params: Mapping[str, Any] | None = None,
+    dataset: Any = None,
 ) -> dict[str, str]:  # fmt: skip
     """One finished MLflow run per checkpoint under the evaluate stage's run; returns name -> run id.
 
-    Called only once every checkpoint is evaluated, so a failed evaluation leaves no eval run behind.
+    Called only once every checkpoint is evaluated, so a failed evaluation leaves no eval run behind. Each run
+    carries `params` (the evaluation's settings, secret-safe, plus the checkpoint), its metrics at the time they
+    were logged (not the epoch), and `dataset` (an mlflow DatasetInput: the evaluated subset) as its input.
     """
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import Metric, Param, RunTag
+
+    from swerl.tracking import KIND_TAG, safe_params
 
     experiment_id = client.get_run(parent_run_id).info.experiment_id
     run_ids = {}
     for name, summary in results.items():
         tags = {"mlflow.runName": f"eval-{name}", "mlflow.parentRunId": parent_run_id, EVAL_RUN_TAG: name,
-                **shared_tags, **links.get(name, {})}  # fmt: skip
+                KIND_TAG: "eval", **shared_tags, **links.get(name, {})}  # fmt: skip
         run = client.create_run(experiment_id, tags=tags, run_name=f"eval-{name}")
         run_id = run.info.run_id
         try:
-            metrics = [Metric(k, v, 0, 0) for k, v in eval_metrics(summary).items()]
+            now = int(time.time() * 1000)
+            metrics = [Metric(k, v, now, 0) for k, v in eval_metrics(summary).items()]
+            flat = safe_params({**(params or {}), "checkpoint": name})
+            items = [Param(k, v) for k, v in flat.items()]
+            for i in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
+                client.log_batch(run_id, params=items[i : i + MLFLOW_PARAMS_PER_BATCH])
             client.log_batch(
                 run_id, metrics=metrics, tags=[RunTag("swerl.eval.denominator", str(summary["tasks"]))]
             )
+            if dataset is not None:
+                client.log_inputs(run_id, datasets=[dataset])
             with tempfile.TemporaryDirectory() as tmp:
                 body = {"checkpoint": name, "per_task": per_task[name], "summary": summary}
                 (Path(tmp) / PER_TASK_ARTIFACT).write_text(json.dumps(body, indent=1, sort_keys=True))

@@ -51,23 +51,16 @@ def longtail_stats(groups: Sequence[FinishedGroup]) -> dict[str, float]:
 
 
 def write_histograms(durations: Sequence[float], turns: Sequence[int], out_dir: Path) -> list[Path]:
-    """trajectory_histograms.png (durations and turns) and the raw values as JSON; returns the files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """trajectory_histograms.png (the long tail of durations, p50/p90/max marked, and turns) and the raw values as
+    JSON; returns the files."""
+    from swerl.plots import duration_histogram
 
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "trajectory_durations_turns.json"
     raw.write_text(json.dumps({"duration_s": list(durations), "turns": list(turns)}))
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    left.hist(durations, bins=30)
-    left.set_xlabel("trajectory duration (s)")
-    left.set_ylabel("trajectories")
-    right.hist(turns, bins=range(0, max(turns, default=0) + 2))
-    right.set_xlabel("turns")
-    figure.tight_layout()
+    png = duration_histogram(durations, turns)
+    if png is None:
+        return [raw]
     image = out_dir / "trajectory_histograms.png"
-    figure.savefig(image, dpi=80)
-    plt.close(figure)
+    image.write_bytes(png)
     return [image, raw]

@@ -18,6 +18,7 @@ under the stage's run (swerl.eval.report).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import time
@@ -51,6 +52,7 @@ from swerl.stages.common import (
 )
 from swerl.stages.runner import Manifest, StageContext, StageResult
 from swerl.storage import Store
+from swerl.tracking import dataset_input
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 
@@ -333,7 +335,8 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     results: dict[str, Any] = {}
     metrics: dict[str, float] = {"tasks": float(len(tasks)), "attempts": float(cfg.evaluate.attempts)}
     episodes: dict[str, bytes] = {}
-    for name in names:
+    for done, name in enumerate(names):
+        ctx.progress(done, len(names), f"evaluating {name} ({done + 1} of {len(names)})")
         model_started = time.monotonic()
         counts: dict[str, int] = {}
         trajectories, grades = run_async(evaluate_model(paths[name], tasks, cfg, ctx.seed, counts))
@@ -353,8 +356,10 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     table = [{"model": name, **{k: round(float(r[k]), 4) for k in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}}
              for name, r in results.items()]  # fmt: skip
     summary_line = ", ".join(f"{n} {r['pass@1']:.3f} (n={r['tasks']})" for n, r in results.items())
+    ctx.progress(len(names), len(names), "every model evaluated")
+    images = {"pass_at_1_by_stratum": (ctx.workdir / "pass_at_1_by_stratum.png").read_bytes()}
     return StageResult(metrics=metrics, tables={"pass-at-1": table}, markdown={"evaluation": markdown},
-                       summary=f"pass@1: {summary_line}")  # fmt: skip
+                       summary=f"pass@1: {summary_line}", images=images)  # fmt: skip
 
 
 class TooManyMissingError(RuntimeError):
@@ -416,6 +421,9 @@ def publish(
     shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
               "swerl.eval.split": "dataset" if ev.dataset is not None else ev.split,
               "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
-    run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown)
+    subset_digest = hashlib.sha256(subset.to_json()).hexdigest()
+    dataset = dataset_input("eval_subset", subset_uri, subset_digest, "evaluation")
+    run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown,
+                            params=ev.model_dump(mode="json", by_alias=True), dataset=dataset)  # fmt: skip
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})
     return markdown, comparisons

@@ -41,6 +41,7 @@ from swerl.engine.base import Engine, SamplingParams, logprob_temperature
 from swerl.engine.factory import open_engine
 from swerl.eval.report import plot_learning_curve
 from swerl.model.loading import context_length, load_model_and_tokenizer, load_tokenizer
+from swerl.plots import duration_histogram, grpo_curves, step_time_breakdown, step_time_shares
 from swerl.rollout.environments import EnvironmentPlanner, ProviderEnvironments
 from swerl.rollout.step import DistributedWeights
 from swerl.rollout.sync_loop import SyncProgress, SyncSettings, train_sync
@@ -340,6 +341,7 @@ class _GRPORun:
         stats |= episode_stats(groups) | self.provider.step_metrics()
         self.history.append(stats)
         self.ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=step)
+        self.ctx.progress(step, g.schedule.steps, f"GRPO step {step} of {g.schedule.steps}")
         with_signal = stats["groups"] - stats["groups_without_signal"] - stats["groups_dropped"]
         self.ctx.log.info("grpo step %d/%d: reward %.3f, %d/%d groups with signal, %.0f s", step, g.schedule.steps,
                           stats["reward_mean"], with_signal, stats["groups"], stats["time_total_s"])  # fmt: skip
@@ -565,9 +567,27 @@ def _result(run: _GRPORun, resume: Path | None, started: float) -> StageResult:
         lines.append(f"- **ended by the time budget** at step {trainer.step} of {g.schedule.steps}")
     if run.evaluator is not None:
         lines.append(f"- evaluations beside training: {run.evaluator.summary_line()}")
-    return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"},
+    shares = step_time_shares(history)
+    if shares:
+        lines.append("- step time: " + ", ".join(f"{label} {share:.0%}" for label, share in shares.items()))
+    return StageResult(metrics=metrics, markdown={"grpo": "\n".join(lines) + "\n"}, images=grpo_images(run),
                        summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
                        f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
+
+
+def grpo_images(run: _GRPORun) -> dict[str, bytes]:
+    """The stage's plots: reward and staleness by step, the step-time breakdown, the long tail of trajectory
+    durations (asynchronous mode, which records them), the learning curve when evaluated beside training."""
+    plots = {
+        "reward_and_staleness": grpo_curves(run.history),
+        "step_time_breakdown": step_time_breakdown(run.history),
+    }
+    if run.asynchronous is not None:
+        plots["trajectory_durations"] = duration_histogram(run.asynchronous.durations, run.asynchronous.turns)
+    curve = run.ctx.workdir / "learning_curve.png"
+    if curve.is_file():
+        plots["learning_curve"] = curve.read_bytes()
+    return {name: png for name, png in plots.items() if png is not None}
 
 
 CURVE_KEYS = ("step", "reward_mean", "signal/groups_per_100_episodes")

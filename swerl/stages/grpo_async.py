@@ -132,6 +132,7 @@ class AsyncGRPO:
                 stats |= step_metrics(batch.groups)
             history.append(stats)
             ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
+            ctx.progress(trainer.step, g.schedule.steps, f"GRPO step {trainer.step} of {g.schedule.steps}")
             ctx.log.info(
                 "grpo async step %d/%d: reward %.3f, %d groups trained, %d discarded, wait %.0f%%, %.0f s "
                 "(%.0f s since start)", trainer.step, g.schedule.steps, stats["reward_mean"], len(batch.groups),

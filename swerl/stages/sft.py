@@ -320,14 +320,23 @@ class _Budget:
                 "ended_at_step": self.ended_at, "max_steps": self.sft.max_steps}  # fmt: skip
 
 
+SFT_DENSE_LOG_STEPS = 100
+"""SFT logs its train/* metrics at every one of its first steps (a short run's whole curve)."""
+SFT_METRIC_POINTS = 100
+"""...and about this many points over a longer run."""
+
+
 def _step_logger(
     ctx: StageContext, durable: DurableCheckpoints, budget: _Budget, max_steps: int, curve: list[StepMetrics]
 ) -> Callable[[StepMetrics], None]:
-    """train_sft's on_step hook: keep the curve, log ~100 metric points and ~10 lines, sync checkpoints."""
+    """train_sft's on_step hook: keep the curve, log metric points (every step of the first SFT_DENSE_LOG_STEPS,
+    then ~SFT_METRIC_POINTS over the run, so a run short or ended early by its budget still has a curve) and ~10
+    lines, sync checkpoints."""
+    every = max(1, max_steps // SFT_METRIC_POINTS)
 
     def on_step(metrics: StepMetrics) -> None:
         curve.append(metrics)
-        if metrics.step % max(1, max_steps // 100) == 0 or metrics.step == max_steps:
+        if metrics.step <= SFT_DENSE_LOG_STEPS or metrics.step % every == 0 or metrics.step == max_steps:
             ctx.log_metrics(
                 {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
                  "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
@@ -337,6 +346,9 @@ def _step_logger(
         if metrics.step % max(1, max_steps // 10) == 0:
             ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
                          metrics.tokens_per_second)  # fmt: skip
+        ctx.progress(
+            metrics.step, max_steps, f"SFT step {metrics.step} of {max_steps}, loss {metrics.loss:.3f}"
+        )
         budget.stamp()
         durable.sync()  # checkpoints written after the previous step reach the store now
 
