@@ -6,6 +6,7 @@ the logic so that it is testable without Prefect.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -174,6 +175,9 @@ def open_session(
         parent.log_text(resolved, "config.yaml")
         parent.log_params(cfg.model_dump(mode="json", by_alias=True))
         parent.log_params({"forced_stages": sorted(forced)})
+        parent.set_tags(
+            {"swerl.forced_stages": json.dumps(sorted(forced))}
+        )  # this invocation's (a param keeps the first)
         log_machine_limits(cfg, parent)
         session = PipelineSession(cfg, store, tracker, parent, run_id, forced)
         yield session

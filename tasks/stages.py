@@ -5,23 +5,146 @@ Checkpointing is swerl's manifest, not Prefect's result persistence, so caching 
 
 from __future__ import annotations
 
+import base64
+import contextvars
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
 
 from swerl.pipeline import PipelineSession
-from swerl.stages.runner import Manifest, StageOutcome
+from swerl.stages.runner import PLOTS_DIR, Manifest, StageOutcome
+from swerl.tracking import run_url
+
+PROGRESS_MIN_INTERVAL_S = 5.0
+"""A stage's progress artifact is updated at most this often (and at 100%)."""
+INLINE_IMAGE_MAX_BYTES = 2_000_000
+"""A plot larger than this is not inlined in a Prefect artifact (it stays in MLflow and the store)."""
+PREFECT_URL_TAG = "prefect.flow_run_url"
 
 
-def _artifact_key(*parts: str) -> str:
-    # Prefect artifact keys: lowercase letters, digits and dashes only.
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+def _artifact_key(stage: str, name: str = "") -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes): the stage, then the artifact's name unless
+    it only repeats the stage (`sft`, not `sft-sft`; `grpo-explore`, not `grpo-explore-grpo`)."""
+    stage_key, name_key = (re.sub(r"[^a-z0-9-]+", "-", p.lower()).strip("-") for p in (stage, name))
+    if not name_key or name_key == stage_key or stage_key.startswith(name_key + "-"):
+        return stage_key
+    return f"{stage_key}-{name_key}"
+
+
+def image_markdown(title: str, png: bytes) -> str:
+    """A PNG as a markdown image with a data: URI. The Prefect 3 UI's markdown renderer (prefect-design's
+    p-markdown-renderer) turns an image token into a plain <img src=...> with no URL filtering, and the server
+    sets no Content-Security-Policy, so the image shows with no server to fetch it from (MLflow on sqlite, a
+    file:// store, an offline UI)."""
+    if len(png) > INLINE_IMAGE_MAX_BYTES:
+        return f"*{title}: {len(png):,} bytes, too large to inline; see the MLflow run's `{PLOTS_DIR}/`.*"
+    return f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+def _mlflow_links(session: PipelineSession, stage_run_id: str | None) -> str:
+    """Markdown naming the MLflow parent run (and the stage's run): links when MLflow is a server."""
+    exp, parent = session.tracker.experiment_id, session.parent.run_id
+    lines = []
+    for label, run_id in (("pipeline run", parent), ("stage run", stage_run_id)):
+        if not run_id:
+            continue
+        url = run_url(session.tracker.uri, exp, run_id)
+        lines.append(f"- MLflow {label}: [{run_id}]({url})" if url else f"- MLflow {label}: `{run_id}` in "
+                     f"`{session.tracker.uri}` (experiment {exp}; `mlflow ui --backend-store-uri` to browse)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def link_runs(session: PipelineSession, stage: str, stage_run_id: str | None) -> None:
+    """Both ways: the Prefect flow run's URL as an MLflow tag on the parent (and stage) run, and the MLflow runs
+    as a markdown artifact of the flow run (key `STAGE-mlflow`)."""
+    # prefect.runtime's flow_run.ui_url names /flow-runs/flow-run/ID, a page the Prefect 3.9 UI does not have; the
+    # UI's own route (what the "View at" log line prints) is url_for's /runs/flow-run/ID.
+    url = url_for("flow-run", obj_id=flow_run.get_id()) if flow_run.get_id() else None
+    tags = {PREFECT_URL_TAG: url} if url else {}
+    if flow_run.get_id():
+        tags["prefect.flow_run_id"] = str(flow_run.get_id())
+    try:
+        if tags:
+            session.parent.set_tags(tags)
+            if stage_run_id:
+                session.tracker.client.set_tag(stage_run_id, PREFECT_URL_TAG, url or "")
+    except Exception as exc:  # noqa: BLE001 - a link must never fail a stage
+        get_run_logger().warning("could not tag the MLflow runs with the Prefect flow run: %s", exc)
+    create_markdown_artifact(
+        key=_artifact_key(stage, "mlflow"),
+        markdown=f"**{stage}** in MLflow\n\n{_mlflow_links(session, stage_run_id)}\n",
+        description=f"{stage}: MLflow runs",
+    )
+
+
+class StageProgress:
+    """A Prefect progress artifact for one stage, fed by the stage's ctx.progress(...) from any thread.
+
+    Updates go through one worker thread (the stage may report from inside an event loop, where Prefect's
+    sync API would hand back an un-awaited coroutine), at most every PROGRESS_MIN_INTERVAL_S."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        created = create_progress_artifact(
+            progress=0.0, key=_artifact_key(stage, "progress"), description=f"{stage}: starting", _sync=True
+        )  # type: ignore[call-arg]
+        assert isinstance(created, UUID)
+        self.artifact_id: UUID = created
+        self._context = contextvars.copy_context()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"progress-{stage}")
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, fraction: float, note: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if fraction < 1.0 and now - self._last < PROGRESS_MIN_INTERVAL_S:
+                return
+            self._last = now
+        self._pool.submit(self._context.copy().run, self._update, fraction, note)
+
+    def _update(self, fraction: float, note: str) -> None:
+        try:
+            update_progress_artifact(
+                artifact_id=self.artifact_id, progress=round(100 * fraction, 1),
+                description=f"{self.stage}: {note}" if note else self.stage, _sync=True,
+            )  # type: ignore[call-arg]  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a progress display must never fail a stage
+            get_run_logger().warning("%s: could not update the progress artifact: %s", self.stage, exc)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def run_and_publish(session: PipelineSession, stage: str, fn: Any, cfg: Any, **kwargs: Any) -> Manifest:
+    """Run a stage through the session with a progress artifact, then publish its report, plots and links."""
+    progress = StageProgress(stage)
+    try:
+        outcome = session.run_stage(stage, fn, cfg, progress=progress, **kwargs)
+        progress(1.0, "skipped: already done" if outcome.skipped else "done")
+    finally:
+        progress.close()
+    publish_outcome(stage, outcome)
+    link_runs(session, stage, outcome.manifest.mlflow_run_id)
+    return outcome.manifest
 
 
 def publish_outcome(stage: str, outcome: StageOutcome) -> None:
-    """Log what happened and publish the stage's tables and markdown as Prefect artifacts."""
+    """Log what happened and publish the stage's tables, markdown and plots as Prefect artifacts."""
     logger = get_run_logger()
     m = outcome.manifest
     if outcome.skipped:
@@ -42,6 +165,15 @@ def publish_outcome(stage: str, outcome: StageOutcome) -> None:
         create_markdown_artifact(
             key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}"
         )
+    if result.images:
+        body = "\n\n".join(
+            f"### {title}\n\n{image_markdown(title, png)}" for title, png in result.images.items()
+        )
+        create_markdown_artifact(
+            key=_artifact_key(stage, "plots"),
+            markdown=f"# {stage}: plots\n\n{body}\n",
+            description=f"{stage}: plots",
+        )
 
 
 @task(name="curate-tasks", cache_policy=NO_CACHE, retries=0)
@@ -50,9 +182,7 @@ def curate_tasks(session: PipelineSession) -> Manifest:
     from swerl.stages.curate import content_key, run_curate
 
     cfg = session.cfg.curate
-    outcome = session.run_stage("curate", run_curate, cfg, content=content_key(cfg))
-    publish_outcome("curate", outcome)
-    return outcome.manifest
+    return run_and_publish(session, "curate", run_curate, cfg, content=content_key(cfg))
 
 
 @task(name="oracle-traces", cache_policy=NO_CACHE, retries=0)
@@ -61,9 +191,7 @@ def trace_tasks(session: PipelineSession, curate: Manifest) -> Manifest:
     from swerl.stages.traces import TracesStage, run_traces
 
     cfg = TracesStage(traces=session.cfg.traces, agent=session.cfg.agent)
-    outcome = session.run_stage("traces", run_traces, cfg, inputs=[curate])
-    publish_outcome("traces", outcome)
-    return outcome.manifest
+    return run_and_publish(session, "traces", run_traces, cfg, inputs=[curate])
 
 
 @task(name="sft", cache_policy=NO_CACHE, retries=0)
@@ -72,9 +200,7 @@ def sft_task(session: PipelineSession, curate: Manifest, traces: Manifest) -> Ma
     from swerl.stages.sft import SFTStage, run_sft
 
     cfg = SFTStage.build(sft=session.cfg.sft, agent=session.cfg.agent, engine=session.cfg.engine)
-    outcome = session.run_stage("sft", run_sft, cfg, inputs=[curate, traces])
-    publish_outcome("sft", outcome)
-    return outcome.manifest
+    return run_and_publish(session, "sft", run_sft, cfg, inputs=[curate, traces])
 
 
 @task(name="grpo", cache_policy=NO_CACHE, retries=0)
@@ -91,9 +217,7 @@ def grpo_task(
     resolved = session.cfg.grpo_phases()[phase]
     cfg = phase_stage(session.cfg, phase)
     inputs = [curate, sft] + ([previous] if previous is not None else [])
-    outcome = session.run_stage(resolved.stage, run_grpo, cfg, inputs=inputs)
-    publish_outcome(resolved.stage, outcome)
-    return outcome.manifest
+    return run_and_publish(session, resolved.stage, run_grpo, cfg, inputs=inputs)
 
 
 def grpo_phase_tasks(session: PipelineSession, curate: Manifest, sft: Manifest) -> list[Manifest]:
@@ -114,9 +238,7 @@ def evaluate_task(
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
 
     cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
-    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, sft, *grpo])
-    publish_outcome("evaluate", outcome)
-    return outcome.manifest
+    return run_and_publish(session, "evaluate", run_evaluate, cfg, inputs=[curate, sft, *grpo])
 
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=0)
@@ -125,6 +247,4 @@ def evaluate_checkpoint_task(session: PipelineSession, curate: Manifest, checkpo
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
 
     cfg = EvaluateStage(evaluate=session.cfg.evaluate, agent=session.cfg.agent, engine=session.cfg.engine)
-    outcome = session.run_stage("evaluate", run_evaluate, cfg, inputs=[curate, checkpoint])
-    publish_outcome("evaluate", outcome)
-    return outcome.manifest
+    return run_and_publish(session, "evaluate", run_evaluate, cfg, inputs=[curate, checkpoint])

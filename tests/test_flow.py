@@ -6,6 +6,7 @@ the flow, the task, the manifest checkpoints, the MLflow runs and the Prefect se
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from swerl.config import STAGES, PipelineConfig, dump_config
+from swerl.plots import step_time_breakdown
 from swerl.stages.runner import StageContext, StageResult, load_manifest, stage_key
 
 pytestmark = pytest.mark.slow
@@ -42,12 +44,17 @@ class FakeStage:
         if self.fail:
             raise RuntimeError(f"injected {self.name} failure")
         rows = [{"repo": "toy", "tasks": 2}]
+        ctx.progress(1, 2, "half way")
         return StageResult(
             metrics={"tasks": 2.0},
             tables={"yield": rows},
             markdown={"report": f"# {self.name}"},
             summary=self.name,
+            images={"step time": _PNG},
         )
+
+
+_PNG = step_time_breakdown([{"time_total_s": 10.0, "time_update_s": 6.3, "time_wait_rollouts_s": 2.9}]) or b""
 
 
 STAGE_FUNCTIONS = {
@@ -143,12 +150,23 @@ def test_pipeline_runs_then_skips_curate(
         names = sorted(t.name.rsplit("-", 1)[0] for t in task_runs)
         assert names == sorted(["curate-tasks", "oracle-traces", "sft", "grpo", "evaluate"])
         assert all(t.state is not None and t.state.is_completed() for t in task_runs)
-        keys = {a.key for a in client.read_artifacts(flow_run_filter=_flow_run_filter(flow_run_id))}
+        artifacts = client.read_artifacts(flow_run_filter=_flow_run_filter(flow_run_id))
+        keys = {a.key for a in artifacts}
         assert {"curate-yield", "curate-report", "evaluate-yield", "evaluate-report"} <= keys
+        # Per stage: its plots inlined as data: URIs (what the Prefect UI's markdown renders as <img>), a progress
+        # artifact at 100% once done, and the link to its MLflow runs.
+        by_key = {a.key: a for a in artifacts}
+        plots = str(by_key["sft-plots"].data)
+        inline = plots.split("](data:image/png;base64,", 1)[1].split(")", 1)[0]
+        assert base64.b64decode(inline) == _PNG and _PNG.startswith(b"\x89PNG")
+        assert by_key["sft-progress"].type == "progress" and float(by_key["sft-progress"].data) == 100.0
+        assert summary["mlflow_run_id"] in str(by_key["sft-mlflow"].data)
+        assert not [k for k in keys if k.startswith(("sft-sft", "curate-curate"))]
 
     # One MLflow parent run tagged with the Prefect flow-run id, and a nested curate run.
     (parent,) = _parent_runs(cfg)
     assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")
     assert parent.info.run_id == summary["mlflow_run_id"]
     assert parent.data.tags["swerl.stage.curate"] == "ran"
     assert parent.info.status == "FINISHED"
@@ -201,12 +219,18 @@ def test_pipeline_runs_then_skips_curate(
     assert summary2["stages"]["curate"] == {**summary["stages"]["curate"], "skipped": True}
     assert all(stage["skipped"] for stage in summary2["stages"].values())
     assert "curate skipped: already done" in "\n".join(_flow_run_logs(state2.state_details.flow_run_id))
-    second_parent = _parent_runs(cfg)[-1]
+    # The same config continues the same MLflow parent run (one parent per config), now naming this flow run.
+    (second_parent,) = _parent_runs(cfg)
+    assert second_parent.info.run_id == parent.info.run_id
     assert second_parent.data.tags["prefect.flow_run_id"] == str(state2.state_details.flow_run_id)
+    assert second_parent.data.tags["swerl.resumes"] == "1"
     assert second_parent.data.tags["swerl.stage.curate"] == "skipped"
-    assert _children(cfg, second_parent.info.run_id) == []
+    assert sorted(c.data.tags["swerl.stage"] for c in _children(cfg, second_parent.info.run_id)) == sorted(
+        STAGES
+    )
     with _client() as client:
-        status = client.read_artifacts(flow_run_filter=_flow_run_filter(state2.state_details.flow_run_id))
+        artifacts = client.read_artifacts(flow_run_filter=_flow_run_filter(state2.state_details.flow_run_id))
+        status = [a for a in artifacts if a.key.endswith("-status")]
         assert sorted(a.key for a in status) == sorted(f"{s}-status" for s in STAGES)
         assert all("skipped" in str(a.data) for a in status)
 
@@ -248,8 +272,11 @@ def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate:
     assert fake_curate.calls == 2
     assert summary["stages"]["curate"]["skipped"] is False
     assert summary["stages"]["curate"]["manifest"] == first["stages"]["curate"]["manifest"]  # same key
-    parent = _parent_runs(cfg)[-1]
-    assert json.loads(parent.data.params["forced_stages"]) == sorted(STAGES)
+    (parent,) = _parent_runs(cfg)  # the same config: the same parent run, continued
+    assert json.loads(parent.data.tags["swerl.forced_stages"]) == sorted(STAGES)
+    assert (
+        json.loads(parent.data.params["forced_stages"]) == []
+    )  # the first invocation's (params never change)
 
 
 def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_phase_reruns_only_what_follows(
