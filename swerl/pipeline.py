@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
+from swerl.model_logging import registered_model_name
 from swerl.stages.runner import Manifest, ProgressFn, StageFn, StageOutcome, run_stage
 from swerl.storage import Store, open_store
 from swerl.tracking import CONFIG_HASH_TAG, KIND_TAG, StageRun, Tracker, get_tracker, git_tags, run_url
@@ -115,6 +116,11 @@ class PipelineSession:
             content=content,
             progress=progress,
             datasets=stage_datasets(stage, inputs or []),
+            # TrackingConfig has no registered_model field yet (config.py is not this change's): see
+            # swerl.model_logging.registered_model_name
+            registered_model=registered_model_name(
+                self.cfg.run.name, getattr(self.cfg.tracking, "registered_model", None)
+            ),
         )
         self.outcomes[stage] = outcome
         self.parent.set_tags(

@@ -285,6 +285,11 @@ def test_sft_publishes_loadable_base_and_model_and_the_loss_falls(
     # retention: checkpoints at steps 2, 4, 6 were uploaded; the store keeps sft.keep_checkpoints = 2 of them
     kept = sorted(rel.rsplit("/", 1)[-1] for rel in env.store.list(checkpoints))
     assert kept == ["step_00000004", "step_00000006"], kept
+    # MLflow: the trained model is the run's output model (weights inside: a tiny one)
+    run = env.tracker.client.get_run(sft.mlflow_run_id or "")
+    assert [o.model_id for o in run.outputs.model_outputs] == [run.data.tags["swerl.model.id"]]
+    assert run.data.tags["swerl.model.weights_inside"] == "true"
+    assert "swerl.model.registered" not in run.data.tags  # run_stage without a registered model: log only
 
 
 def test_sft_trains_max_steps_whatever_the_warmup_took_and_the_same_weights(

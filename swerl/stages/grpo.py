@@ -410,7 +410,9 @@ def _run_grpo(
     if asynchronous is not None:
         asynchronous.log_histograms()
     _check_trained(run)
-    put_dir(ctx, "model", trainer.save_model(ctx.workdir / "model"))
+    model_dir = trainer.save_model(ctx.workdir / "model")
+    put_dir(ctx, "model", model_dir)
+    ctx.log_model(model_dir)  # MLflow: the stage run's output model, registered
     return _result(run, resume, started)
 
 

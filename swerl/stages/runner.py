@@ -140,6 +140,18 @@ class StageContext:
     seed: int = 0
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     progress_fn: ProgressFn | None = None
+    registered_model: str | None = None
+    """The MLflow registered model a model-producing stage (sft, grpo) adds a version to; None: log, not register."""
+
+    def log_model(self, local_dir: Path, artifact: str = "model") -> dict[str, str]:
+        """Log a saved checkpoint (published as `artifact`) as this stage run's MLflow model, with its signature,
+        and register it (swerl.model_logging); a failure is only logged."""
+        from swerl.model_logging import log_and_register
+
+        experiment_id = self.run.client.get_run(self.run.run_id).info.experiment_id
+        uri = self.store.uri(f"{self.prefix}/{artifact}")
+        return log_and_register(self.run, experiment_id, local_dir, stage=self.stage, checkpoint_uri=uri,
+                                registered=self.registered_model)  # fmt: skip
 
     def progress(self, done: float, total: float, note: str = "") -> None:
         """Report `done` of `total` (steps, models, tasks) to whoever watches the stage; errors only logged."""
@@ -355,6 +367,7 @@ def run_stage(
     content: str = "",
     progress: ProgressFn | None = None,
     datasets: list[tuple[str, str, str, str]] | None = None,
+    registered_model: str | None = None,
 ) -> StageOutcome:
     """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow.
 
@@ -393,6 +406,7 @@ def run_stage(
                 log=log,
                 seed=seed,
                 progress_fn=progress,
+                registered_model=registered_model,
             )
             result = fn(cfg, ctx)
             manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0)

@@ -189,6 +189,7 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     if budget.ended_at is not None:
         ctx.run.set_tags({"swerl.sft.ended_by_budget": f"step {budget.ended_at} of {s.max_steps}"})
     put_dir(ctx, "model", out)
+    ctx.log_model(out)  # MLflow: the stage run's output model, registered
     tokens = sum(m.num_tokens for m in curve)
     report: dict[str, Any] = {
         "parameters": sum(p.numel() for p in model.parameters()),
