@@ -235,7 +235,9 @@ class Tracker:
         self, tags: Mapping[str, str], parent: StageRun | None = None, statuses: tuple[str, ...] = ()
     ) -> str | None:
         """The newest run of this experiment with these tags (and this parent), not RUNNING, in `statuses` when
-        given; None when there is none. A run still RUNNING belongs to a live process and is never continued."""
+        given; None when there is none. A run still RUNNING belongs to a live process and is never continued; one
+        whose owner died (SIGKILL) is marked KILLED first, and so continued."""
+        self.mark_dead_runs()
         clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()]
         if parent is not None:
             clauses.append(f"tags.`mlflow.parentRunId` = '{parent.run_id}'")

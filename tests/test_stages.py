@@ -491,6 +491,12 @@ def test_grpo_takes_its_steps_and_publishes_the_model(env: Env, grpo: Manifest, 
     model, _ = load_model_and_tokenizer(get_dir(env.store, grpo, "model", tmp_path / "grpo"))
     assert model.config.max_position_embeddings == CONTEXT
     assert env.store.exists(f"stages/grpo/{grpo.key}/checkpoints/step_00000002/{COMPLETE_MARKER}")
+    # the plots people look at: in the stage run's plots/, and the model as its output
+    client = env.tracker.client
+    plots = {a.path for a in client.list_artifacts(grpo.mlflow_run_id or "", "plots")}
+    assert {"plots/reward_and_staleness.png", "plots/step_time_breakdown.png"} <= plots, plots
+    run = client.get_run(grpo.mlflow_run_id or "")
+    assert [o.model_id for o in run.outputs.model_outputs] == [run.data.tags["swerl.model.id"]]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -630,6 +636,11 @@ def test_evaluate_scores_every_model_on_the_same_held_out_tasks(
     eval_runs = env.tracker.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     linked = {r.data.tags["swerl.eval.checkpoint"]: r.data.tags["swerl.checkpoint.run_id"] for r in eval_runs}
     assert linked == {"base": sft.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
+    assert all(r.data.params["checkpoint"] == r.data.tags["swerl.eval.checkpoint"] for r in eval_runs)
+    assert result.images["pass_at_1_by_stratum"].startswith(b"\x89PNG")
+    assert [a.path for a in env.tracker.client.list_artifacts(run.info.run_id, "plots")] == [
+        "plots/pass_at_1_by_stratum.png"
+    ]
 
 
 def test_evaluate_refuses_a_curation_without_held_out_tasks(scratch_env: Env) -> None:

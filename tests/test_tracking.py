@@ -256,3 +256,23 @@ def test_dataset_inputs_are_logged_with_their_context(tmp_path: Path) -> None:
 def test_run_url_only_for_a_server() -> None:
     assert run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
     assert run_url("sqlite:///runs/mlflow.db", "3", "abc") is None
+
+
+def test_a_run_left_running_by_a_killed_process_is_continued(tmp_path: Path) -> None:
+    """SIGKILL leaves the parent RUNNING; the next run of the config marks it KILLED and continues it."""
+    import socket
+    import subprocess
+    import sys
+
+    from swerl.tracking import OWNER_HOST_TAG, OWNER_PID_TAG
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "killed")
+    identity = {"swerl.kind": "pipeline", "swerl.config_hash": "h1"}
+    left = tracker.client.create_run(
+        tracker.experiment_id,
+        tags={**identity, OWNER_PID_TAG: str(gone.pid), OWNER_HOST_TAG: socket.gethostname()},
+    )
+    assert tracker.find_run(identity) == left.info.run_id
+    assert tracker.client.get_run(left.info.run_id).info.status == "KILLED"
