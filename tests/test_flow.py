@@ -262,6 +262,11 @@ def test_failed_stage_fails_the_flow_and_the_next_run_resumes(
     assert fake_curate.calls == 2
     assert state2.result()["stages"]["curate"]["skipped"] is False
     assert load_manifest(store, "curate", key) is not None
+    # The resume continued the failed parent and its failed curate run: one parent, one curate run, both finished.
+    (resumed,) = _parent_runs(cfg)
+    assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
+    curate_runs = [c for c in _children(cfg, parent.info.run_id) if c.data.tags["swerl.stage"] == "curate"]
+    assert [(c.info.status, c.data.tags.get("swerl.resumes")) for c in curate_runs] == [("FINISHED", "1")]
 
 
 def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage) -> None:
