@@ -7,32 +7,44 @@ checkpoint of its run; a checkpoint that fails (e.g. does not load) does not sto
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from flows.pipeline import run_config, run_name, swerl_logs
 from swerl.config import PipelineConfig
 from swerl.pipeline import open_session, store_for
 from swerl.stages.schedule import pending_evaluations, schedule_report
 from tasks.stages import evaluate_checkpoint_task
 
+log = logging.getLogger("swerl.flows.evaluate")
 
-@flow(name="swerl-evaluate", log_prints=True)
+
+@flow(name="swerl-evaluate", flow_run_name=run_name)
 def evaluate(config: PipelineConfig | None = None) -> dict[str, Any]:
-    """Find checkpoints not evaluated yet and evaluate each on the saved stratified subset."""
-    config = config or PipelineConfig()
-    logger = get_run_logger()
+    """Find checkpoints not evaluated yet and evaluate each on the saved stratified subset.
+
+    Args:
+        config: the pipeline's config (from a deployment, the keys given are merged onto the deployment's config).
+    """
+    run_id = flow_run.get_id()
+    with swerl_logs(run_id):
+        return _evaluate(run_config(config), run_id)
+
+
+def _evaluate(config: PipelineConfig, run_id: str | None) -> dict[str, Any]:
     store = store_for(config)
     pending, problems = pending_evaluations(store)
     for problem in problems:
-        logger.warning("not evaluated: %s", problem)
+        log.warning("not evaluated: %s", problem)
     done: list[tuple[Any, str]] = []
     failed: list[str] = []
     if pending:
-        logger.info("%d checkpoint(s) await evaluation: %s", len(pending), [p.label for p in pending])
-        with open_session(config, flow_run_id=flow_run.get_id()) as session:
+        log.info("%d checkpoint(s) await evaluation: %s", len(pending), [p.label for p in pending])
+        with open_session(config, flow_run_id=run_id) as session:
             for item in pending:
                 state = evaluate_checkpoint_task(session, item.curate, item.checkpoint, return_state=True)
                 if state.is_completed():
@@ -43,7 +55,7 @@ def evaluate(config: PipelineConfig | None = None) -> dict[str, Any]:
                     failed.append(item.label)
                     done.append((item, f"FAILED: {state.message}"))
     else:
-        logger.info("no checkpoint in %s awaits evaluation", store.root_uri)
+        log.info("no checkpoint in %s awaits evaluation", store.root_uri)
     report = schedule_report(done, problems, store.root_uri)
     create_markdown_artifact(key="scheduled-evaluation", markdown=report, description="scheduled evaluation")
     if failed:

@@ -385,9 +385,12 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     ]
     assert pipeline.schedules == []
     assert set(evaluate.tags) == {"swerl", "evaluation"}
-    # Both carry the resolved config as their default parameters.
-    assert pipeline.parameters["config"] == cfg.model_dump(mode="json", by_alias=True)
-    assert PipelineConfig.model_validate(evaluate.parameters["config"]) == cfg
+    # Both carry the resolved config as their default parameters, less the services' and serve's settings.
+    hidden = {"serve", "services"}
+    assert pipeline.parameters["config"] == cfg.model_dump(mode="json", by_alias=True, exclude=hidden)
+    assert PipelineConfig.model_validate(evaluate.parameters["config"]) == cfg.model_copy(
+        update={name: type(getattr(cfg, name))() for name in hidden}
+    )
 
     # The pipeline's parameter schema describes the config model, so the UI renders a form for it.
     schema = pipeline.parameter_openapi_schema
@@ -395,8 +398,19 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     definitions = schema.get("definitions") or schema.get("$defs")
     config_ref = json.dumps(schema["properties"]["config"])
     assert "PipelineConfig" in config_ref
-    fields = set(definitions["PipelineConfig"]["properties"])
-    assert fields == set(PipelineConfig.model_fields)
+    form = definitions["PipelineConfig"]["properties"]
+    assert set(form) == set(PipelineConfig.model_fields) - hidden  # no field that a run never reads
+    # What a user edits first comes first: the run, the budgets and model (sft, grpo), the data, the evaluation.
+    assert list(form)[:5] == ["run", "sft", "grpo", "curate", "evaluate"]
+    assert list(definitions["SFTConfig"]["properties"])[:2] == ["max_steps", "time_budget_s"]
+    # Every field is described from its docstring (a field documented together with the ones above it shares
+    # their docstring, which pydantic gives the last of them).
+    described = [
+        p for d in definitions.values() for p in d.get("properties", {}).values() if p.get("description")
+    ]
+    total = [p for d in definitions.values() for p in d.get("properties", {}).values()]
+    assert len(described) >= 0.9 * len(total), (len(described), len(total))
+    assert definitions["SFTConfig"]["properties"]["max_steps"]["description"].startswith("Optimizer steps")
     curate_fields = set(definitions["CurateConfig"]["properties"])
     assert {"repos", "modifiers", "validation_workers", "sandbox"} <= curate_fields
     # force: stage names (a GRPO phase's grpo-NAME depends on the config), each named in its description
@@ -429,3 +443,43 @@ def test_swerl_curate_runs_only_curate_and_follows_the_repository_contents(
     changed = curate()  # changed repository: curate reruns under a new key
     assert changed["stages"]["curate"]["skipped"] is False and fakes["curate"].calls == 2
     assert changed["stages"]["curate"]["manifest"] != first["stages"]["curate"]["manifest"]
+
+
+def test_swerl_records_reach_the_flow_run_logs_from_any_thread_and_prints_do_not(
+    prefect_api: str, cfg: PipelineConfig, fakes: dict[str, FakeStage], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow-run process started by a worker, a schedule or the UI never runs the CLI's logging set-up: the flow sets
+    up swerl's logger itself. The swerl logger starts here as such a process has it (no level: WARNING from root)."""
+    import logging
+    import threading
+
+    import swerl.stages.curate
+
+    swerl_logger = logging.getLogger("swerl")
+    monkeypatch.setattr(swerl_logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    fake = fakes["curate"]
+
+    def curate(cfg_: Any, ctx: StageContext) -> StageResult:
+        logging.getLogger("swerl.stages.curate").info("curate-main-thread-record")
+        worker = threading.Thread(
+            target=lambda: logging.getLogger("swerl.rollout").info("curate-plain-thread-record")
+        )
+        worker.start()
+        worker.join()
+        logging.getLogger("swerl.stages.curate").debug("curate-debug-record")
+        print("curate-printed-line")  # a library's print: not the run's log
+        return fake(cfg_, ctx)
+
+    monkeypatch.setattr(swerl.stages.curate, "run_curate", curate)
+    state = _run(cfg)
+    assert state.is_completed(), state
+    logs = "\n".join(_flow_run_logs(state.state_details.flow_run_id))
+    assert "curate-main-thread-record" in logs, logs
+    assert "curate-plain-thread-record" in logs, logs
+    assert "stage curate: running" in logs and "stage evaluate: done" in logs  # the stage runner's own lines
+    assert "curate-debug-record" not in logs  # INFO and above
+    assert "curate-printed-line" not in logs  # no print capture
+    # The flow run is named by run.name (a deployment's when its parameters leave it out: tests/test_deployments.py)
+    with _client() as client:
+        assert client.read_flow_run(state.state_details.flow_run_id).name == "flowtest"
