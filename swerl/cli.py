@@ -11,10 +11,13 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import sys
 import threading
 import time
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,13 @@ from swerl.config import STAGES, ConfigError, PipelineConfig, ServicesConfig, du
 
 log = logging.getLogger("swerl")
 
+WORK_POOL = (
+    "swerl"  # the work pool `swerl up` runs a worker on and `swerl serve` registers the deployments with
+)
+
 PREFECT_DEFAULTS = {
     # The ephemeral API migrates its database on first use; 20 s (Prefect's default) is too short on 2 cores.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "swerl",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
@@ -60,8 +66,25 @@ def _prefect_project() -> Path:
     )
 
 
+# The services `swerl up` started, as it writes them to DATA_DIR/services.env: each variable, when set, overrides the
+# config file's key (a --set overrides it in turn), so `source runs/services/services.env` points every command at them.
+ENV_KEYS = {
+    "SWERL_TRACKING_URI": "tracking.uri",
+    "SWERL_STORAGE_ROOT": "storage.root",
+    "SWERL_S3_ENDPOINT_URL": "storage.s3_endpoint_url",
+}
+
+
+def env_overrides() -> list[str]:
+    """--set items from the SWERL_* variables that are set (values quoted: a URL stays a string)."""
+    return [f"{key}={json.dumps(os.environ[var])}" for var, key in ENV_KEYS.items() if os.environ.get(var)]
+
+
 def _load(args: argparse.Namespace) -> PipelineConfig:
-    return load_config(args.config, args.set or [])
+    from_env = env_overrides()
+    if from_env:
+        log.info("from the environment: %s", ", ".join(item.split("=", 1)[0] for item in from_env))
+    return load_config(args.config, [*from_env, *(args.set or [])])
 
 
 def _warm_tracking(cfg: PipelineConfig) -> None:
@@ -174,7 +197,7 @@ def _s3_credentials(path: Path) -> tuple[str, str]:
 
 
 def _local_services(sc: ServicesConfig, root: Path, access: str, secret: str) -> list[services.Service]:
-    """SeaweedFS (every port explicit), the MLflow server and the Prefect server, in the order `swerl up` starts them."""
+    """SeaweedFS (every port explicit), the MLflow server and the Prefect server; `swerl up` starts them at once."""
     weed_ports = services.SeaweedPorts(
         s3=sc.s3_port,
         master=sc.seaweed_master_port,
@@ -192,36 +215,54 @@ def _local_services(sc: ServicesConfig, root: Path, access: str, secret: str) ->
     ]  # fmt: skip
 
 
+def services_env(sc: ServicesConfig, s3_env: Path, bucket: str = "swerl") -> str:
+    """The environment a run needs to use `swerl up`'s services (no secret: the credentials file is sourced)."""
+    return (
+        f"export PREFECT_API_URL=http://{sc.host}:{sc.prefect_port}/api\n"
+        f"export SWERL_TRACKING_URI=http://{sc.host}:{sc.mlflow_port}\n"
+        f"export SWERL_STORAGE_ROOT=s3://{bucket}/store\n"
+        f"export SWERL_S3_ENDPOINT_URL=http://{sc.host}:{sc.s3_port}\n"
+        f". {shlex.quote(str(s3_env))}   # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (0600, never logged)\n"
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     cfg = _load(args)
     sc = cfg.services
     root = Path(args.data_dir).resolve()
-    env_file = root / "s3.env"
-    access, secret = _s3_credentials(env_file)
+    cred_file = root / "s3.env"
+    access, secret = _s3_credentials(cred_file)
+    env_file = root / "services.env"
+    env_file.write_text(services_env(sc, cred_file))
+    project = _prefect_project()  # the worker's flow runs import flows/ and tasks/ from here
+    api_url = f"http://{sc.host}:{sc.prefect_port}/api"
     started: list[services.Service] = []
-
-    def stop_all(*_: Any) -> None:
-        for svc in reversed(started):
-            svc.stop()
 
     # Ctrl-C and SIGTERM stop everything, even when the parent started us with SIGINT ignored (an ignored
     # disposition is inherited across exec, and Python then installs no KeyboardInterrupt handler).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        for svc in _local_services(sc, root, access, secret):
-            svc.start()
-            started.append(svc)
+        group = _local_services(sc, root, access, secret)
+        started += group  # stop_all stops what is running, whatever start_all got to
+        services.start_all(group)
+        worker = services.prefect_worker(
+            root / "prefect", api_url, args.pool, services.free_port(sc.host), host=sc.host,
+            limit=cfg.serve.max_concurrent_runs, cwd=project, startup_timeout_s=sc.startup_timeout_s,
+            env={"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret, "PYTHONPATH": os.environ["PYTHONPATH"],
+                 **{k: v for k, v in PREFECT_DEFAULTS.items() if k not in os.environ}},
+        )  # fmt: skip
+        started.append(worker)
+        worker.start()
         print(
             "\nLocal services are up (Ctrl-C stops them):\n"
-            f"  Prefect UI   http://{sc.host}:{sc.prefect_port}\n"
+            f"  Prefect UI   http://{sc.host}:{sc.prefect_port} (worker on work pool '{args.pool}')\n"
             f"  MLflow UI    http://{sc.host}:{sc.mlflow_port}\n"
             f"  S3 endpoint  http://{sc.host}:{sc.s3_port} (bucket 'swerl')\n\n"
-            "To use them from another shell:\n"
-            f"  export PREFECT_API_URL=http://{sc.host}:{sc.prefect_port}/api\n"
-            f"  source {env_file}   # S3 credentials\n"
-            f"  swerl run configs/local.yaml --set tracking.uri=http://{sc.host}:{sc.mlflow_port} "
-            f"--set storage.root=s3://swerl/store --set storage.s3_endpoint_url=http://{sc.host}:{sc.s3_port}\n",
+            "To use them from another shell (tracking URI, storage root, S3 credentials, Prefect API):\n"
+            f"  source {env_file}\n"
+            f"  swerl serve configs/local.yaml     # deployments on work pool '{args.pool}': run them from the UI\n"
+            "  swerl run configs/local.yaml       # or run here, into the same services\n",
             flush=True,
         )
         while all(s.proc is not None and s.proc.poll() is None for s in started):
@@ -232,18 +273,57 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping services...", flush=True)
         return 0
+    except RuntimeError as exc:  # a service that did not start: its log's tail says why
+        print(f"swerl up: {exc}", file=sys.stderr)
+        return 1
     finally:
-        stop_all()
+        for svc in reversed(started):
+            svc.stop()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _prefect_env()
     _prefect_project()
-    from flows.deploy import serve_deployments
+    from flows.deploy import register_deployments, serve_deployments
 
-    serve_deployments(cfg)
+    if args.foreground:
+        serve_deployments(cfg)
+        return 0
+    names = register_deployments(cfg, args.pool)
+    print(
+        f"registered on work pool '{args.pool}': {', '.join(names)}\n"
+        f"its worker (`swerl up` runs one, or `prefect worker start --pool {args.pool}`) runs them: from the UI, "
+        f"`prefect deployment run '{names[0]}'`, and the evaluation on '{cfg.serve.eval_cron}' ({cfg.serve.timezone})"
+    )
     return 0
+
+
+def compare_uri(args: argparse.Namespace) -> str:
+    """The MLflow store `swerl compare` reads: --tracking-uri, else SWERL_TRACKING_URI, else the config's
+    tracking.uri. A ConfigError when it is a local store that does not exist (reading must not create one)."""
+    if args.tracking_uri:
+        uri, source = args.tracking_uri, "--tracking-uri"
+    elif os.environ.get("SWERL_TRACKING_URI"):
+        uri, source = os.environ["SWERL_TRACKING_URI"], "SWERL_TRACKING_URI"
+    else:
+        uri, source = load_config(args.config, args.set or []).tracking.uri, f"tracking.uri of {args.config}"
+    path = None
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])  # sqlite:////abs keeps its leading slash
+    elif uri.startswith("file:"):
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+    elif "://" not in uri:
+        path = Path(uri)
+    if path is not None and not path.resolve().exists():
+        raise ConfigError(
+            f"no MLflow store at {path.resolve()} ({source}: {uri}): point --tracking-uri, SWERL_TRACKING_URI or the "
+            "config's tracking.uri at the store the eval runs were logged to (e.g. http://127.0.0.1:5000 for "
+            "`swerl up`'s MLflow server)"
+        )
+    if path is not None and uri.startswith("sqlite:///"):
+        return f"sqlite:///{path.resolve()}"
+    return uri
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -252,14 +332,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from mlflow.tracking import MlflowClient
 
     from swerl.eval.report import compare_runs
-    from swerl.tracking import _prepare_uri
 
-    uri = args.tracking_uri or load_config(args.config, args.set or []).tracking.uri
-    client = MlflowClient(tracking_uri=_prepare_uri(uri))
+    uri = compare_uri(args)
+    client = MlflowClient(tracking_uri=uri)
     try:
         print(compare_runs(client, args.run_a, args.run_b, samples=args.samples, confidence=args.confidence))
     except (ValueError, MlflowException) as exc:  # an unknown run id, a run that is not an eval run
-        print(f"swerl compare: {exc}", file=sys.stderr)
+        print(f"swerl compare: {exc} (tracking URI {uri})", file=sys.stderr)
         return 2
     return 0
 
@@ -299,18 +378,109 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+SET_HELP = "override a config key (repeatable); YAML-typed: --set sft.max_steps=50"
+CONFIG_NOTE = (
+    "The config is a YAML file (default configs/local.yaml); --set KEY=VALUE overrides a key, and the variables "
+    "that `swerl up` writes (SWERL_TRACKING_URI, SWERL_STORAGE_ROOT, SWERL_S3_ENDPOINT_URL) override the file's "
+    "tracking.uri, storage.root and storage.s3_endpoint_url (a --set wins over them)."
+)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    # name: (one-line help, description, examples)
+    "run": (
+        "run the pipeline (finished stages are skipped)",
+        "Run curate -> traces -> sft -> grpo -> evaluate as the Prefect flow swerl-pipeline (on PREFECT_API_URL's "
+        "server, else an ephemeral API). A stage whose manifest exists for the same config and inputs is skipped; "
+        "Ctrl-C stops the run and keeps every finished stage: the same command resumes it.",
+        "swerl run configs/local.yaml\n"
+        "swerl run configs/local.yaml --set sft.max_steps=50 --force sft\n"
+        "source runs/services/services.env && swerl run   # into `swerl up`'s MLflow server and S3 bucket",
+    ),
+    "curate": (
+        "run only the curate stage (skipped when already done)",
+        "Curate tasks (train.parquet, eval.parquet) in the same pipeline session as `swerl run`.",
+        "swerl curate configs/mine.yaml\nswerl curate configs/local.yaml --force",
+    ),
+    "up": (
+        "start the Prefect server and worker, MLflow and SeaweedFS S3 on loopback until Ctrl-C",
+        "Start the Prefect server (UI and API), the MLflow tracking server (UI) and a SeaweedFS S3 server at once, "
+        "then a Prefect worker on a work pool of type process (it runs the deployments' flow runs: UI runs and "
+        "schedules), all bound to services.host. Writes DATA_DIR/s3.env (generated S3 credentials, 0600) and "
+        "DATA_DIR/services.env (PREFECT_API_URL, SWERL_TRACKING_URI, SWERL_STORAGE_ROOT, SWERL_S3_ENDPOINT_URL and "
+        "the credentials file): `source` it in another shell. Ports come from the config's services section.",
+        "swerl up\nswerl up configs/local.yaml --set services.prefect_port=4300 --data-dir /tmp/svc",
+    ),
+    "serve": (
+        "register the pipeline and the scheduled evaluation as deployments",
+        "Register two deployments with the Prefect API in PREFECT_API_URL (refused without one): CONFIG-pipeline "
+        "(on demand) and CONFIG-evaluate (cron serve.eval_cron), on the work pool that `swerl up`'s worker serves. "
+        "Their parameters are the config (less serve and services): a run from the UI form, or `prefect deployment "
+        "run --param config=...` with only some keys, is merged onto it. --foreground serves them from this process "
+        "instead (no worker needed) until Ctrl-C.",
+        "source runs/services/services.env\n"
+        "swerl serve configs/local.yaml\n"
+        "swerl serve configs/local.yaml --set serve.eval_cron='0 */6 * * *'\n"
+        'prefect deployment run swerl-pipeline/local-pipeline --param config=\'{"sft": {"max_steps": 50}}\'',
+    ),
+    "compare": (
+        "paired comparison of two MLflow eval runs (same tasks)",
+        "Paired bootstrap CI of the pass@1 difference and a sign-flip permutation test between two eval runs "
+        "(MLflow runs eval-MODEL). The store is --tracking-uri, else SWERL_TRACKING_URI, else the config's "
+        "tracking.uri; a local store that does not exist is an error (nothing is created).",
+        "swerl compare RUN_ID_SFT RUN_ID_GRPO                  # tracking.uri of configs/local.yaml\n"
+        "swerl compare RUN_A RUN_B configs/mine.yaml\n"
+        "swerl compare RUN_A RUN_B --tracking-uri http://127.0.0.1:5000",
+    ),
+    "doctor": (
+        "check machine limits against the config (non-zero: refused)",
+        "Measure what this machine allows (open files, processes, memory, disk, sandbox runtimes, Docker) against "
+        "the peak the config asks for; exit 1 naming each failed check.",
+        "swerl doctor configs/local.yaml\nswerl doctor configs/local.yaml --tasks runs/store/.../eval.parquet",
+    ),
+    "plan": (
+        "place engines and trainer ranks on the cluster and check their memory (non-zero: refused)",
+        "Print the placement (GPUs, processes, ports) and memory per GPU of the config's cluster; exit 1 with the "
+        "numbers when something does not fit.",
+        "swerl plan configs/qwen3-30b-a3b.yaml",
+    ),
+    "config": (
+        "print the resolved config",
+        "Print the config after the file, the environment and every --set, as YAML (what a run saves).",
+        "swerl config configs/local.yaml --set curate.validation_workers=4",
+    ),
+}
 
-    def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config")
-        p.add_argument(
-            "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
+
+def _version() -> str:
+    try:
+        return package_version("swerl")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swerl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"swerl {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str) -> argparse.ArgumentParser:
+        short, description, examples = COMMANDS[name]
+        return sub.add_parser(
+            name,
+            help=short,
+            description=f"{description}\n\n{CONFIG_NOTE}" if name != "plan" else description,
+            epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.splitlines()),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    p_run = sub.add_parser("run", help="run the pipeline (finished stages are skipped)")
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "config", nargs="?", default="configs/local.yaml", help="YAML run config (default: %(default)s)"
+        )
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
+
+    p_run = command("run")
     with_config(p_run)
     p_run.add_argument(
         "--force",
@@ -322,50 +492,90 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run even when `swerl doctor` refuses the config on this machine")  # fmt: skip
     p_run.set_defaults(func=cmd_run)
 
-    p_cur = sub.add_parser("curate", help="run only the curate stage (skipped when already done)")
+    p_cur = command("curate")
     with_config(p_cur)
     p_cur.add_argument("--force", action="store_true", help="rerun curation even when it is already done")
     p_cur.set_defaults(func=cmd_curate)
 
-    p_up = sub.add_parser("up", help="start Prefect server, MLflow UI and SeaweedFS on loopback until Ctrl-C")
+    p_up = command("up")
     with_config(p_up)
-    p_up.add_argument("--data-dir", default="runs/services", help="where the services keep their data")
+    p_up.add_argument(
+        "--data-dir",
+        default="runs/services",
+        help="where the services keep their data (default: %(default)s)",
+    )
+    p_up.add_argument("--pool", default=WORK_POOL, help="work pool its worker serves (default: %(default)s)")
     p_up.set_defaults(func=cmd_up)
 
-    p_serve = sub.add_parser("serve", help="register and serve the pipeline and the scheduled evaluation")
+    p_serve = command("serve")
     with_config(p_serve)
+    p_serve.add_argument(
+        "--pool", default=WORK_POOL, help="work pool of the deployments (default: %(default)s)"
+    )
+    p_serve.add_argument("--foreground", action="store_true",
+                         help="serve the deployments from this process until Ctrl-C instead of a work pool")  # fmt: skip
     p_serve.set_defaults(func=cmd_serve)
 
-    p_cmp = sub.add_parser("compare", help="paired comparison of two MLflow eval runs (same tasks)")
+    p_cmp = command("compare")
     p_cmp.add_argument("run_a", help="MLflow run id of an eval run (the baseline)")
     p_cmp.add_argument("run_b", help="MLflow run id of another eval run")
-    p_cmp.add_argument("--config", default="configs/local.yaml", help="config whose tracking.uri is used")
-    p_cmp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
-    p_cmp.add_argument("--tracking-uri", help="MLflow tracking URI (overrides the config's)")
+    with_config(p_cmp)
+    p_cmp.add_argument("--config", dest="config_option", help=argparse.SUPPRESS)  # the old spelling
+    p_cmp.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (overrides SWERL_TRACKING_URI and the config's)"
+    )
     p_cmp.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples and sign flips")
     p_cmp.add_argument("--confidence", type=float, default=0.95, help="confidence level of the CI and test")
     p_cmp.set_defaults(func=cmd_compare)
 
-    p_doc = sub.add_parser("doctor", help="check machine limits against the config (non-zero: refused)")
+    p_doc = command("doctor")
     with_config(p_doc)
     p_doc.add_argument("--tasks", action="append", metavar="FILE",
                        help="also check the images of these tasks (curate's train/eval.parquet, or a SWE-smith or "
                             "SWE-bench .parquet/.jsonl/.json): present, missing, pulls, disk (repeatable)")  # fmt: skip
     p_doc.set_defaults(func=cmd_doctor)
 
-    p_plan = sub.add_parser("plan", help="place engines and trainer ranks on the cluster and check their memory "
-                            "(non-zero: refused)")  # fmt: skip
+    p_plan = command("plan")
     with_config(p_plan)
     p_plan.set_defaults(func=cmd_plan)
 
-    p_cfg = sub.add_parser("config", help="print the resolved config")
+    p_cfg = command("config")
     with_config(p_cfg)
     p_cfg.set_defaults(func=cmd_config)
     return parser
 
 
+def _mute_terminal() -> None:
+    """After Ctrl-C: no more log lines or tracebacks on the terminal (Prefect's crash report, stages' threads);
+    the flow run's logs on the Prefect API keep them."""
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(lambda _record: False)
+    threading.excepthook = lambda _args: None
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    _mute_terminal()
+    raise KeyboardInterrupt
+
+
+RESUMES = {
+    "run": "every finished stage is kept; the same command resumes from the stage that was running",
+    "curate": "a finished curation is kept; the same command resumes it",
+    "serve": "stopped serving",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "config_option", None):
+        args.config = args.config_option
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -374,11 +584,28 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(
             logging.WARNING
         )  # one line per HTTP request buries the run's own log
+    interruptible = args.command in RESUMES and threading.current_thread() is threading.main_thread()
+    if interruptible:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"swerl: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.command not in RESUMES:
+            raise
+        _mute_terminal()
+        again = "swerl " + " ".join(shlex.quote(a) for a in argv)
+        print(
+            f"\nswerl {args.command}: interrupted; {RESUMES[args.command]}: {again}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
+    finally:
+        if interruptible:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 if __name__ == "__main__":

@@ -250,3 +250,57 @@ def prefect_server(
         env=env,
         startup_timeout_s=startup_timeout_s,
     )
+
+
+def prefect_worker(
+    home: Path,
+    api_url: str,
+    pool: str,
+    health_port: int,
+    *,
+    host: str = "127.0.0.1",
+    limit: int = 1,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    startup_timeout_s: float = 120.0,
+) -> Service:
+    """`prefect worker start` on a work pool of type process: it runs the pool's flow runs (schedules, UI runs) as
+    child processes that inherit its environment (`env`: the S3 credentials, never put in a deployment). Healthy when
+    its health check (a web server on host:health_port) answers."""
+    home.mkdir(parents=True, exist_ok=True)
+    argv = [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit),
+            "--with-healthcheck", "--name", f"swerl-{pool}"]  # fmt: skip
+    worker_env = {
+        **(env or {}),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_WORKER_WEBSERVER_HOST": host,
+        "PREFECT_WORKER_WEBSERVER_PORT": str(health_port),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    return Service(
+        "prefect-worker",
+        argv,
+        f"http://{host}:{health_port}/health",
+        home / "prefect-worker.log",
+        env=worker_env,
+        cwd=cwd,
+        startup_timeout_s=startup_timeout_s,
+    )
+
+
+def start_all(group: list[Service]) -> list[Service]:
+    """Start services at once (each health wait in its own thread); if one fails, stop those that started and raise
+    its error. Returns them in the order given."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, len(group)), thread_name_prefix="swerl-up"
+    ) as ex:
+        futures = {ex.submit(svc.start): svc for svc in group}
+        errors = [f.exception() for f in concurrent.futures.as_completed(futures)]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        for svc in group:
+            svc.stop()
+        raise failed[0]
+    return group
