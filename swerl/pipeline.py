@@ -203,5 +203,5 @@ def log_machine_limits(cfg: PipelineConfig, parent: StageRun) -> None:
     log.info("machine limits at start (swerl doctor):\n%s", report.text())
     if not report.ok:
         log.warning("swerl doctor refuses this config on this machine; the run may hit a cap (see above)")
-    parent.log_params(report.params())
+    parent.log_params(report.params(), record_changes=False)  # measured anew at every (re)start
     parent.set_tags({"swerl.doctor": "ok" if report.ok else "refused"})

@@ -119,16 +119,17 @@ class StageRun:
         self.client = client
         self.run_id = run_id
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
+    def log_params(self, params: Mapping[str, Any], record_changes: bool = True) -> None:
         """Log params; on a continued run, those already logged are kept (MLflow params never change) and a
-        changed value is recorded as a `swerl.param_changed.KEY` tag instead."""
+        changed value is recorded as a `swerl.param_changed.KEY` tag instead (unless not `record_changes`: values
+        measured at each start, such as the machine's free memory)."""
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
         fresh = {k: v for k, v in safe_params(params).items() if k not in existing}
         changed = {f"swerl.param_changed.{k}": v for k, v in safe_params(params).items()
                    if k in existing and existing[k] != v}  # fmt: skip
-        if changed:
+        if changed and record_changes:
             self.set_tags(changed)
         items = [Param(k, v) for k, v in fresh.items()]
         for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch

@@ -346,6 +346,7 @@ def test_a_rerun_of_the_same_config_continues_one_parent_and_the_failed_stage_ru
     assert parent.data.tags["swerl.resumes"] == "1"
     assert parent.data.tags["prefect.flow_run_id"] == "flow-2"
     assert parent.data.tags["swerl.config_hash"] == config_hash(cfg)
+    assert not [t for t in parent.data.tags if t.startswith("swerl.param_changed.doctor.")]  # measured anew
     assert len(parent.data.tags["mlflow.source.git.commit"]) == 40
     runs = client.search_runs(
         [second.tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
