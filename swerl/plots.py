@@ -100,7 +100,7 @@ def step_time_breakdown(history: Sequence[Mapping[str, float]]) -> bytes | None:
     if not shares:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 1.9))
+    fig, ax = plt.subplots(figsize=(8, 2.4))
     left = 0.0
     for label, share in shares.items():
         ax.barh([0], [share], left=left, label=f"{label} {share:.0%}")
@@ -110,7 +110,7 @@ def step_time_breakdown(history: Sequence[Mapping[str, float]]) -> bytes | None:
     ax.set_xlim(0, 1)
     ax.set_yticks([])
     ax.set_xlabel(f"share of {len(history)} GRPO steps' time")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=5, fontsize=8, frameon=False)
     return _png(fig)
 
 

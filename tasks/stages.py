@@ -48,8 +48,10 @@ def _artifact_key(stage: str, name: str = "") -> str:
 def image_markdown(title: str, png: bytes) -> str:
     """A PNG as a markdown image with a data: URI. The Prefect 3 UI's markdown renderer (prefect-design's
     p-markdown-renderer) turns an image token into a plain <img src=...> with no URL filtering, and the server
-    sets no Content-Security-Policy, so the image shows with no server to fetch it from (MLflow on sqlite, a
-    file:// store, an offline UI)."""
+    sets no Content-Security-Policy; the 3.9 "V2" UI (react-markdown + rehype-sanitize) lets exactly `data:image/`
+    through for an <img src>. So the image shows with no server to fetch it from (MLflow on sqlite, a file://
+    store, an offline UI). Checked in headless Chromium against `prefect server start`: the <img> loads, 640 px.
+    """
     if len(png) > INLINE_IMAGE_MAX_BYTES:
         return f"*{title}: {len(png):,} bytes, too large to inline; see the MLflow run's `{PLOTS_DIR}/`.*"
     return f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})"
