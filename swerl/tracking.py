@@ -350,11 +350,18 @@ def git_tags(path: Path | None = None) -> dict[str, str]:
     return {GIT_COMMIT_TAG: commit, GIT_DIRTY_TAG: "true" if dirty else "false"} if commit else {}
 
 
+MLFLOW_UI_MODE_QUERY = "workflowType=machine_learning"
+"""MLflow 3.17's UI picks GenAI or "Model training" per browser (this query parameter, else localStorage
+`mlflow.workflowType`, GenAI by default), whatever the experiment's kind tag: swerl's links carry it (checked in
+headless Chromium: without it the experiment opens on the GenAI overview, with it on its runs)."""
+
+
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The MLflow UI's page of a run when the tracking URI is a server (http/https); None for a local store."""
+    """The MLflow UI's page of a run, in its model-training mode, when the tracking URI is a server (http/https);
+    None for a local store."""
     if not uri.startswith(("http://", "https://")):
         return None
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MLFLOW_UI_MODE_QUERY}"
 
 
 _TRACKERS: dict[tuple[str, str], Tracker] = {}

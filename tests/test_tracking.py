@@ -254,7 +254,10 @@ def test_dataset_inputs_are_logged_with_their_context(tmp_path: Path) -> None:
 
 
 def test_run_url_only_for_a_server() -> None:
-    assert run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert (
+        run_url("http://127.0.0.1:5000/", "3", "abc")
+        == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
     assert run_url("sqlite:///runs/mlflow.db", "3", "abc") is None
 
 
