@@ -246,6 +246,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         group = _local_services(sc, root, access, secret)
         started += group  # stop_all stops what is running, whatever start_all got to
         services.start_all(group)
+        os.environ["PREFECT_API_URL"] = api_url  # before Prefect is imported: its settings are read then
+        from flows.deploy import ensure_work_pool
+
+        ensure_work_pool(args.pool)  # the worker's pool, ready when `swerl up` says so
         worker = services.prefect_worker(
             root / "prefect", api_url, args.pool, services.free_port(sc.host), host=sc.host,
             limit=cfg.serve.max_concurrent_runs, cwd=project, startup_timeout_s=sc.startup_timeout_s,
