@@ -207,6 +207,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 "--proxy-server=direct://", "--proxy-bypass-list=*",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):  # fmt: skip
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, saved when a test fails
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=os.devnull)
     drv = webdriver.Chrome(options=options, service=service)
     drv.set_page_load_timeout(120)
@@ -281,6 +282,9 @@ def _failure_shot(drv: Any, shots: Path, name: str) -> Iterator[None]:
     except Exception:
         with contextlib.suppress(Exception):
             _shot(drv, shots, name)
+        with contextlib.suppress(Exception):
+            console = [f"{e['level']} {e['message']}" for e in drv.get_log("browser")]
+            (ARTIFACTS / f"{name}-console.log").write_text("\n".join(console) + "\n")
         raise
 
 
@@ -327,16 +331,10 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
     name_input.send_keys(Keys.CONTROL, "a")
     name_input.send_keys(run_name)
     _wait(drv, 30, "the typed run name", lambda d: name_input.get_attribute("value") == run_name)
-    _click(drv, 30, "//button[@type='submit'][normalize-space(.)='Submit']")
+    _submit(drv, stack, run_name)
 
     # The deployment's page lists the new run under the name typed in the form (and run.name, which names it once
     # it starts): its page, until the run ends.
-    _wait(
-        drv,
-        60,
-        "the deployment's page",
-        lambda d: not urlparse(d.current_url).path.rstrip("/").endswith("/run"),
-    )
     _click(drv, 120, f"//a[normalize-space(.)='{run_name}']")
     _wait(drv, 60, "the flow run's page", lambda d: "/flow-run/" in d.current_url)
     flow_run_id = drv.current_url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
@@ -355,9 +353,14 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
         _wait(drv, 180, "the stage logs", lambda d: _logs_show(d, expected, seen))
     except TimeoutException:
         raise AssertionError(f"the run's Logs tab never showed {sorted(set(expected) - seen)}") from None
-    last = drv.find_elements(By.XPATH, "//*[contains(text(), 'stage evaluate: done')]")
-    if last:  # the screenshot shows the end of the run: the evaluation's lines
-        drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", last[-1])
+    # The screenshot shows the end of the run: the innermost element holding the evaluation's last line, centred.
+    drv.execute_script(
+        "const s = arguments[0];"
+        "const hits = Array.from(document.querySelectorAll('body *')).filter("
+        "  e => e.textContent.includes(s) && !Array.from(e.children).some(c => c.textContent.includes(s)));"
+        "if (hits.length) hits[hits.length - 1].scrollIntoView({block: 'center'});",
+        "stage evaluate: done",
+    )
     _shot(drv, shots, "prefect-logs")
 
     # Artifacts: each stage's report, the evaluation's pass@1 among them.
@@ -375,6 +378,23 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
     _wait(drv, 120, "a drawn plot in the grpo-plots artifact", _image_drawn)
     _shot(drv, shots, "prefect-artifact-plot")
     RUN["done"] = True
+
+
+def _submit(drv: Any, stack: Stack, run_name: str, tries: int = 3) -> None:
+    """Submit the form and wait for the deployment's page. On a loaded machine the UI once answered "Something went
+    wrong" with no run created: then, as a user would, submit again (never when a run exists: no double run)."""
+    on_form = lambda d: urlparse(d.current_url).path.rstrip("/").endswith("/run")  # noqa: E731
+    failed = "//*[contains(normalize-space(.), 'Something went wrong')]"
+    for _ in range(tries):
+        _click(drv, 30, "//button[@type='submit'][normalize-space(.)='Submit']")
+        outcome = _wait(drv, 90, "the deployment's page (or an error)",
+                        lambda d: "left" if not on_form(d) else ("error" if d.find_elements(By.XPATH, failed) else False))  # fmt: skip
+        if outcome == "left":
+            return
+        made = [r for r in _get_json(f"{stack.api}/flow_runs/filter", {}) if r["name"] == run_name]
+        assert not made, "the UI said 'Something went wrong', yet made the run"
+        drv.execute_script("document.querySelectorAll('.p-toast').forEach(t => t.remove());")
+    raise AssertionError(f"the form's Submit failed {tries} times ('Something went wrong')")
 
 
 def _image_drawn(drv: Any) -> bool:
