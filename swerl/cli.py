@@ -96,17 +96,22 @@ def _warm_tracking(cfg: PipelineConfig) -> None:
         log.debug("tracking warm-up failed: %s", exc)
 
 
-def by_phase(problems: dict[str, list[str]]) -> list[str]:
-    """Problems found per GRPO phase (stage -> lines), each line once: as it is when every phase has it, else
-    followed by the phases that have it."""
+def by_phase(problems: dict[str, dict[str, str]]) -> list[str]:
+    """Problems found per GRPO phase (stage -> {check: line}), each check once: its first phase's line alone when
+    every phase fails it (a machine measured again per phase differs by a few MB), else each failing phase's line
+    followed by the phase."""
     stages = list(problems)
-    seen: dict[str, list[str]] = {}
-    for stage, lines in problems.items():
-        for line in lines:
-            seen.setdefault(line, []).append(stage)
-    return [
-        line if where == stages else f"{line} (GRPO phase {', '.join(where)})" for line, where in seen.items()
-    ]
+    by_check: dict[str, dict[str, str]] = {}
+    for stage, found in problems.items():
+        for check, line in found.items():
+            by_check.setdefault(check, {})[stage] = line
+    out = []
+    for lines in by_check.values():
+        if list(lines) == stages:
+            out.append(next(iter(lines.values())))
+        else:
+            out += [f"{line} (GRPO phase {stage})" for stage, line in lines.items()]
+    return out
 
 
 def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
@@ -116,7 +121,10 @@ def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
 
     variants = cfg.phase_variants()  # every GRPO phase as it runs (its caps, concurrency)
     found = by_phase(
-        {stage: [f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok] for stage, v in variants}
+        {
+            stage: {c.name: f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok}
+            for stage, v in variants
+        }
     )
     if not found:
         return None
@@ -133,7 +141,9 @@ def plan_refusal(cfg: PipelineConfig) -> str | None:
     from swerl.plan import make_plan
 
     plans = {stage: make_plan(v) for stage, v in cfg.phase_variants()}  # every GRPO phase as it runs
-    refusals = by_phase({stage: [] if plan.ok else [plan.refusal()] for stage, plan in plans.items()})
+    refusals = by_phase(
+        {stage: {} if plan.ok else {plan.refusal(): plan.refusal()} for stage, plan in plans.items()}
+    )
     if not refusals:
         return None
     return (

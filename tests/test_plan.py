@@ -255,3 +255,12 @@ def test_run_checks_every_grpo_phase_as_it_runs(tmp_path: Path, capsys, monkeypa
     assert main(["plan", LOCAL, "--set", phases]) == 1
     out = capsys.readouterr().out
     assert "== GRPO phase grpo-a" in out and "== GRPO phase grpo-b" in out
+
+
+def test_a_check_every_phase_fails_is_said_once_and_one_phase_fails_names_it() -> None:
+    from swerl.cli import by_phase
+
+    found = {"grpo-a": {"memory": "memory: 16384 MB vs 15476 MB available"},
+             "grpo-b": {"memory": "memory: 16384 MB vs 15470 MB available", "files": "files: 9000 > 1024"}}  # fmt: skip
+    assert by_phase(found) == ["memory: 16384 MB vs 15476 MB available", "files: 9000 > 1024 (GRPO phase grpo-b)"]
+    assert by_phase({"grpo": {}}) == []
