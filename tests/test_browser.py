@@ -96,13 +96,14 @@ class Stack:
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """Ctrl-C to the process group (how a user stops `swerl up`), then SIGKILL to whatever is left."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=timeout)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+    """Ctrl-C to the process group this test started (how a user stops `swerl up`: it stops its servers and worker
+    by pid), then SIGKILL to whatever is left of that group. A process that already ended is left alone (its pid
+    and group id may belong to someone else by now)."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=timeout)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -354,23 +355,19 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
     except TimeoutException:
         raise AssertionError(f"the run's Logs tab never showed {sorted(set(expected) - seen)}") from None
     # The screenshot shows the end of the run: the innermost element holding the evaluation's last line, centred.
-    drv.execute_script(
-        "const s = arguments[0];"
-        "const hits = Array.from(document.querySelectorAll('body *')).filter("
-        "  e => e.textContent.includes(s) && !Array.from(e.children).some(c => c.textContent.includes(s)));"
-        "if (hits.length) hits[hits.length - 1].scrollIntoView({block: 'center'});",
-        "stage evaluate: done",
-    )
+    _scroll_to_text(drv, "stage evaluate: done", "center")
     _shot(drv, shots, "prefect-logs")
 
-    # Artifacts: each stage's report, the evaluation's pass@1 among them.
+    # Artifacts: each stage's report by its key (the flow graph above is a canvas: these are the tab's cards).
+    keys = ["curate", "traces", "sft", "grpo", "grpo-plots", "evaluate-evaluation"]
     _open_tab(drv, "Artifacts")
     _wait(
         drv,
         120,
-        "an artifact per stage",
-        lambda d: all(s in _body(d).lower() for s in ["curat", "sft", "grpo", "evaluat"]),
+        f"the artifacts {keys}",
+        lambda d: all(_shown(d, f"//*[normalize-space(text())='{k}']") for k in keys),
     )
+    _scroll_to_text(drv, "Task runs", "start")  # the cards in the screenshot
     _shot(drv, shots, "prefect-artifacts")
 
     # A stage's plots, drawn: GRPO's curves as an image in its markdown artifact.
@@ -395,6 +392,21 @@ def _submit(drv: Any, stack: Stack, run_name: str, tries: int = 3) -> None:
         assert not made, "the UI said 'Something went wrong', yet made the run"
         drv.execute_script("document.querySelectorAll('.p-toast').forEach(t => t.remove());")
     raise AssertionError(f"the form's Submit failed {tries} times ('Something went wrong')")
+
+
+def _scroll_to_text(drv: Any, text: str, block: str) -> None:
+    """Scroll the innermost element holding text (its last one) into view."""
+    drv.execute_script(
+        "const s = arguments[0];"
+        "const hits = Array.from(document.querySelectorAll('body *')).filter("
+        "  e => e.textContent.includes(s) && !Array.from(e.children).some(c => c.textContent.includes(s)));"
+        "if (hits.length) hits[hits.length - 1].scrollIntoView({block: arguments[1]});",
+        text, block,
+    )  # fmt: skip
+
+
+def _shown(drv: Any, xpath: str) -> bool:
+    return any(el.is_displayed() for el in drv.find_elements(By.XPATH, xpath))
 
 
 def _image_drawn(drv: Any) -> bool:
