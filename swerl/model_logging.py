@@ -29,11 +29,8 @@ _log = logging.getLogger("swerl.tracking")
 
 
 def registered_model_name(run_name: str, configured: str | None = None) -> str:
-    """The registered model of a pipeline: `configured` when given, else `RUN_NAME-agent`.
-
-    NOTE: the pipeline config has no field for it yet (swerl/config.py is another engineer's file this session):
-    PipelineSession passes `getattr(cfg.tracking, "registered_model", None)`, so adding
-    `tracking.registered_model: str | None = None` to TrackingConfig makes it configurable with no change here."""
+    """The registered model of a pipeline: `configured` (tracking.registered_model) when given, else
+    `RUN_NAME-agent`."""
     return configured or f"{run_name}-agent"
 
 

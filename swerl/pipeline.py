@@ -116,11 +116,7 @@ class PipelineSession:
             content=content,
             progress=progress,
             datasets=stage_datasets(stage, inputs or []),
-            # TrackingConfig has no registered_model field yet (config.py is not this change's): see
-            # swerl.model_logging.registered_model_name
-            registered_model=registered_model_name(
-                self.cfg.run.name, getattr(self.cfg.tracking, "registered_model", None)
-            ),
+            registered_model=registered_model_name(self.cfg.run.name, self.cfg.tracking.registered_model),
         )
         self.outcomes[stage] = outcome
         self.parent.set_tags(
@@ -171,7 +167,12 @@ def open_session(
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     t0 = time.monotonic()
-    with tracker.run(f"{cfg.run.name}-pipeline", tags=tags, resume=resume, system_metrics=True) as parent:
+    with tracker.run(
+        f"{cfg.run.name}-pipeline",
+        tags=tags,
+        resume=resume,
+        system_metrics=cfg.tracking.system_metrics_interval_s,
+    ) as parent:
         if resume is not None:
             log.info(
                 "continuing MLflow parent run %s of this config (hash %s)", resume, identity[CONFIG_HASH_TAG]

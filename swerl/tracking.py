@@ -37,8 +37,6 @@ RESUMES_TAG = "swerl.resumes"  # how many times a later process continued this r
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 GIT_DIRTY_TAG = "swerl.git.dirty"
 GIT_TIMEOUT_S = 10.0
-SYSTEM_METRICS_INTERVAL_S = 10.0
-"""MLflow system metrics (CPU, memory, disk, network, GPU): sampled this often on every run that asks for them."""
 
 OWNER_PID_TAG = "swerl.owner.pid"
 OWNER_HOST_TAG = "swerl.owner.host"
@@ -290,16 +288,17 @@ class Tracker:
         parent: StageRun | None = None,
         *,
         resume: str | None = None,
-        system_metrics: bool = False,
+        system_metrics: float | None = None,
     ) -> Iterator[StageRun]:
         """A run that ends FINISHED, or FAILED if the body raises (and KILLED on KeyboardInterrupt).
 
         resume: the id of an ended run to continue (find_run) instead of creating one; its metrics go on at the
-        steps the body logs. system_metrics: sample CPU, memory, disk, network (and GPU) into the run while the
-        body runs (MLflow's `system/*` metrics).
+        steps the body logs. system_metrics: seconds between samples of CPU, memory, disk, network (and GPU) into
+        the run while the body runs (MLflow's `system/*` metrics; config tracking.system_metrics_interval_s); None:
+        none.
         """
         handle = self._start(name, tags or {}, parent, resume)
-        monitor = _system_monitor(handle.run_id, self.uri) if system_metrics else None
+        monitor = _system_monitor(handle.run_id, self.uri, system_metrics) if system_metrics else None
         status = "FAILED"
         try:
             yield handle
@@ -319,13 +318,13 @@ class Tracker:
 FIND_RUN_MAX_RESULTS = 20
 
 
-def _system_monitor(run_id: str, uri: str) -> Any:
+def _system_monitor(run_id: str, uri: str, interval_s: float) -> Any:
     """MLflow's system metrics monitor on `run_id`, started; None (and a warning) where it cannot run."""
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         monitor = SystemMetricsMonitor(
-            run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, resume_logging=True, tracking_uri=uri
+            run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=uri
         )
         monitor.start()
         return monitor

@@ -314,7 +314,7 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
     log_path = tmp_path / "serve.log"
     child_env = {**os.environ, "PREFECT_API_URL": prefect_api, "SWERL_CACHE_DIR": str(micro_cache)}
     with open(log_path, "wb") as log:
-        serve = subprocess.Popen([sys.executable, "-m", "swerl.cli", "serve", str(config_path)], cwd=REPO_ROOT,
+        serve = subprocess.Popen([sys.executable, "-m", "swerl.cli", "serve", str(config_path), "--foreground"], cwd=REPO_ROOT,
                                  stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 600  # the next minute, the runner's poll, a flow run on 2 shared cores

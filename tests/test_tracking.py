@@ -222,11 +222,8 @@ def test_an_ended_run_is_continued_with_its_curve(tmp_path: Path) -> None:
 def test_system_metrics_are_sampled_into_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import swerl.tracking as tracking
-
-    monkeypatch.setattr(tracking, "SYSTEM_METRICS_INTERVAL_S", 0.5)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "system")
-    with tracker.run("pipe", system_metrics=True) as run:
+    with tracker.run("pipe", system_metrics=0.5) as run:  # tracking.system_metrics_interval_s
         time.sleep(2.5)
     metrics = tracker.client.get_run(run.run_id).data.metrics
     assert any(k.startswith("system/cpu_utilization") for k in metrics), metrics
