@@ -262,5 +262,8 @@ def test_a_check_every_phase_fails_is_said_once_and_one_phase_fails_names_it() -
 
     found = {"grpo-a": {"memory": "memory: 16384 MB vs 15476 MB available"},
              "grpo-b": {"memory": "memory: 16384 MB vs 15470 MB available", "files": "files: 9000 > 1024"}}  # fmt: skip
-    assert by_phase(found) == ["memory: 16384 MB vs 15476 MB available", "files: 9000 > 1024 (GRPO phase grpo-b)"]
+    assert by_phase(found) == [
+        "memory: 16384 MB vs 15476 MB available",
+        "files: 9000 > 1024 (GRPO phase grpo-b)",
+    ]
     assert by_phase({"grpo": {}}) == []
