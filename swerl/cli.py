@@ -213,8 +213,8 @@ def _local_services(sc: ServicesConfig, root: Path, access: str, secret: str) ->
         master=sc.seaweed_master_port,
         volume=sc.seaweed_volume_port,
         filer=sc.seaweed_filer_port,
-        webdav=services.free_port(sc.host),
-        admin=services.free_port(sc.host),
+        webdav=services.free_seaweed_port(sc.host),  # their grpc ports are +10000: below 65536
+        admin=services.free_seaweed_port(sc.host),
     )
     return [
         services.seaweedfs(root / "seaweedfs", weed_ports, host=sc.host, access_key=access, secret_key=secret,

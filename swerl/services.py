@@ -134,14 +134,17 @@ class SeaweedPorts:
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> SeaweedPorts:
-        # grpc ports are derived as port+10000 by SeaweedFS conventions; keep the http ones below 55535.
-        ports: list[int] = []
-        while len(ports) < 6:
-            p = free_port(host)
-            if p < 55000 and p + 10000 not in _HANDED_OUT and _port_free(host, p + 10000):
-                ports.append(p)
-                _HANDED_OUT.add(p + 10000)
-        return cls(*ports)
+        return cls(*(free_seaweed_port(host) for _ in range(6)))
+
+
+def free_seaweed_port(host: str = "127.0.0.1") -> int:
+    """A free port for a SeaweedFS server, whose grpc port is the port + 10000 by SeaweedFS's convention: below
+    55000, with its grpc port free too (both handed out, never again in this process)."""
+    while True:
+        p = free_port(host)
+        if p < 55000 and p + 10000 not in _HANDED_OUT and _port_free(host, p + 10000):
+            _HANDED_OUT.add(p + 10000)
+            return p
 
 
 def _port_free(host: str, port: int) -> bool:

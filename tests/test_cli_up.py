@@ -144,3 +144,6 @@ def test_ports_handed_out_are_never_repeated_within_a_process():
     http = [weed.s3, weed.master, weed.volume, weed.filer, weed.webdav, weed.admin]
     picked = http + [p + 10000 for p in http] + [services.free_port() for _ in range(400)]
     assert len(set(picked)) == len(picked)
+    # a SeaweedFS server's own port and its grpc port (+10000) are both valid ports (swerl up's webdav and admin)
+    extra = [services.free_seaweed_port() for _ in range(50)]
+    assert all(p + 10000 <= 65535 for p in http + extra) and not set(extra) & set(picked)
