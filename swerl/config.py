@@ -512,10 +512,15 @@ class MegatronConfig(StrictModel):
     parallel size is what remains; expert parallel splits the MoE experts across data-parallel ranks."""
 
     tensor_parallel: int = Field(1, ge=1, le=1024)
+    """Tensor-parallel size (splits each layer's matrices)."""
     pipeline_parallel: int = Field(1, ge=1, le=1024)
+    """Pipeline-parallel size (splits the layers into stages)."""
     context_parallel: int = Field(1, ge=1, le=1024)
+    """Context-parallel size (splits long sequences)."""
     expert_parallel: int = Field(1, ge=1, le=1024)
+    """Expert-parallel size (splits the MoE experts)."""
     expert_tensor_parallel: int = Field(1, ge=1, le=1024)
+    """Tensor-parallel size inside each expert."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (needs tensor_parallel > 1)."""
     distributed_optimizer: bool = True
@@ -613,9 +618,13 @@ class TinyModelConfig(StrictModel):
     vocab_size: int = Field(4096, ge=300, le=1_000_000)
     """Target tokenizer vocabulary (the corpus may yield fewer)."""
     hidden_size: int = Field(256, ge=8, le=65_536)
+    """Model width (the residual stream)."""
     num_layers: int = Field(4, ge=1, le=1000)
+    """Decoder layers."""
     num_heads: int = Field(4, ge=1, le=1024)
+    """Attention query heads (head size = hidden_size / num_heads)."""
     num_kv_heads: int = Field(2, ge=1, le=1024)
+    """Key/value heads (grouped-query attention; divides num_heads)."""
     ffn_size: int = Field(768, ge=8, le=1_000_000)
     """MLP width (each expert's, for MoE)."""
     max_positions: int = Field(2048, ge=64, le=1_048_576)
@@ -623,7 +632,9 @@ class TinyModelConfig(StrictModel):
     moe: bool = False
     """Qwen3-MoE instead of dense."""
     num_experts: int = Field(4, ge=1, le=1024)
+    """Experts per MoE layer (moe: true)."""
     experts_per_token: int = Field(2, ge=1, le=1024)
+    """Experts each token is routed to (moe: true)."""
 
 
 class TracesConfig(StrictModel):
@@ -677,10 +688,15 @@ class SFTConfig(StrictModel):
     """Wall-clock guard only (max_steps decides what is trained): a run past it ends early, with a warning, the
     report's `budget` and an MLflow tag; the time of earlier attempts counts (saved in each checkpoint)."""
     lr: float = Field(1e-3, gt=0, le=10)
+    """Peak learning rate (AdamW), after warm-up."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """The cosine decay ends at lr x min_lr_ratio on the last step."""
     warmup_steps: int = Field(20, ge=0, le=10_000_000)
+    """Linear warm-up steps before the cosine decay."""
     weight_decay: float = Field(0.1, ge=0, le=10)
+    """AdamW weight decay, on matrices only (norms and biases are not decayed)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the gradient's total norm to this; None: measured, not clipped."""
     bf16: bool = False
     """bf16 autocast (slower than fp32 on CPUs without bf16 units: see docs/benchmarks.md)."""
     checkpoint_every: int = Field(100, ge=0, le=10_000_000)
@@ -1061,7 +1077,9 @@ class EvaluateConfig(StrictModel):
     concurrency: int = Field(8, ge=1, le=1_000_000)
     """Episodes running at once."""
     bootstrap_samples: int = Field(2000, ge=100, le=10_000_000)
+    """Bootstrap resamples (over tasks) of each pass@k confidence interval."""
     confidence: float = Field(0.95, gt=0, lt=1)
+    """Confidence level of the intervals (and 1 - the significance level of comparisons)."""
     threads: int = Field(1, ge=1, le=1024)
     """torch intra-op threads of the engine."""
     max_missing_share: float = Field(0.2, ge=0, le=1)
@@ -1095,7 +1113,8 @@ class ServeConfig(StrictModel):
         return v
 
     max_concurrent_runs: int = Field(1, ge=1, le=1000)
-    """Flow runs the serving process executes at once (Prefect runner limit)."""
+    """Flow runs executed at once: by `swerl up`'s Prefect worker (its work pool's concurrency limit) and by a
+    foreground `swerl serve` (the Prefect runner's limit)."""
 
 
 class ServicesConfig(StrictModel):
@@ -1158,17 +1177,29 @@ class PipelineConfig(StrictModel):
     form_hidden = ("serve", "services")
 
     run: RunConfig = Field(default_factory=RunConfig)
+    """The run's name and seed."""
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    """Where artifacts and checkpoints go (file:// or s3://)."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """MLflow: tracking URI, experiment, registered model."""
     curate: CurateConfig = Field(default_factory=CurateConfig)
+    """Dataset curation: repositories, bug modifiers, validation, the held-out split."""
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    """The agent's episode caps (turns, tokens, timeouts) and its sandboxes."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The inference engines (local, HTTP, SGLang), their context cap and connections."""
     traces: TracesConfig = Field(default_factory=TracesConfig)
+    """Agent traces for SFT (the oracle, or a published dataset)."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    """Supervised fine-tuning: the model, steps, budget, optimizer."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """GRPO: schedule, rollouts, algorithm, evaluation beside training, phases."""
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    """Held-out evaluation: models, tasks, attempts, grader."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    """`swerl serve`: the evaluation schedule and concurrent runs (not a run parameter)."""
     services: ServicesConfig = Field(default_factory=ServicesConfig)
+    """`swerl up`: local service ports (not a run parameter)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """The machines `swerl plan` places the run on (read by no stage: changing it reruns nothing)."""
 

@@ -393,3 +393,22 @@ def test_the_trainers_update_settings_are_exactly_grpo_algorithm() -> None:
     assert {f.name for f in dataclasses.fields(UpdateSettings)} == set(GRPOAlgorithmConfig.model_fields)
     algorithm = GRPOAlgorithmConfig(lr=3e-5, ppo_epochs=3, mis_high=4.0, tis_level="sequence")
     assert dataclasses.asdict(update_settings(algorithm)) == algorithm.model_dump()
+
+
+def test_every_config_field_has_a_description() -> None:
+    """The deployment form shows each field's docstring (use_attribute_docstrings): a field without one is a bare
+    input box. (pydantic gives a docstring to the field right above it only.)"""
+    import typing
+
+    missing: list[str] = []
+
+    def walk(model: Any, prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            if not f.description:
+                missing.append(prefix + name)
+            for candidate in typing.get_args(f.annotation) or (f.annotation,):
+                if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+                    walk(candidate, f"{prefix}{name}.")
+
+    walk(PipelineConfig, "")
+    assert missing == []
