@@ -18,7 +18,7 @@ from prefect.context import MissingContextError, SettingsContext, get_run_contex
 from prefect.logging.handlers import APILogHandler
 from prefect.runtime import deployment, flow_run
 
-from swerl.config import PipelineConfig
+from swerl.config import PipelineConfig, deep_merge
 from swerl.pipeline import open_session
 from tasks.stages import curate_tasks, evaluate_task, grpo_phase_tasks, sft_task, trace_tasks
 
@@ -74,16 +74,6 @@ def swerl_logs(flow_run_id: str | None) -> Iterator[None]:
             logger.addHandler(handler)
 
 
-def _merge(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """base with given's keys in place, section by section (a list or a value replaces the base's whole)."""
-    out = dict(base)
-    for key, value in given.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
-
-
 def deployment_config() -> dict[str, Any] | None:
     """The config of the deployment this flow run belongs to (its own parameters, not the run's), or None."""
     deployment_id = deployment.get_id()
@@ -108,7 +98,7 @@ def run_config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig
         given = dict(config)
     base = deployment_config()
     if base is not None:
-        return PipelineConfig.model_validate(_merge(base, given))
+        return PipelineConfig.model_validate(deep_merge(base, given))
     if isinstance(config, PipelineConfig):
         return config
     return PipelineConfig.model_validate(given)

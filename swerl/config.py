@@ -941,11 +941,13 @@ class ResolvedPhase:
     engine: EngineConfig
 
 
-def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` in place, section by section (a list or a value replaces the base's whole); neither is
+    modified. What a GRPO phase and a partial run parameter do to a config."""
     out = dict(base)
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -1257,7 +1259,7 @@ class PipelineConfig(StrictModel):
                 base["schedule"]["steps"] = phase.steps
             cls = type(getattr(self, section))
             try:
-                models[section] = cls.model_validate(_deep_merge(base, body))
+                models[section] = cls.model_validate(deep_merge(base, body))
             except ValidationError as exc:
                 problems = "; ".join(
                     f"{'.'.join([section, *(str(p) for p in err['loc'])])}: {err['msg']}"

@@ -26,7 +26,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from swerl import services
+from swerl.config import deep_merge
+from tests.test_cli_up import up_command
 
 pytestmark = pytest.mark.slow
 
@@ -114,25 +115,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`swerl up` on free loopback ports, then `swerl serve configs/local.yaml` in the environment it writes, as
     the README tells a user; everything stopped by process id (group) at the end."""
     root = tmp_path_factory.mktemp("browser-stack")
-    weed = services.SeaweedPorts.free()
-    prefect_port, mlflow_port = services.free_port(), services.free_port()
-    overrides = [
-        f"services.prefect_port={prefect_port}", f"services.mlflow_port={mlflow_port}",
-        f"services.s3_port={weed.s3}", f"services.seaweed_master_port={weed.master}",
-        f"services.seaweed_volume_port={weed.volume}", f"services.seaweed_filer_port={weed.filer}",
-        "services.startup_timeout_s=300",
-    ]  # fmt: skip
-    argv = [
-        sys.executable,
-        "-m",
-        "swerl.cli",
-        "up",
-        str(REPO / "configs/local.yaml"),
-        "--data-dir",
-        str(root),
-    ]
-    for item in overrides:
-        argv += ["--set", item]
+    argv, prefect_port, mlflow_port, _ = up_command(root, 300)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SWERL_"))}
     env["HOME"] = str(root / "home")  # the worker's and the flow runs' ~/.prefect and caches: this test's own
     up_log = root / "up.log"
@@ -254,15 +237,6 @@ def _click(drv: Any, timeout: float, xpath: str) -> None:
     _wait(drv, timeout, f"a clickable {xpath}", click)
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = (
-            _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-        )
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ the tests
 
 RUN: dict[str, Any] = {}  # what the Prefect test ran, for the MLflow test
@@ -317,7 +291,7 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
         "the deployment does not store in swerl up's S3"
     )
     tiny = yaml.safe_load(TINY.read_text())
-    filled = {**shown, "config": _merge(shown["config"], tiny)}
+    filled = {**shown, "config": deep_merge(shown["config"], tiny)}
     drv.execute_script(
         "const el = arguments[0]; el.value = arguments[1]; el.dispatchEvent(new Event('input', {bubbles: true}));",
         editor, json.dumps(filled, indent=2),

@@ -45,15 +45,16 @@ def _holders(path: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.slow
-def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
+def up_command(data_dir: Path, startup_timeout_s: int) -> tuple[list[str], int, int, services.SeaweedPorts]:
+    """`swerl up configs/local.yaml` on free loopback ports, its data under `data_dir`: (argv, Prefect port, MLflow
+    port, SeaweedFS ports)."""
     weed = services.SeaweedPorts.free()
     prefect_port, mlflow_port = services.free_port(), services.free_port()
     overrides = [
         f"services.prefect_port={prefect_port}", f"services.mlflow_port={mlflow_port}",
         f"services.s3_port={weed.s3}", f"services.seaweed_master_port={weed.master}",
         f"services.seaweed_volume_port={weed.volume}", f"services.seaweed_filer_port={weed.filer}",
-        "services.startup_timeout_s=240",
+        f"services.startup_timeout_s={startup_timeout_s}",
     ]  # fmt: skip
     argv = [
         sys.executable,
@@ -62,10 +63,16 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         "up",
         str(REPO / "configs/local.yaml"),
         "--data-dir",
-        str(tmp_path),
+        str(data_dir),
     ]
     for item in overrides:
         argv += ["--set", item]
+    return argv, prefect_port, mlflow_port, weed
+
+
+@pytest.mark.slow
+def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
+    argv, prefect_port, mlflow_port, weed = up_command(tmp_path, 240)
     log = (tmp_path / "up.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
     urls = [
