@@ -23,6 +23,7 @@ from swerl.stages.runner import (
     StageResult,
     load_manifest,
     manifest_path,
+    read_force_epoch,
     run_stage,
     stage_key,
 )
@@ -43,12 +44,14 @@ class ToyStage:
     calls: int = 0
     seen_workdirs: list[Path] = field(default_factory=list)
     during: list[Manifest | None] = field(default_factory=list)  # the published manifest while running
+    durable: list[str] = field(default_factory=list)  # where each attempt's checkpoints would go
 
     def __call__(self, cfg: ToyConfig, ctx: StageContext) -> StageResult:
         self.calls += 1
         assert ctx.workdir.is_dir()
         self.seen_workdirs.append(ctx.workdir)
         self.during.append(load_manifest(ctx.store, ctx.stage, ctx.prefix.split("/")[2]))
+        self.durable.append(ctx.durable("checkpoints"))
         ctx.write_artifact("tasks.json", _content(cfg))
         scratch = ctx.workdir / "big.txt"
         scratch.write_text("x" * 1000)
@@ -198,6 +201,40 @@ def test_failed_forced_rerun_keeps_the_published_checkpoint(store: Store, tracke
         _run(ToyStage(fail=True), cfg, store, tracker, force=True)
     assert load_manifest(store, "toy", good.key) == good
     assert store.read_bytes(store.rel_of(good.artifact("tasks.json").uri)) == _content(cfg)
+
+
+def test_a_forced_run_opens_a_force_epoch_that_a_plain_rerun_finishes(store: Store, tracker: Tracker) -> None:
+    """A forced run keeps its durable state (checkpoints) apart from earlier attempts' (it must not resume from
+    them); when it fails, the published manifest stays, but the stage is not done: the next plain run resumes the
+    forced attempt (its durable folder, its MLflow run) instead of skipping, and then the stage is done."""
+    fn, cfg = ToyStage(), ToyConfig(label="epoch")
+    good = _run(fn, cfg, store, tracker).manifest
+    key = good.key
+    assert good.force_epoch == "" and fn.durable == [f"stages/toy/{key}/checkpoints"]
+    failing = ToyStage(fail=True)
+    with pytest.raises(RuntimeError, match="exploded"):
+        _run(failing, cfg, store, tracker, force=True)
+    epoch = read_force_epoch(store, "toy", key)
+    assert epoch is not None and epoch.previous == "" and failing.during == [good]
+    assert failing.durable == [f"stages/toy/{key}/forced/{epoch.epoch}/checkpoints"]
+    assert load_manifest(store, "toy", key) == good  # still published, still readable
+    client = MlflowClient(tracking_uri=tracker.uri)
+    forced_runs = client.search_runs([tracker.experiment_id], f"tags.`swerl.force_epoch` = '{epoch.epoch}'")
+    assert [(r.info.status, r.data.tags["swerl.forced"]) for r in forced_runs] == [("FAILED", "true")]
+
+    resumed = _run(fn, cfg, store, tracker)  # no force: the forced attempt is resumed, not skipped
+    assert not resumed.skipped and fn.calls == 2
+    assert fn.durable[-1] == failing.durable[0] and resumed.manifest.force_epoch == epoch.epoch
+    assert resumed.manifest.mlflow_run_id == forced_runs[0].info.run_id  # its MLflow run continued
+    assert load_manifest(store, "toy", key) == resumed.manifest
+    assert _run(fn, cfg, store, tracker).skipped and fn.calls == 2
+
+    again = _run(fn, cfg, store, tracker, force=True).manifest  # a new epoch, a new run
+    assert again.force_epoch not in ("", epoch.epoch) and fn.durable[-1].endswith(
+        f"/forced/{again.force_epoch}/checkpoints"
+    )
+    assert again.mlflow_run_id != resumed.manifest.mlflow_run_id
+    assert (read_force_epoch(store, "toy", key) or epoch).previous == epoch.epoch
 
 
 def test_inputs_fingerprints_change_the_key(store: Store, tracker: Tracker) -> None:

@@ -99,9 +99,11 @@ class Env:
     store: Store
     tracker: Tracker
 
-    def run(self, stage: str, fn: Any, cfg: Any, inputs: list[Manifest] | None = None) -> StageOutcome:
+    def run(
+        self, stage: str, fn: Any, cfg: Any, inputs: list[Manifest] | None = None, force: bool = False
+    ) -> StageOutcome:
         return run_stage(stage, fn, cfg, store=self.store, tracker=self.tracker, parent=None, inputs=inputs,
-                         seed=0, log=logging.getLogger(f"swerl.test.{stage}"))  # fmt: skip
+                         seed=0, log=logging.getLogger(f"swerl.test.{stage}"), force=force)  # fmt: skip
 
     def artifact(self, manifest: Manifest, name: str) -> bytes:
         return self.store.read_bytes(self.store.rel_of(manifest.artifact(name).uri))
@@ -477,6 +479,70 @@ def test_sft_crashed_after_its_last_checkpoint_publishes_it_and_is_skipped_next_
     assert math.isnan(again.manifest.metrics["final_loss"])
 
 
+def test_forced_sft_trains_afresh_and_a_crash_of_it_resumes_its_own_checkpoints(
+    env: Env,
+    curate: Manifest,
+    traces: Manifest,
+    sft: Manifest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`--force sft` with an unchanged config once restored the key's final durable checkpoint and trained
+    nothing (it only published again). Now a forced run trains from the base model, in a force epoch of its own: it
+    crashes after step 2 here, leaving the published result readable and the earlier checkpoints untouched; a plain
+    rerun resumes the forced attempt from its step 2 (not the earlier final step 6) and ends with the weights of an
+    uninterrupted run (the `sft` fixture); `--force` again starts afresh once more."""
+    cfg = SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE)
+    inputs = [curate, traces]
+    first = env.run("sft-forced", run_sft, cfg, inputs).manifest
+    key, earlier = first.key, f"stages/sft-forced/{first.key}/checkpoints"
+    assert env.store.exists(f"{earlier}/step_00000006/{COMPLETE_MARKER}")
+    original = DurableCheckpoints.sync
+
+    def crashing_sync(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if "step_00000002" in done:
+            raise RuntimeError("injected crash after step_00000002 was synced")
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    with pytest.raises(
+        RuntimeError, match="injected crash"
+    ):  # before the fix: resumed at step 6, no step trained
+        env.run("sft-forced", run_sft, cfg, inputs, force=True)
+    monkeypatch.undo()
+    # the published result is still the first one, readable; the earlier attempts' checkpoints are untouched
+    assert load_manifest(env.store, "sft-forced", key) == first
+    assert env.json(first, "sft_report.json")["steps"] == 6
+    kept = sorted(rel.rsplit("/", 1)[-1] for rel in env.store.list(earlier))
+    assert kept == ["step_00000004", "step_00000006"], kept
+    epoch = json.loads(env.store.read_bytes(f"stages/sft-forced/{key}/force_epoch.json"))["epoch"]
+    forced = f"stages/sft-forced/{key}/forced/{epoch}/checkpoints"
+    assert env.store.exists(f"{forced}/step_00000002/{COMPLETE_MARKER}")
+
+    resumed = env.run("sft-forced", run_sft, cfg, inputs)  # no --force: the forced attempt is not done yet
+    assert not resumed.skipped and resumed.manifest.key == key and resumed.manifest.force_epoch == epoch
+    report = env.json(resumed.manifest, "sft_report.json")
+    assert (report["resumed_from"], report["steps_this_attempt"], report["steps"]) == ("step_00000002", 4, 6)
+    # the forced attempt's MLflow run (tagged so), continued by the resume: its curve starts at step 1 again
+    assert resumed.manifest.mlflow_run_id != first.mlflow_run_id
+    run = env.tracker.client.get_run(resumed.manifest.mlflow_run_id or "")
+    assert (run.data.tags["swerl.forced"], run.data.tags["swerl.force_epoch"]) == ("true", epoch)
+    # (the crashed attempt may have logged step 3 before the crash cut its checkpoint)
+    assert {step for step, _ in env.metric_history(resumed.manifest, "train/loss")} == set(range(1, 7))
+    reference = state_dict(get_dir(env.store, sft, "model", tmp_path / "reference"))
+    weights = state_dict(get_dir(env.store, resumed.manifest, "model", tmp_path / "resumed"))
+    assert all(torch.equal(reference[k], weights[k]) for k in reference)
+    assert sorted(rel.rsplit("/", 1)[-1] for rel in env.store.list(earlier)) == kept
+    assert env.run("sft-forced", run_sft, cfg, inputs).skipped
+
+    again = env.run("sft-forced", run_sft, cfg, inputs, force=True).manifest
+    report = env.json(again, "sft_report.json")
+    assert (report["resumed_from"], report["steps_this_attempt"], report["steps"]) == (None, 6, 6)
+    assert again.force_epoch not in ("", epoch) and again.mlflow_run_id != resumed.manifest.mlflow_run_id
+    assert env.store.exists(f"{forced}/step_00000006/{COMPLETE_MARKER}")  # the previous epoch's, kept
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # grpo
 
@@ -500,6 +566,30 @@ def test_grpo_takes_its_steps_and_publishes_the_model(env: Env, grpo: Manifest, 
     assert {"plots/reward_and_staleness.png", "plots/step_time_breakdown.png"} <= plots, plots
     run = client.get_run(grpo.mlflow_run_id or "")
     assert [o.model_id for o in run.outputs.model_outputs] == [run.data.tags["swerl.model.id"]]
+
+
+def test_forced_grpo_trains_afresh_with_checkpoints_and_journal_of_its_own(
+    env: Env, curate: Manifest, sft: Manifest
+) -> None:
+    """`--force grpo` (async: checkpoints and rollout journal): the forced run trains its steps from the SFT model
+    (it once resumed from the final checkpoint and trained none), in a force epoch of its own; the earlier result's
+    handoff (what a later phase starts from) still points at its own intact checkpoint and journal."""
+    schedule = GRPO.schedule.model_copy(update={"steps": 1})
+    cfg = GRPOStage(
+        grpo=GRPO.model_copy(update={"mode": "async", "schedule": schedule}), agent=AGENT, engine=ENGINE
+    )
+    first = env.run("grpo-forced", run_grpo, cfg, [curate, sft]).manifest
+    forced = env.run("grpo-forced", run_grpo, cfg, [curate, sft], force=True).manifest
+    report = env.json(forced, "grpo_report.json")
+    assert (report["steps"], report["steps_this_attempt"], report["resumed"]) == (1, 1, None)
+    assert forced.force_epoch and forced.key == first.key
+    root = f"stages/grpo-forced/{first.key}"
+    new, old = env.json(forced, "phase_handoff.json"), env.json(first, "phase_handoff.json")
+    epoch = f"{root}/forced/{forced.force_epoch}"
+    assert (new["checkpoints"], new["journals"]) == (f"{epoch}/checkpoints", [f"{epoch}/rollouts"])
+    assert (old["checkpoints"], old["journals"]) == (f"{root}/checkpoints", [f"{root}/rollouts"])
+    assert env.store.exists(f"{old['checkpoints']}/{old['checkpoint']}/{COMPLETE_MARKER}")
+    assert env.store.list(f"{epoch}/rollouts") and env.store.list(f"{root}/rollouts")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -191,10 +191,12 @@ def get_dir(store: Store, manifest: Manifest, name: str, local: Path) -> Path:
 class DurableCheckpoints(CheckpointMirror):
     """Training checkpoints mirrored to the store under the stage's key (not its attempt), so a rerun of a
     crashed stage resumes from the newest intact complete one (a damaged newest one is skipped, said in the log);
-    the store keeps the newest `keep` (the stage's keep_checkpoints), like the trainer's local folder."""
+    the store keeps the newest `keep` (the stage's keep_checkpoints), like the trainer's local folder. A forced run's
+    are its force epoch's own (`stages/NAME/KEY/forced/EPOCH/checkpoints`, StageContext.durable): it finds none
+    of the attempts before it, and its crashed attempts resume from its own."""
 
     def __init__(self, ctx: StageContext, local_root: Path, keep: int) -> None:
-        super().__init__(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/checkpoints", local_root, keep=keep)
+        super().__init__(ctx.store, ctx.durable("checkpoints"), local_root, keep=keep)
 
 
 # ----------------------------------------------------------------------------------------------------------------

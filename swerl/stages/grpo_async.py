@@ -38,8 +38,9 @@ def settings_from_config(g: GRPOConfig) -> AsyncSettings:
 class AsyncGRPO:
     """Asynchronous GRPO inside the stage: resume state, the loop, what a checkpoint adds (the ledger).
 
-    The journal lives under the stage key (`stages/grpo/KEY/rollouts/`), next to the durable checkpoints, so a
-    rerun of a crashed stage finds both.
+    The journal lives under the stage key (`stages/grpo/KEY/rollouts/`; a forced run's in its force epoch's
+    `stages/grpo/KEY/forced/EPOCH/rollouts/`), next to the durable checkpoints, so a rerun of a crashed stage finds
+    both.
     """
 
     def __init__(
@@ -58,7 +59,7 @@ class AsyncGRPO:
         eligible(index): the phase's task filter over the data stream (None: every task)."""
         self.ctx, self.g, self.order = ctx, g, list(order)
         self.ledger = Ledger.load(resume)
-        self.journal = RolloutJournal(ctx.store, ctx.prefix.rsplit("/", 1)[0] + "/rollouts", earlier_journals)
+        self.journal = RolloutJournal(ctx.store, ctx.durable("rollouts"), earlier_journals)
         self.start_position = start_position
         self.eligible = eligible
         self.next_seq = 0

@@ -10,6 +10,14 @@ Manifests record store-relative paths (artifacts, inputs, their own), so a store
 reused as it is; `load_manifest` resolves them against the store it reads from. A damaged manifest (truncated,
 not a manifest) means the stage is not done: it is logged and the stage reruns.
 
+State that outlives an attempt (training checkpoints, GRPO's rollout journal) lives under the key, not the
+attempt: in `stages/NAME/KEY/` for the key's first line of attempts, so that a crashed stage resumes there. A forced
+run opens a new *force epoch* (its attempt id, recorded in `stages/NAME/KEY/force_epoch.json` before it starts) and
+keeps that state in `stages/NAME/KEY/forced/EPOCH/` instead: it starts from its inputs, never from what earlier
+attempts left, and never touches it (a published result may reference it). Until an attempt of that epoch publishes,
+the stage counts as not done even though the older manifest is still there (and still readable): the next run,
+forced or not, is no skip, and without `--force` it resumes the forced attempt from its own checkpoints.
+
 Each attempt's scratch workdir lives under `WORK_ROOT` beside an owner file (pid, host, process start); the next
 run of the same stage removes the workdirs of owners that are gone (a killed stage), never a live one's.
 """
@@ -83,6 +91,8 @@ class Manifest(BaseModel):
     finished_at: str
     duration_s: float
     uri: str = ""
+    force_epoch: str = ""
+    """The force epoch the publishing attempt ran in ("": the key's first line of attempts, never forced)."""
 
     @property
     def fingerprint(self) -> str:
@@ -142,6 +152,13 @@ class StageContext:
     progress_fn: ProgressFn | None = None
     registered_model: str | None = None
     """The MLflow registered model a model-producing stage (sft, grpo) adds a version to; None: log, not register."""
+    durable_prefix: str = ""
+    """Where state that outlives the attempt goes (checkpoints, journals): `stages/NAME/KEY`, or a forced run's
+    `stages/NAME/KEY/forced/EPOCH` (durable_root); "": the attempt folder's parent."""
+
+    def durable(self, name: str) -> str:
+        """The store folder `name` (checkpoints, rollouts) of the state that outlives this attempt."""
+        return f"{self.durable_prefix or self.prefix.rsplit('/', 1)[0]}/{name}"
 
     def log_model(self, local_dir: Path, artifact: str = "model") -> dict[str, str]:
         """Log a saved checkpoint (published as `artifact`) as this stage run's MLflow model, with its signature,
@@ -201,6 +218,42 @@ def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest], seed: int = 0,
 
 def manifest_path(stage: str, key: str) -> str:
     return f"stages/{stage}/{key}/manifest.json"
+
+
+FORCE_EPOCH_FILE = "force_epoch.json"
+
+
+class ForceEpoch(BaseModel):
+    """`stages/NAME/KEY/force_epoch.json`: the newest forced run of the key (written before it starts)."""
+
+    epoch: str
+    """The forced attempt's id: its durable state is under durable_root(stage, key, epoch)."""
+    forced_at: str
+    previous: str = ""
+    """The epoch it replaced ("": the key's first line of attempts)."""
+
+
+def force_epoch_path(stage: str, key: str) -> str:
+    return f"stages/{stage}/{key}/{FORCE_EPOCH_FILE}"
+
+
+def durable_root(stage: str, key: str, epoch: str = "") -> str:
+    """The store folder of a stage key's state that outlives attempts: the key's own folder, or a force epoch's."""
+    return f"stages/{stage}/{key}/forced/{epoch}" if epoch else f"stages/{stage}/{key}"
+
+
+def read_force_epoch(store: Store, stage: str, key: str) -> ForceEpoch | None:
+    """The key's newest force epoch; None when the key was never forced. A damaged record raises CorruptStoreFile
+    (which attempts' checkpoints to resume from is then unknown: `--force STAGE` starts afresh)."""
+    rel = force_epoch_path(stage, key)
+    if not store.exists(rel):
+        return None
+    try:
+        return store.read_parsed(rel, ForceEpoch.model_validate_json, "force epoch record")
+    except CorruptStoreFile as exc:
+        raise CorruptStoreFile(
+            exc.uri, f"{exc.reason}; rerun with --force {stage} to start it afresh"
+        ) from exc
 
 
 def _rebase(store: Store, uri: str) -> str:
@@ -311,8 +364,13 @@ StageFn = Callable[[Any, StageContext], StageResult]
 PLOTS_DIR = "plots"
 """Where a stage's plots go in its MLflow run's artifacts."""
 RESUMABLE_STATUSES = ("FAILED", "KILLED")
-"""A stage attempt's MLflow run that ended so is continued by the next attempt of the same key under the same
-parent (one run, one curve across resumes); a FINISHED one (a forced rerun) is not."""
+"""A stage attempt's MLflow run that ended so is continued by the next attempt of the same key and force epoch
+under the same parent (one run, one curve across resumes); a FINISHED one is not, and a forced run never continues
+one."""
+FORCED_TAG = "swerl.forced"
+"""On a forced attempt's MLflow run ("true"); an attempt that resumes it continues that run, tag and all."""
+FORCE_EPOCH_TAG = "swerl.force_epoch"
+"""The force epoch of a stage run's attempts (absent: the key's first line of attempts, never forced)."""
 
 
 def _publish(
@@ -324,6 +382,7 @@ def _publish(
     result: StageResult,
     started: str,
     duration: float,
+    force_epoch: str = "",
 ) -> Manifest:
     """Record a finished attempt: its metrics and report to MLflow, then its manifest to the store, last."""
     stage, store, run = ctx.stage, ctx.store, ctx.run
@@ -340,6 +399,7 @@ def _publish(
         finished_at=_now(),
         duration_s=round(duration, 3),
         uri=store.uri(manifest_path(stage, key)),
+        force_epoch=force_epoch,
     )
     run.log_metrics({**result.metrics, "stage_duration_s": duration})
     run.log_dict(manifest.model_dump(mode="json"), "manifest.json")
@@ -371,28 +431,44 @@ def run_stage(
 ) -> StageOutcome:
     """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow.
 
-        A resumed attempt (same key, no manifest) continues the MLflow run of the attempt that failed or was killed
-        under the same parent, so its per-step metrics continue the same curves. datasets: (name, uri, sha256, context)
-    of what the stage trains or evaluates on, logged as the run's MLflow dataset inputs."""
+    A resumed attempt (same key, no manifest) continues the MLflow run of the attempt that failed or was killed
+    under the same parent, so its per-step metrics continue the same curves. A forced run opens a new force epoch
+    (see the module's doc): a new MLflow run tagged swerl.forced, and durable state (checkpoints) of its own, so it
+    trains from its inputs; until that epoch publishes, a run without `force` resumes it instead of skipping the
+    stage. datasets: (name, uri, sha256, context) of what the stage trains or evaluates on, logged as the run's
+    MLflow dataset inputs."""
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
     key = stage_key(stage, cfg, inputs, seed, content)
-    if not force:
+    attempt = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    if force:
+        epoch = _open_force_epoch(store, stage, key, attempt, log)
+    else:
+        current = read_force_epoch(store, stage, key)
+        epoch = current.epoch if current is not None else ""
         existing = load_manifest(store, stage, key, log)
-        if existing is not None:
+        if existing is not None and existing.force_epoch == epoch:
             log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
             return StageOutcome(manifest=existing, skipped=True)
+        if existing is not None:
+            log.warning("stage %s: the forced run of %s (force epoch %s) did not finish; resuming it (the published "
+                        "manifest %s stays until it does)", stage, current.forced_at if current else "?", epoch,
+                        existing.uri)  # fmt: skip
 
-    attempt = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     prefix = f"stages/{stage}/{key}/{attempt}"
     started, t0 = _now(), time.monotonic()
-    log.info("stage %s: running (key %s%s) -> %s", stage, key, ", forced" if force else "", store.uri(prefix))
+    note = ", forced" if force else (f", force epoch {epoch}" if epoch else "")
+    log.info("stage %s: running (key %s%s) -> %s", stage, key, note, store.uri(prefix))
     remove_dead_workdirs(stage, log)
     workdir = _make_workdir(stage, key, attempt)
     try:
         identity = {KIND_TAG: "stage", "swerl.stage": stage, "swerl.key": key}
+        if epoch:
+            identity[FORCE_EPOCH_TAG] = epoch
         resume = None if force else tracker.find_run(identity, parent, RESUMABLE_STATUSES)
         tags = {**identity, CONFIG_HASH_TAG: config_hash(cfg), **git_tags()}
+        if force:
+            tags[FORCED_TAG] = "true"
         with tracker.run(stage, tags=tags, parent=parent, resume=resume) as run:
             run.log_params(cfg.model_dump(mode="json", by_alias=True))
             log_dataset_inputs(run, datasets or [])
@@ -407,10 +483,25 @@ def run_stage(
                 seed=seed,
                 progress_fn=progress,
                 registered_model=registered_model,
+                durable_prefix=durable_root(stage, key, epoch),
             )
             result = fn(cfg, ctx)
-            manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0)
+            manifest = _publish(ctx, cfg, key, attempt, inputs, result, started, time.monotonic() - t0, epoch)
     finally:
         _remove_workdir(workdir)
     log.info("stage %s: done in %.1fs (%s)", stage, manifest.duration_s, result.summary or "no summary")
     return StageOutcome(manifest=manifest, skipped=False, result=result)
+
+
+def _open_force_epoch(store: Store, stage: str, key: str, attempt: str, log: logging.Logger) -> str:
+    """Record `attempt` as the key's new force epoch (before it writes anything) and return it."""
+    try:
+        previous = read_force_epoch(store, stage, key)
+    except CorruptStoreFile as exc:
+        log.warning("stage %s: %s; replaced by the new force epoch", stage, exc)
+        previous = None
+    record = ForceEpoch(epoch=attempt, forced_at=_now(), previous=previous.epoch if previous else "")
+    store.write_bytes(force_epoch_path(stage, key), record.model_dump_json(indent=2).encode())
+    log.info("stage %s: forced: force epoch %s, durable state (checkpoints) in %s, none of earlier attempts' reused",
+             stage, attempt, store.uri(durable_root(stage, key, attempt)))  # fmt: skip
+    return attempt
