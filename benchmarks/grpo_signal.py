@@ -8,12 +8,13 @@ SFT model (the policy GRPO starts from). Two rollout managers run at the same ti
 that model, each with half of grpo.rollout.max_in_flight, on the real agent loop, bubblewrap sandboxes and grader:
 
 - baseline: whole groups of 8 attempts in the seeded task order, no probe, no replay (the sampling before issue 22);
+- config (with --arms baseline,config,new): the config's grpo.rollout as committed, no overrides;
 - new: the config's grpo.rollout (configs/local.yaml unless --config), with any --new overrides.
 
 No training happens (the policy is fixed), so the comparison is of the sampling alone; both arms see the same
-machine load. Each arm stops opening groups after --episodes episodes have started and reports, over its finished
+machine load (with three arms each gets a third of max_in_flight). Each arm stops opening groups after --episodes episodes have started and reports, over its finished
 groups: groups with signal (mixed valid rewards) per 100 episodes rolled, the share of groups with signal, and the
-episodes spent per group with signal. Prints the ratio new / baseline.
+episodes spent per group with signal. Prints the ratios new / baseline (and new / config, config / baseline).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams
 from swerl.engine.factory import open_engine
 from swerl.model.loading import load_tokenizer
-from swerl.rollout.curriculum import Curriculum, CurriculumSettings, has_signal
+from swerl.rollout.curriculum import Curriculum, has_signal
 from swerl.rollout.journal import FinishedGroup, RolloutJournal
 from swerl.rollout.manager import RolloutManager
 from swerl.stages.common import (
@@ -44,6 +45,7 @@ from swerl.stages.common import (
     sandbox_pool,
     seeded_sample,
 )
+from swerl.stages.grpo_async import curriculum_for
 from swerl.stages.runner import Manifest, read_manifest
 from swerl.storage import Store
 from swerl.trajectory import Trajectory
@@ -60,10 +62,9 @@ def newest_manifest(store: Store, stage: str) -> Manifest:
 class Arm:
     """One sampler: a manager, its curriculum, and what it rolled."""
 
-    def __init__(self, name: str, n: int, settings: CurriculumSettings | None, in_flight: int, episodes: int,
+    def __init__(self, name: str, n: int, curriculum: Curriculum | None, in_flight: int, episodes: int,
                  order: list[TaskInstance], episode: Any, engine: Engine) -> None:  # fmt: skip
         self.name, self.n, self.episodes = name, n, episodes
-        curriculum = Curriculum(len(order), settings) if settings is not None else None
         self.manager: RolloutManager[TaskInstance] = RolloutManager(
             engine, episode, lambda index: order[index % len(order)], n_attempts=n, max_in_flight=in_flight,
             max_buffered_groups=1_000_000, journal=RolloutJournal(None, name), curriculum=curriculum,
@@ -102,7 +103,11 @@ class Arm:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(Path(args.config), args.new)
+    committed = load_config(Path(args.config)).grpo.rollout
     g = cfg.grpo
+    names = args.arms.split(",")
+    if sorted(names) not in (["baseline", "new"], ["baseline", "config", "new"]):
+        raise SystemExit(f"--arms must be baseline,new or baseline,config,new, got {args.arms!r}")
     store = Store(args.store)
     tasks = load_tasks(store, newest_manifest(store, "curate"), "train.parquet")
     order = seeded_sample(tasks, len(tasks), f"grpo:{cfg.run.seed}:{g.schedule.task_seed_offset}")
@@ -114,7 +119,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                               top_p=g.rollout.top_p)  # fmt: skip
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     counts: dict[str, int] = {}
-    in_flight = max(1, g.rollout.max_in_flight // 2)
+    in_flight = max(1, g.rollout.max_in_flight // len(names))
     async with provider, open_engine(cfg.engine, model_dir, seed=cfg.run.seed, weight_version=0,
                                      concurrency=2 * in_flight, log_dir=work / "engines") as engine:  # fmt: skip
 
@@ -126,21 +131,55 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             return await episode_with_retries(once, cfg.agent.infra_retries, counts)
 
         r = g.rollout
-        new_settings = CurriculumSettings(r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits)
-        arms = [
-            Arm("baseline", args.baseline_attempts, None, in_flight, args.episodes, order, episode, engine),
-            Arm("new", r.attempts_per_task, new_settings, in_flight, args.episodes, order, episode, engine),
-        ]
+        arms = {
+            "baseline": Arm(
+                "baseline", args.baseline_attempts, None, in_flight, args.episodes, order, episode, engine
+            ),
+            "config": Arm(
+                "config",
+                committed.attempts_per_task,
+                curriculum_for(committed, order, cfg.run.seed),
+                in_flight,
+                args.episodes,
+                order,
+                episode,
+                engine,
+            ),
+            "new": Arm(
+                "new",
+                r.attempts_per_task,
+                curriculum_for(r, order, cfg.run.seed),
+                in_flight,
+                args.episodes,
+                order,
+                episode,
+                engine,
+            ),
+        }
+        arms = {name: arms[name] for name in names}
         started = time.monotonic()
-        await asyncio.gather(*(arm.run() for arm in arms))
+        await asyncio.gather(*(arm.run() for arm in arms.values()))
         wall = time.monotonic() - started
-    reports = {arm.name: arm.report() for arm in arms}
+    reports = {name: arm.report() for name, arm in arms.items()}
+    for name, arm in arms.items():
+        curriculum = arm.manager.curriculum
+        if curriculum is not None:
+            reports[name] |= curriculum.stats()
     base, new = reports["baseline"], reports["new"]
+
+    def ratio(a: dict[str, float], b: dict[str, float]) -> float:
+        return a["signal_per_100_episodes"] / max(b["signal_per_100_episodes"], 1e-9)
+
+    extra = {}
+    if "config" in reports:
+        extra = {"ratio_new_vs_config": ratio(new, reports["config"]),
+                 "ratio_config_vs_baseline": ratio(reports["config"], base)}  # fmt: skip
     return {
         "config": args.config, "overrides": args.new, "episodes_per_arm": args.episodes, "wall_s": round(wall, 1),
-        "new_rollout": r.model_dump(include={"attempts_per_task", "probe_attempts", "replay_share", "max_visits"}),
+        "new_rollout": r.model_dump(include={"attempts_per_task", "probe_attempts", "replay_share", "max_visits",
+                                             "stratify_by", "stratum_floor", "stratum_prior"}),
         "baseline_attempts": args.baseline_attempts, "reports": reports, "infra": counts,
-        "ratio_signal_per_100_episodes": new["signal_per_100_episodes"] / max(base["signal_per_100_episodes"], 1e-9),
+        "ratio_signal_per_100_episodes": ratio(new, base), **extra,
     }  # fmt: skip
 
 
@@ -155,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--episodes", type=int, default=240, help="episodes each arm starts")
     parser.add_argument("--baseline-attempts", type=int, default=8, help="the baseline's group size")
+    parser.add_argument("--arms", default="baseline,new", help="baseline,new or baseline,config,new")
     parser.add_argument("--out", help="write the JSON result here too")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
@@ -167,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
           f"({b['signal_groups']} of {b['groups']} groups, {b['episodes']} episodes), new "
           f"{n['signal_per_100_episodes']:.1f} ({n['signal_groups']} of {n['groups']}, {n['episodes']} episodes): "
           f"{result['ratio_signal_per_100_episodes']:.2f}x", file=sys.stderr)  # fmt: skip
+    if "config" in result["reports"]:
+        c = result["reports"]["config"]
+        print(f"config (committed) {c['signal_per_100_episodes']:.1f} ({c['signal_groups']} of {c['groups']}, "
+              f"{c['episodes']} episodes): new / config {result['ratio_new_vs_config']:.2f}x, config / baseline "
+              f"{result['ratio_config_vs_baseline']:.2f}x", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -781,6 +781,16 @@ class GRPORolloutConfig(StrictModel):
     fresh task; 0: off (every group a fresh task in the seeded order)."""
     max_visits: int = Field(1, ge=1, le=1_000_000)
     """async, replay: most groups one task runs in all (its first included)."""
+    stratify_by: Literal["modifier", "difficulty", "repo"] | None = None
+    """async: the task attribute whose strata the curriculum estimates success rates for; a fresh task of a stratum
+    far from the policy's frontier (never or always solved so far) is passed over with a seeded draw, keeping at
+    least stratum_floor of its stratum's tasks (swerl.rollout.curriculum: tasks reweighted by stratum, each
+    task's update keeps its direction). None: off (every fresh task in the seeded order)."""
+    stratum_floor: float = Field(0.2, gt=0, le=1)
+    """async, stratify_by: least chance that a fresh task of the least promising stratum is taken."""
+    stratum_prior: float = Field(2.0, gt=0, le=1_000_000)
+    """async, stratify_by: pseudo-attempts at success rate 1/2 in each stratum's estimate (how soon outcomes
+    move it)."""
 
 
 class GRPOAlgorithmConfig(StrictModel):
@@ -1010,7 +1020,8 @@ class GRPOConfig(StrictModel):
                 "(the evaluate stage)"
             )
         r = self.rollout
-        adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share}
+        adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share,
+                    "stratify_by": r.stratify_by}  # fmt: skip
         if self.mode != "async" and any(adaptive.values()):
             raise ValueError(
                 f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)"
@@ -1021,6 +1032,9 @@ class GRPOConfig(StrictModel):
         if r.replay_share > 0 and r.prewarm_groups > 0:
             raise ValueError("grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
                              f"replay_share ({r.replay_share}) > 0, whose tasks come from outcomes")  # fmt: skip
+        if r.stratify_by is not None and r.prewarm_groups > 0:
+            raise ValueError("grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
+                             f"stratify_by ({r.stratify_by!r}), whose fresh picks depend on outcomes")  # fmt: skip
         if r.replay_share > 0 and r.max_visits < 2:
             raise ValueError(f"grpo.rollout.replay_share ({r.replay_share}) > 0 needs max_visits >= 2 (a task's "
                              f"replay is its second visit), got {r.max_visits}")  # fmt: skip

@@ -87,11 +87,76 @@ def test_no_replay_without_signal_and_order_wraps() -> None:
         dict(n_attempts=4, probe_attempts=-1),
         dict(n_attempts=4, replay_share=1.0),
         dict(n_attempts=4, max_visits=0),
+        dict(n_attempts=4, stratum_floor=0.0),
+        dict(n_attempts=4, stratum_floor=1.5),
+        dict(n_attempts=4, stratum_floor=0.5, stratum_prior=0.0),
     ],
 )
 def test_settings_refuse_impossible_values(knobs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         CurriculumSettings(**knobs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The strata rule
+
+
+@pytest.mark.parametrize("probe", [0, 1, 2])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_signal_per_episode_is_what_a_fresh_group_gives_by_enumeration(probe: int, p: float) -> None:
+    s = CurriculumSettings(n_attempts=4, probe_attempts=probe)
+    signal = episodes = 0.0
+    for outcome in itertools.product([0.0, 1.0], repeat=4):
+        weight = p ** sum(outcome) * (1 - p) ** (4 - sum(outcome))
+        stopped = probe > 0 and probe_settles(list(outcome[:probe]))
+        episodes += weight * (probe if stopped else 4)
+        signal += weight * (not stopped and has_signal(outcome))
+    assert s.signal_per_episode(p) == pytest.approx(signal / episodes)
+
+
+def test_strata_pass_over_fresh_tasks_of_strata_far_from_the_frontier_but_never_below_the_floor() -> None:
+    strata = ["hard", "mid"] * 500
+    s = CurriculumSettings(n_attempts=4, probe_attempts=1, stratum_floor=0.2, stratum_prior=2.0, seed=7)
+    curriculum = Curriculum(len(strata), s, strata=strata)
+    taken: collections.Counter[str] = collections.Counter()
+    for seq in range(300):
+        plan = curriculum.plan(seq)
+        stratum = strata[plan.task_index]
+        taken[stratum] += 1
+        assert plan.position == plan.task_index  # no lap yet: the position is the task's index
+        # hard never passes; mid passes half the time
+        curriculum.observe(plan, [0.0] if stratum == "hard" else [1.0, 0.0, 0.0, 1.0])
+    assert curriculum.stratum_success("hard") < 0.05 and curriculum.stratum_success("mid") == pytest.approx(
+        0.5, abs=0.01
+    )
+    # once the estimates settle, hard's fresh tasks are taken at the floor's rate (seeded draws: exact counts)
+    share = taken["hard"] / (taken["hard"] + taken["mid"])
+    assert 0.1 < share < 0.3, taken
+    assert (
+        curriculum.passed_over > 0 and curriculum.stats()["curriculum/passed_over"] == curriculum.passed_over
+    )
+    # without strata the same outcomes take every task in order
+    plain = Curriculum(len(strata), CurriculumSettings(n_attempts=4, probe_attempts=1))
+    assert [plain.plan(seq).task_index for seq in range(5)] == [0, 1, 2, 3, 4]
+
+
+def test_strata_start_with_every_task_and_need_a_label_per_task() -> None:
+    s = CurriculumSettings(n_attempts=4, probe_attempts=1, stratum_floor=0.2)
+    with pytest.raises(ValueError, match="one stratum label per task"):
+        Curriculum(3, s)
+    with pytest.raises(ValueError, match="one stratum label per task"):
+        Curriculum(3, s, strata=["a", "b"])
+    curriculum = Curriculum(4, s, strata=["a", "b", "a", "b"])
+    # no outcome yet: every stratum estimated alike, so every fresh task is taken in order
+    assert [curriculum.plan(seq).task_index for seq in range(4)] == [0, 1, 2, 3]
+    assert GroupPlan.from_json(curriculum.plan(4).to_json()).position == 4
+    # a plan journaled before positions were (no "position" key) still reads
+    assert (
+        GroupPlan.from_json(
+            b'{"seq": 1, "task_index": 1, "source": "fresh", "probe": 1, "opened_at": 0}'
+        ).position
+        == -1
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,13 +237,16 @@ def test_the_probe_reweights_tasks_towards_those_the_policy_sometimes_solves() -
     share=st.sampled_from([0.0, 0.3, 0.5, 0.8]),
     probe=st.integers(0, 2),
     visits=st.integers(2, 4),
+    floor=st.sampled_from([1.0, 0.5, 0.05]),
 )
 def test_restore_from_the_journal_rebuilds_the_live_state(
-    seed: int, n_tasks: int, share: float, probe: int, visits: int
+    seed: int, n_tasks: int, share: float, probe: int, visits: int, floor: float
 ) -> None:
     rng = random.Random(seed)
-    s = CurriculumSettings(n_attempts=3, probe_attempts=probe, replay_share=share, max_visits=visits)
-    live = Curriculum(n_tasks, s)
+    s = CurriculumSettings(n_attempts=3, probe_attempts=probe, replay_share=share, max_visits=visits,
+                           stratum_floor=floor, stratum_prior=1.0, seed=seed)  # fmt: skip
+    strata = [f"s{index % 2}" for index in range(n_tasks)]
+    live = Curriculum(n_tasks, s, strata=strata)
     plans: list[GroupPlan] = []
     finishes: list[tuple[float, int, list[float | None]]] = []
     open_plans: list[GroupPlan] = []
@@ -191,10 +259,14 @@ def test_restore_from_the_journal_rebuilds_the_live_state(
         while open_plans and rng.random() < 0.6:  # groups finish in any order
             done = open_plans.pop(rng.randrange(len(open_plans)))
             clock += 0.5
-            rewards: list[float | None] = [rng.choice([0.0, 1.0, None]) for _ in range(3)]
+            # stratum s0 mostly fails, s1 mostly passes: the strata rule passes over tasks (laps included)
+            good = 0.9 if strata[done.task_index] == "s1" else 0.05
+            rewards: list[float | None] = [
+                rng.choice([1.0 if rng.random() < good else 0.0, None]) for _ in range(3)
+            ]
             live.observe(done, rewards)
             finishes.append((clock, done.seq, rewards))
-    restored = Curriculum(n_tasks, s)
+    restored = Curriculum(n_tasks, s, strata=strata)
     shuffled = plans[:]
     rng.shuffle(shuffled)  # the store lists them in any order
     restored.restore(shuffled, list(reversed(finishes)))
@@ -204,6 +276,11 @@ def test_restore_from_the_journal_rebuilds_the_live_state(
         live.replayed,
     )
     assert list(restored.queue) == list(live.queue) and restored.visits == live.visits
+    assert restored.passed_over == live.passed_over
+    assert (restored.stratum_attempts, restored.stratum_successes) == (
+        live.stratum_attempts,
+        live.stratum_successes,
+    )
     assert [restored.plan(seq).task_index for seq in range(30, 40)] == [
         live.plan(seq).task_index for seq in range(30, 40)
     ]
@@ -388,6 +465,11 @@ def test_replayed_tasks_come_from_groups_with_signal_and_the_metrics_count_rolle
         (["grpo.mode=async", "grpo.rollout.replay_share=0.5", "grpo.rollout.max_visits=3", "grpo.rollout.prewarm_groups=2"],
          "prewarm_groups needs each group's task"),
         (["grpo.mode=async", "grpo.rollout.replay_share=0.5"], "needs max_visits >= 2"),
+        (["grpo.mode=async", "grpo.rollout.stratify_by=modifier", "grpo.rollout.prewarm_groups=2"],
+         "prewarm_groups needs each group's task"),
+        (["grpo.mode=sync", "grpo.rollout.stratify_by=modifier"], "need mode async"),
+        (["grpo.mode=async", "grpo.rollout.stratify_by=colour"], "grpo.rollout.stratify_by"),
+        (["grpo.mode=async", "grpo.rollout.stratify_by=modifier", "grpo.rollout.stratum_floor=0"], "stratum_floor"),
         (["grpo.mode=async", "grpo.rollout.replay_share=1.0", "grpo.rollout.max_visits=3"], "grpo.rollout.replay_share"),
     ],
 )  # fmt: skip

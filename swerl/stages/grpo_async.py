@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swerl.config import GRPOConfig
+from swerl.config import GRPOConfig, GRPORolloutConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
 from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
@@ -33,6 +33,29 @@ def settings_from_config(g: GRPOConfig) -> AsyncSettings:
         checkpoint_every=g.schedule.checkpoint_every, time_budget_s=g.schedule.time_budget_s,
         max_empty_steps=g.schedule.max_empty_steps,
     )  # fmt: skip
+
+
+def task_stratum(task: TaskInstance, attribute: str) -> str:
+    """A task's stratum label for the curriculum's strata rule ("none" where the task has no such label)."""
+    value = getattr(task, attribute) if attribute != "repo" else task.repo_key
+    return str(value) if value else "none"
+
+
+def curriculum_for(
+    r: GRPORolloutConfig,
+    order: Sequence[TaskInstance],
+    seed: int,
+    eligible: Callable[[int], bool] | None = None,
+) -> Curriculum | None:
+    """The curriculum grpo.rollout asks for over the seeded task order (None: no probe, replay or strata)."""
+    settings = CurriculumSettings(
+        r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits,
+        stratum_floor=r.stratum_floor if r.stratify_by else 1.0, stratum_prior=r.stratum_prior, seed=seed,
+    )  # fmt: skip
+    if not (settings.probe_attempts or settings.adaptive):
+        return None
+    strata = [task_stratum(task, r.stratify_by) for task in order] if r.stratify_by else None
+    return Curriculum(len(order), settings, eligible, strata)
 
 
 class AsyncGRPO:
@@ -72,21 +95,18 @@ class AsyncGRPO:
         return self.order[seq % len(self.order)]
 
     def curriculum(self) -> tuple[Curriculum | None, list[GroupPlan]]:
-        """The probe/replay curriculum (None when both are off), rebuilt from the journal's plans and outcomes."""
-        r = self.g.rollout
-        settings = CurriculumSettings(r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits)
-        enabled = bool(settings.probe_attempts or settings.adaptive)
-        if not (enabled or self.journal.earlier):
+        """The probe/replay/strata curriculum (None when all are off), rebuilt from the journal's plans and outcomes."""
+        curriculum = curriculum_for(self.g.rollout, self.order, self.ctx.seed, self.eligible)
+        if not (curriculum or self.journal.earlier):
             return None, []
         # Plans count without a curriculum too: a group an earlier phase planned runs the task its plan names.
         plans, finishes = self.journal.load_curriculum()
-        if not enabled:
+        if curriculum is None:
             return None, plans
         planned = {plan.seq for plan in plans}
         # Groups an earlier phase opened without a curriculum ran order[seq]: as fresh picks, so the fresh
         # position continues where the data stream stands.
         plans += [GroupPlan(seq, seq, "fresh", 0) for seq in range(self.start_position) if seq not in planned]
-        curriculum = Curriculum(len(self.order), settings, self.eligible)
         curriculum.restore(plans, finishes)
         return curriculum, plans
 
