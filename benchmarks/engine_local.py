@@ -12,13 +12,16 @@ observation of `--observation-min`..`--observation-max` tokens; each request ask
 tokens (all drawn per request, seeded), greedy unless `--temperature`. The engine's batch holds every client
 (max_batch_size = clients) and its prefix cache one trajectory per client (unless `--no-prefix-cache`), so
 requests join and leave the running batch at different times and a turn prefills only its new tokens, as in the
-GRPO stage. Prints generated tokens/s (wall clock, and per CPU-second of the engine's process) over the whole run
-and the engine's decode-step and prefill rates (from its stats).
+GRPO stage. Prints generated tokens/s (wall clock, and per CPU-second of the engine's process) over the whole run,
+the engine's decode-step and prefill rates (from its stats: wall clock inside the worker thread) and the decode
+steps' rate per CPU-second of the worker thread (LocalEngine._decode timed with time.thread_time, the same
+method in both engines: on a shared machine the wall-clock rates also count the time other processes held the
+core).
 
 With `--baseline-ref COMMIT`, that commit's `swerl` (extracted with git archive into a temporary folder) runs the
 same workload: each round runs this checkout's engine then the baseline's, each in a fresh interpreter, so both
-see the same machine; prints each side's best round, the ratios, and checks that both generated the same tokens
-(greedy, or seeded sampling: the samplers agree token for token).
+see the same machine; prints each side's best round, the ratios (best against best, and each round's), and checks
+that both generated the same tokens (greedy, or seeded sampling: the samplers agree token for token).
 """
 
 from __future__ import annotations
@@ -76,10 +79,22 @@ async def run_workload(args: argparse.Namespace) -> dict[str, Any]:
         prefix_cache_size=0 if args.no_prefix_cache else args.clients,
         seed=0,
     )
+    decode_cpu = [0.0]  # the worker thread's CPU-seconds in decode steps
+    decode = LocalEngine._decode
+
+    def timed_decode(self: LocalEngine, version: int) -> None:
+        started = time.thread_time()
+        try:
+            decode(self, version)
+        finally:
+            decode_cpu[0] += time.thread_time() - started
+
+    LocalEngine._decode = timed_decode  # type: ignore[method-assign]
     clients = workload(args, engine.vocab_size)
     warm = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
     await engine.generate(GenerateRequest(input_ids=clients[0][0][0], sampling_params=warm))
     before = engine.stats()
+    decode_cpu[0] = 0.0
 
     async def client(index: int, turns: list[Turn]) -> list[list[int]]:
         outputs: list[list[int]] = []
@@ -101,12 +116,14 @@ async def run_workload(args: argparse.Namespace) -> dict[str, Any]:
         return (after[tokens] - before[tokens]) / max(after[seconds] - before[seconds], 1e-9)
 
     generated = sum(len(output) for turns in outputs for output in turns)
+    decoded = after["decode_tokens"] - before["decode_tokens"]
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "tokens_per_s": generated / wall,
         "tokens_per_cpu_s": generated / cpu,
         "decode_tokens_per_s": rate("decode_tokens", "decode_seconds"),
+        "decode_tokens_per_cpu_s": decoded / max(decode_cpu[0], 1e-9),
         "prefill_tokens_per_s": rate("prefill_tokens", "prefill_seconds"),
         "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
         "generated_tokens": generated,
@@ -142,25 +159,32 @@ def main(args: argparse.Namespace) -> None:
         f"{args.threads}; {first['generated_tokens']} tokens generated, {first['prefill_tokens']} prefilled; "
         f"best of {args.rounds} rounds"
     )
-    keys = ("tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_s", "prefill_tokens_per_s")
+    keys = ("tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_s", "decode_tokens_per_cpu_s",
+            "prefill_tokens_per_s")  # fmt: skip
     best = {side: {key: max(r[key] for r in results) for key in keys} for side, results in runs.items()}
     for side, result in best.items():
         print(
             f"{side:>18}: {result['tokens_per_s']:6.1f} tokens/s, {result['tokens_per_cpu_s']:6.1f} tokens per "
-            f"CPU-s; decode steps {result['decode_tokens_per_s']:6.1f} tokens/s, prefill "
+            f"CPU-s; decode steps {result['decode_tokens_per_s']:6.1f} tokens/s "
+            f"({result['decode_tokens_per_cpu_s']:6.1f} per worker CPU-s), prefill "
             f"{result['prefill_tokens_per_s']:6.1f} tokens/s; tokens/s per round "
             f"{[round(r['tokens_per_s'], 1) for r in runs[side]]}"
         )
     if args.baseline_ref:
         new, old = best.values()
         same = all(r["outputs"] == first["outputs"] for results in runs.values() for r in results)
-        paired = [n["tokens_per_s"] / o["tokens_per_s"] for n, o in zip(*runs.values(), strict=True)]
+
+        def paired(key: str) -> list[float]:
+            return [round(n[key] / o[key], 2) for n, o in zip(*runs.values(), strict=True)]
+
         print(
             f"ratio (best round against best round): {new['tokens_per_s'] / old['tokens_per_s']:.2f}x tokens/s, "
             f"{new['tokens_per_cpu_s'] / old['tokens_per_cpu_s']:.2f}x tokens per CPU-s, "
             f"{new['decode_tokens_per_s'] / old['decode_tokens_per_s']:.2f}x decode steps, "
-            f"{new['prefill_tokens_per_s'] / old['prefill_tokens_per_s']:.2f}x prefill; tokens/s ratio of each "
-            f"round {[round(r, 2) for r in paired]}; same tokens: {same}"
+            f"{new['decode_tokens_per_cpu_s'] / old['decode_tokens_per_cpu_s']:.2f}x decode steps per worker "
+            f"CPU-s, {new['prefill_tokens_per_s'] / old['prefill_tokens_per_s']:.2f}x prefill; each round's "
+            f"ratios: tokens/s {paired('tokens_per_s')}, decode steps {paired('decode_tokens_per_s')}, decode "
+            f"steps per worker CPU-s {paired('decode_tokens_per_cpu_s')}; same tokens: {same}"
         )
         if not same:
             raise SystemExit("the two engines generated different tokens")

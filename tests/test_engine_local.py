@@ -474,8 +474,8 @@ def test_greedy_equals_hf_generate_as_requests_join_and_leave(
 ) -> None:
     """Greedy tokens equal Hugging Face `generate` on each request alone, for prompts of different lengths that
     join and leave a batch of 3 at different times (a queue behind it), and for next turns of trajectories (the
-    prefix cache on: only the new tokens prefilled; off: the whole prompt); decode attention in one padded call
-    or one call per row (forced by row_call_keys: 0, one call per row unless all lengths are equal; huge, padded)."""
+    prefix cache on: only the new tokens prefilled; off: the whole prompt); decode attention in runs of rows as
+    decode_runs splits them, or forced by row_call_keys (0: one call per row; huge: one padded call)."""
     if row_call_keys is not None:
         monkeypatch.setattr(slots, "ROW_CALL_KEYS", row_call_keys)
     first_turns = {f"t{i}": (prompt_of(length, 5 * i), new) for i, (length, new) in
@@ -562,6 +562,59 @@ def test_joining_and_leaving_requests_neither_rebuild_nor_copy_the_batch_cache(
     before, after, stats = run(go())
     assert before == after  # the prompts and outputs fit the first capacity: no growth either
     assert stats["requests_completed"] == 10 and max(stats["batch_size_histogram"]) == 4
+
+
+def test_decode_runs_read_the_fewest_keys_counting_each_call() -> None:
+    """decode_runs' split of decode rows into runs of consecutive slots (one padded call each) costs no more than
+    any other split (all checked), keeps equal lengths in one call, and cuts a long row out of short ones."""
+    call = slots.ROW_CALL_KEYS
+
+    def cost(ends: list[int], runs: list[tuple[int, int]]) -> int:
+        return sum((end - begin) * max(ends[begin:end]) + call for begin, end in runs)
+
+    assert slots.decode_runs([300] * 16) == [(0, 16)]
+    assert slots.decode_runs([10, 1000, 10, 10]) == [(0, 1), (1, 2), (2, 4)]
+    assert slots.decode_runs([]) == []
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        count = int(torch.randint(1, 9, (1,), generator=generator))
+        ends = torch.randint(1, 1200, (count,), generator=generator).tolist()
+        runs = slots.decode_runs(ends)
+        assert [begin for begin, _ in runs] == [0] + [end for _, end in runs[:-1]] and runs[-1][1] == count
+        splits = [
+            [(a, b) for a, b in zip((0, *cuts), (*cuts, count), strict=True)]
+            for mask in range(2 ** (count - 1))
+            for cuts in [tuple(i for i in range(1, count) if mask >> (i - 1) & 1)]
+        ]
+        assert cost(ends, runs) == min(cost(ends, split) for split in splits)
+
+
+@pytest.mark.parametrize("model_name", ["v0", "moe"])
+def test_fused_weights_follow_weights_copied_in_place(model_dirs: dict[str, Path], model_name: str) -> None:
+    """SlotModel's concatenated q/k/v and gate/up weights are rebuilt when the model's parameters change in place
+    (as every weight update writes them): its logits follow the model's own forward before and after."""
+    model, _ = load_model_and_tokenizer(model_dirs[model_name])
+    other, _ = load_model_and_tokenizer(model_dirs["v1" if model_name == "v0" else "v0"])
+    step_model = slots.SlotModel(model, CONTEXT)
+    prompt = prompt_of(20)
+
+    def compare() -> None:
+        cache = step_model.new_cache(2)
+        prefill = step_model.step(cache, slots.StepRows(tokens=prompt, starts=[0], counts=[len(prompt)]))
+        decode = step_model.step(cache, slots.StepRows(tokens=[prompt[0]], starts=[len(prompt)], counts=[1]))
+        with torch.no_grad():
+            expected = model(torch.tensor([prompt + prompt[:1]])).logits[0, -2:]
+        torch.testing.assert_close(torch.cat([prefill, decode]), expected, atol=ALIGNMENT_TOLERANCE, rtol=0)
+
+    compare()
+    with torch.no_grad():  # the dense layers of v1 (the MoE model's attention, embeddings and norms)
+        current = model.state_dict()
+        changed = {
+            k: v for k, v in other.state_dict().items() if k in current and current[k].shape == v.shape
+        }
+        model.load_state_dict(changed, strict=False)
+    assert any("q_proj" in name for name in changed)
+    compare()
 
 
 def test_a_model_other_than_qwen3_is_refused(model_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -7,18 +7,22 @@ free slot; one leaving hands its slot to the batch's last row (one row's KV move
 rebuild or copy the batch. Capacity grows by doubling up to `max_tokens` (the engine's context cap), the only
 time the whole buffer is copied.
 
-SlotModel runs a Hugging Face Qwen3 (dense or MoE) on those buffers with the model's own modules (norms,
-projections, MLP or experts) and none of its per-call machinery (cache objects, mask builders): the new tokens of
-every row go through the projections and MLP as one flat batch (decode rows and prefills alike). Decode rows
-attend in one call over their slots padded to the longest (GQA packed into a (B, H_kv, G, D) query, as
-transformers does for one token; a length mask where lengths differ) unless padding would cost more than a call
-per row (ROW_CALL_KEYS), then each over its own slot up to its own length; a prefill from position 0 runs SDPA's
-causal kernel, one after a cached prefix a causal mask offset by the prefix.
+SlotModel runs a Hugging Face Qwen3 (dense or MoE) on those buffers with the model's own weights and none of its
+per-call machinery (cache objects, mask builders): the new tokens of every row go through the projections and MLP
+as one flat batch (decode rows and prefills alike), q, k and v as one matmul of their concatenated weights, a
+dense MLP's gate and up as another (_FusedWeights, rebuilt when a weight update changes the model's parameters),
+q_norm and k_norm and RoPE as one op sequence over q's and k's heads together (the same values as the model's
+own modules: bit for bit, checked with the CPU build's MKL). Decode rows (slots in batch order) attend in runs of
+consecutive slots, each run one call padded to its longest row (GQA packed into a (B, H_kv, G, D) query, as
+transformers does for one token; a length mask where lengths differ), the runs chosen to read the fewest keys
+counting ROW_CALL_KEYS per call; a prefill from position 0 runs SDPA's causal kernel, one after a cached prefix
+a causal mask offset by the prefix.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +120,11 @@ class SlotModel:
         self.scaling = self.head_dim**-0.5
         self.max_tokens = max_tokens
         self.rope_table()
+        self._fused: list[_FusedWeights] = []
+        self._fused_sources = [
+            parameter for layer in self.layers for parameter in _FusedWeights.sources(layer)
+        ]
+        self._fused_versions: list[int] = []
 
     @torch.inference_mode()
     def rope_table(self) -> None:
@@ -126,6 +135,18 @@ class SlotModel:
         probe = torch.zeros(1, dtype=dtype, device=device)
         cos, sin = self.model.model.rotary_emb(probe, positions)  # type: ignore[attr-defined]
         self.cos, self.sin = cos[0], sin[0]  # (max_tokens, D)
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2) exactly (a sign moved between factors)
+        half = self.head_dim // 2
+        self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
+
+    def fused_weights(self) -> list[_FusedWeights]:
+        """Each layer's concatenated weights, rebuilt when any source parameter changed (its version counter: a
+        weight update copies into the parameters in place, load_state_dict and the weight group alike)."""
+        versions = [parameter._version for parameter in self._fused_sources]
+        if versions != self._fused_versions:
+            self._fused = [_FusedWeights.of(layer, self.heads, self.kv_heads) for layer in self.layers]
+            self._fused_versions = versions
+        return self._fused
 
     def new_cache(self, slots: int) -> SlotCache:
         weight = self.embed.weight
@@ -146,61 +167,151 @@ class SlotModel:
         first = rows.first
         ends = [start + n for start, n in zip(rows.starts, rows.counts, strict=True)]
         cache.reserve(max(ends))
+        fused = self.fused_weights()
         slots = torch.tensor([first + i for i, n in enumerate(rows.counts) for _ in range(n)], device=device)
         positions = torch.tensor(
             [p for start, n in zip(rows.starts, rows.counts, strict=True) for p in range(start, start + n)],
             device=device,
         )
         tokens = torch.tensor(rows.tokens, device=device)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (N, 1, D)
-        attention_rows = _Rows.of(rows, device)
-        hidden = self.embed(tokens)[None]  # (1, N, hidden)
-        total = hidden.shape[1]
-        for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
+        cos, sin = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # (N, 1, D)
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        half = dim // 2
+        # each new key's row in a layer's buffer seen as (slots * H_kv * capacity, D)
+        flat = (slots[:, None] * kv_heads + torch.arange(kv_heads, device=device)) * cache.capacity
+        flat = (flat + positions[:, None]).view(-1)
+        attention_rows = _Rows.of(rows, device, cache.dtype)
+        hidden = self.embed(tokens)  # (N, hidden)
+        total = hidden.shape[0]
+        for layer, weights, keys, values in zip(self.layers, fused, cache.keys, cache.values, strict=True):
             attention = layer.self_attn
-            normed = layer.input_layernorm(hidden)
-            query = attention.q_norm(attention.q_proj(normed).view(total, self.heads, self.head_dim))
-            key = attention.k_norm(attention.k_proj(normed).view(total, self.kv_heads, self.head_dim))
-            value = attention.v_proj(normed).view(total, self.kv_heads, self.head_dim)
-            query = query * cos + _rotate_half(query) * sin
-            key = key * cos + _rotate_half(key) * sin
-            keys[slots, :, positions] = key
-            values[slots, :, positions] = value
+            qkv = F.linear(layer.input_layernorm(hidden), weights.qkv, weights.qkv_bias)
+            query_key = qkv[:, : (heads + kv_heads) * dim].view(total, heads + kv_heads, dim)
+            value = qkv[:, (heads + kv_heads) * dim :].view(total, kv_heads, dim)
+            query_key = _rms_norm(query_key, weights.query_key_norm, weights.norm_eps)  # q_norm, k_norm
+            rotated = torch.cat((query_key[..., half:], query_key[..., :half]), dim=-1)
+            query_key = query_key * cos + rotated * sin
+            query, key = query_key[:, :heads], query_key[:, heads:]
+            keys.view(-1, dim).index_copy_(0, flat, key.reshape(-1, dim))
+            values.view(-1, dim).index_copy_(0, flat, value.reshape(-1, dim))
             output = attention_rows.attend(self, query, keys, values)
-            hidden = hidden + attention.o_proj(output[None])
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + attention.o_proj(output)
+            normed = layer.post_attention_layernorm(hidden)
+            if weights.gate_up is None:  # MoE experts: the model's own block
+                hidden = hidden + layer.mlp(normed[None])[0]
+            else:
+                mlp = layer.mlp
+                gate, up = F.linear(normed, weights.gate_up).split(weights.intermediate, dim=-1)
+                hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
         last = torch.cumsum(torch.tensor(rows.counts, device=device), 0) - 1  # each row's last new token
-        logits = self.lm_head(self.norm(hidden[0, last]))
+        logits = self.lm_head(self.norm(hidden[last]))
         for index, end in enumerate(ends):
             cache.lengths[first + index] = end
         return logits.float()
 
 
+@dataclass
+class _FusedWeights:
+    """One layer's concatenated weights: q, k, v projections (rows q, then k, then v: one matmul gives all three,
+    each column as its own projection computes it), q_norm's and k_norm's weights per head, and a dense MLP's
+    gate and up projections (None for a MoE block, run as the model's own)."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    query_key_norm: torch.Tensor  # (H + H_kv, D)
+    norm_eps: float
+    gate_up: torch.Tensor | None
+    intermediate: int
+
+    @staticmethod
+    def sources(layer: Any) -> list[torch.Tensor]:
+        """The parameters the fused weights copy."""
+        attention, mlp = layer.self_attn, layer.mlp
+        modules = [attention.q_proj, attention.k_proj, attention.v_proj, attention.q_norm, attention.k_norm]
+        modules += [getattr(mlp, name) for name in ("gate_proj", "up_proj") if hasattr(mlp, name)]
+        return [parameter for module in modules for parameter in module.parameters()]
+
+    @staticmethod
+    def of(layer: Any, heads: int, kv_heads: int) -> _FusedWeights:
+        attention = layer.self_attn
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        biases = [projection.bias for projection in projections]
+        if attention.q_norm.variance_epsilon != attention.k_norm.variance_epsilon:
+            raise ValueError("q_norm and k_norm with different eps are not supported")
+        norm = torch.cat((
+            attention.q_norm.weight.expand(heads, -1), attention.k_norm.weight.expand(kv_heads, -1)
+        ))  # fmt: skip
+        mlp = layer.mlp
+        dense = all(
+            isinstance(getattr(mlp, name, None), torch.nn.Linear) for name in ("gate_proj", "up_proj")
+        )
+        dense = dense and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
+        return _FusedWeights(
+            qkv=torch.cat([projection.weight for projection in projections]).detach(),
+            qkv_bias=None if any(bias is None for bias in biases) else torch.cat(biases).detach(),
+            query_key_norm=norm.detach(),
+            norm_eps=attention.q_norm.variance_epsilon,
+            gate_up=torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)).detach() if dense else None,
+            intermediate=mlp.gate_proj.out_features if dense else 0,
+        )
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm's forward, op for op (the same bits), with the weight broadcast over (..., H, D) per head."""
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return weight * hidden.to(dtype)
+
+
 ROW_CALL_KEYS = 256
-"""What one attention call per row costs beyond its keys, in keys of padding: decode rows of lengths L_i attend
-in one call padded to the longest when rows x longest <= sum(L_i) + ROW_CALL_KEYS x rows, else one call each
-(measured on the 2-core development machine: a per-row SDPA call costs ~28 us, a key ~0.09 us)."""
+"""What one attention call costs beyond its keys, in keys: decode rows attend in runs of consecutive slots, one
+call per run padded to its longest row, the runs chosen to minimise sum(rows x longest + ROW_CALL_KEYS) over the
+calls (measured on the 2-core development machine: an SDPA call costs ~28 us, a key ~0.09 us)."""
+
+
+def decode_runs(ends: list[int]) -> list[tuple[int, int]]:
+    """Split decode rows of key lengths `ends` (in slot order) into runs [a, b) of consecutive rows, each attended
+    in one call padded to its longest: the split reading the fewest keys, counting ROW_CALL_KEYS per call (exact,
+    by dynamic programming over the split points; O(rows^2))."""
+    call_keys = ROW_CALL_KEYS
+    count = len(ends)
+    best = [0] + [0] * count  # best[b]: the cost of rows [0, b)
+    cut = [0] * (count + 1)  # cut[b]: where the last run of that best split starts
+    for end in range(1, count + 1):
+        longest, best[end] = 0, -1
+        for begin in range(end - 1, -1, -1):
+            longest = max(longest, ends[begin])
+            cost = best[begin] + (end - begin) * longest + call_keys
+            if best[end] < 0 or cost < best[end]:
+                best[end], cut[end] = cost, begin
+    runs = []
+    end = count
+    while end > 0:
+        runs.append((cut[end], end))
+        end = cut[end]
+    return runs[::-1]
 
 
 @dataclass
 class _Rows:
-    """The step's attention: the leading decode rows (one new token each) in one call padded to the longest of
-    them (GQA packed: a (B, H_kv, G, D) query; a mask only where lengths differ) when padding costs less than a
-    call per row, else each row over its own slot up to its own length; a prefill row from position 0 runs SDPA's
-    causal kernel (as a forward without a cache does), one after a cached prefix gets a mask (query i sees keys up
-    to start + i)."""
+    """The step's attention: the leading decode rows (one new token each) in runs of consecutive slots
+    (decode_runs), each run one call padded to its longest row (GQA packed: a (B, H_kv, G, D) query; an additive
+    mask only where lengths differ, built once for every layer); a prefill row from position 0 runs SDPA's causal
+    kernel (as a forward without a cache does), one after a cached prefix gets a mask (query i sees keys up to
+    start + i)."""
 
     first: int  # row 0's slot
     offsets: list[int]  # each row's first query among the step's flat queries
     starts: list[int]
     counts: list[int]
     masks: list[torch.Tensor | None]
-    together: int  # leading decode rows attended in one padded call (0: none)
-    together_keys: int
-    together_mask: torch.Tensor | None
+    decoding: int  # the leading decode rows, attended in runs
+    runs: list[tuple[int, int, int, torch.Tensor | None]]  # (first row, end row, keys, additive mask or None)
 
     @staticmethod
-    def of(rows: StepRows, device: torch.device) -> _Rows:
+    def of(rows: StepRows, device: torch.device, dtype: torch.dtype) -> _Rows:
         offsets = [0]
         for n in rows.counts[:-1]:
             offsets.append(offsets[-1] + n)
@@ -213,16 +324,23 @@ class _Rows:
         ]
         decoding = next((i for i, n in enumerate(rows.counts) if n != 1), len(rows.counts))
         ends = [start + 1 for start in rows.starts[:decoding]]
-        longest = max(ends, default=0)
-        together, mask = 0, None
-        if decoding > 1 and decoding * longest <= sum(ends) + ROW_CALL_KEYS * decoding:
-            together = decoding
-            if min(ends) < longest:
-                lengths = torch.tensor(ends, device=device)
-                mask = (torch.arange(longest, device=device)[None] < lengths[:, None]).view(
-                    decoding, 1, 1, longest
-                )
-        return _Rows(rows.first, offsets, rows.starts, rows.counts, masks, together, longest, mask)
+        runs: list[tuple[int, int, int, torch.Tensor | None]] = []
+        split = decode_runs(ends)
+        every: torch.Tensor | None = None  # every decode row's additive mask, up to the longest row
+        if any(min(ends[begin:end]) < max(ends[begin:end]) for begin, end in split):
+            # SDPA's own conversion of a boolean mask (0 where seen, -inf past the row), once for every layer
+            hidden = (
+                torch.arange(max(ends), device=device)[None] >= torch.tensor(ends, device=device)[:, None]
+            )
+            every = torch.zeros(len(ends), 1, 1, max(ends), dtype=dtype, device=device)
+            every.masked_fill_(hidden.view(len(ends), 1, 1, max(ends)), float("-inf"))
+        for begin, end in split:
+            longest = max(ends[begin:end])
+            mask = None
+            if every is not None and min(ends[begin:end]) < longest:
+                mask = every[begin:end, :, :, :longest]
+            runs.append((begin, end, longest, mask))
+        return _Rows(rows.first, offsets, rows.starts, rows.counts, masks, decoding, runs)
 
     def attend(
         self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
@@ -230,22 +348,21 @@ class _Rows:
         """Attention of the step's flat queries (N, H, D) -> (N, H * D)."""
         outputs = []
         width = model.heads * model.head_dim
-        if self.together:
-            count, end = self.together, self.first + self.together
-            packed = query[:count].view(count, model.kv_heads, model.groups, model.head_dim)
+        for begin, end, length, mask in self.runs:
+            count, slot = end - begin, self.first + begin
+            packed = query[begin:end].reshape(count, model.kv_heads, model.groups, model.head_dim)
             out = F.scaled_dot_product_attention(
-                packed, keys[self.first : end, :, : self.together_keys],
-                values[self.first : end, :, : self.together_keys], attn_mask=self.together_mask,
-                scale=model.scaling,
+                packed, keys[slot : slot + count, :, :length], values[slot : slot + count, :, :length],
+                attn_mask=mask, scale=model.scaling,
             )  # fmt: skip
             outputs.append(out.reshape(count, width))
-        for row in range(self.together, len(self.counts)):
+        for row in range(self.decoding, len(self.counts)):
             offset, start, n, mask = self.offsets[row], self.starts[row], self.counts[row], self.masks[row]
             slot = self.first + row
             row_keys = keys[slot : slot + 1, :, : start + n]
             row_values = values[slot : slot + 1, :, : start + n]
             if n == 1:
-                packed = query[offset].view(1, model.kv_heads, model.groups, model.head_dim)
+                packed = query[offset].reshape(1, model.kv_heads, model.groups, model.head_dim)
                 out = F.scaled_dot_product_attention(packed, row_keys, row_values, scale=model.scaling)
                 outputs.append(out.view(1, width))
                 continue
@@ -255,8 +372,3 @@ class _Rows:
             )  # fmt: skip  # (1, H, n, D)
             outputs.append(out[0].transpose(0, 1).reshape(n, width))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
