@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from swerl.config import DistributedConfig
-from swerl.stages.common import DurableCheckpoints, get_dir
+from swerl.stages.common import get_dir
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import Manifest
 from swerl.stages.sft import SFTStage, run_sft
 from tests.test_distributed import ATOL, RTOL
-from tests.test_stages import AGENT, ENGINE, GRPO, SFT, Env, state_dict
+from tests.test_stages import AGENT, ENGINE, GRPO, SFT, Env, crash_after_sync, state_dict
 from tests.test_stages import curate as curate  # noqa: F401 - module-scoped fixtures
 from tests.test_stages import env as env  # noqa: F401
 from tests.test_stages import sft as sft  # noqa: F401
@@ -55,15 +55,7 @@ def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
 
     # A crash after step 4's sharded checkpoint reached the store: the rerun starts 2 new ranks from it (through
     # the store: shards, rank RNG files, DCP metadata) and ends bitwise equal to the uninterrupted 2-rank run.
-    original = DurableCheckpoints.sync
-
-    def crashing_sync(self: DurableCheckpoints) -> list[str]:
-        done = original(self)
-        if "step_00000004" in done:
-            raise RuntimeError("injected crash after step_00000004 was synced")
-        return done
-
-    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    crash_after_sync(monkeypatch, "step_00000004")
     with pytest.raises(RuntimeError, match="injected crash"):
         env.run("sft-2ranks-crash", run_sft, cfg, [curate, traces])
     monkeypatch.undo()

@@ -396,6 +396,19 @@ def test_sft_refuses_token_caps_beyond_the_model_context(
     assert "sft.seq_len" not in message
 
 
+def crash_after_sync(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """DurableCheckpoints.sync raises once `step`'s checkpoint has reached the store (undo: monkeypatch.undo())."""
+    original = DurableCheckpoints.sync
+
+    def crashing_sync(self: DurableCheckpoints) -> list[str]:
+        done = original(self)
+        if step in done:
+            raise RuntimeError(f"injected crash after {step} was synced")
+        return done
+
+    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+
+
 def test_sft_resumes_exactly_from_the_store_after_a_crash(
     env: Env,
     curate: Manifest,
@@ -409,15 +422,7 @@ def test_sft_resumes_exactly_from_the_store_after_a_crash(
     cfg = SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE)
     inputs = [curate, traces]
     key = stage_key_of("sft-crash", cfg, inputs)
-    original = DurableCheckpoints.sync
-
-    def crashing_sync(self: DurableCheckpoints) -> list[str]:
-        done = original(self)
-        if "step_00000004" in done:
-            raise RuntimeError("injected crash after step_00000004 was synced")
-        return done
-
-    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    crash_after_sync(monkeypatch, "step_00000004")
     with pytest.raises(RuntimeError, match="injected crash"):
         env.run("sft-crash", run_sft, cfg, inputs)
     monkeypatch.undo()
@@ -497,15 +502,7 @@ def test_forced_sft_trains_afresh_and_a_crash_of_it_resumes_its_own_checkpoints(
     first = env.run("sft-forced", run_sft, cfg, inputs).manifest
     key, earlier = first.key, f"stages/sft-forced/{first.key}/checkpoints"
     assert env.store.exists(f"{earlier}/step_00000006/{COMPLETE_MARKER}")
-    original = DurableCheckpoints.sync
-
-    def crashing_sync(self: DurableCheckpoints) -> list[str]:
-        done = original(self)
-        if "step_00000002" in done:
-            raise RuntimeError("injected crash after step_00000002 was synced")
-        return done
-
-    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
+    crash_after_sync(monkeypatch, "step_00000002")
     with pytest.raises(
         RuntimeError, match="injected crash"
     ):  # before the fix: resumed at step 6, no step trained
