@@ -156,6 +156,7 @@ class Curriculum:
         self.settings = settings
         self.eligible = eligible
         self.strata = list(strata) if strata is not None and settings.stratified else None
+        self.stratum_names = sorted(set(self.strata)) if self.strata is not None else []
         self.stratum_attempts: collections.Counter[str] = collections.Counter()
         self.stratum_successes: collections.Counter[str] = collections.Counter()
         self.passed_over = 0  # fresh positions the strata rule did not take
@@ -209,7 +210,7 @@ class Curriculum:
         if self.strata is None:
             return None
         value = {stratum: self.settings.signal_per_episode(self.stratum_success(stratum))
-                 for stratum in set(self.strata)}  # fmt: skip
+                 for stratum in self.stratum_names}  # fmt: skip
         best = max(value.values())
         floor = self.settings.stratum_floor
         return {stratum: max(floor, v / best) if best > 0 else 1.0 for stratum, v in value.items()}
@@ -277,7 +278,7 @@ class Curriculum:
             "curriculum/replayed_groups": float(self.replayed),
         }
         if self.strata is not None:
-            rates = [self.stratum_success(stratum) for stratum in set(self.strata)]
+            rates = [self.stratum_success(stratum) for stratum in self.stratum_names]
             stats["curriculum/passed_over"] = float(self.passed_over)
             stats["curriculum/stratum_success_min"] = min(rates)
             stats["curriculum/stratum_success_max"] = max(rates)
