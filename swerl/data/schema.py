@@ -86,6 +86,13 @@ class TaskInstance(BaseModel):
     test_cmd: str = ""
     """Shell command run in /workspace whose output has pytest `-rA` style summary lines; node ids are appended.
     Empty means the default pytest command."""
+    version: str | None = None
+    """The source's version of the repository's environment (SWE-bench's `version`, e.g. '3.0'): with `repo` it
+    picks the harness's test command where the source keeps a table of them."""
+    eval_script: str | None = None
+    """The source's own evaluation script (SWE-bench 5, SWE-rebench and SWE-bench Pro rows publish one): it
+    restores the test files, applies the test patch and runs the test command between SWE-bench's START/END
+    markers. The grader runs that command (swerl.eval.harness.harness_for)."""
     difficulty: str | None = None
     """Difficulty bucket where the source publishes one (SWE-bench Verified: '<15 min fix', ...)."""
     source: str = Field(min_length=1)

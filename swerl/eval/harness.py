@@ -274,13 +274,13 @@ def swerl_spec(task: TaskInstance) -> HarnessSpec:
 def harness_for(
     task: TaskInstance, version: str | None = None, eval_script: str | None = None
 ) -> HarnessSpec:
-    """The spec of the harness the task comes from. A SWE-bench task needs its dataset row's `version` (or its
-    `eval_script`): TaskInstance carries neither, and a repository's command changes between versions."""
+    """The spec of the harness the task comes from. A SWE-bench task's command comes from its row's `eval_script`
+    or its `version` (the task's own fields unless given here): a repository's command changes between versions."""
     kind = harness_kind(task)
     if kind == "swesmith":
         return swesmith_spec(task)
     if kind == "swebench":
-        return swebench_spec(task.repo, version, eval_script)
+        return swebench_spec(task.repo, version or task.version, eval_script or task.eval_script)
     return swerl_spec(task)
 
 
