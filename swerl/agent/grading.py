@@ -37,6 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from swerl.agent.unittest_mode import MODE as UNITTEST_MODE
+from swerl.agent.unittest_mode import runner_ids as unittest_runner_ids
+from swerl.agent.unittest_mode import unittest_program
 from swerl.data.environments import task_environment
 from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
 from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
@@ -145,7 +148,10 @@ def filter_patch(patch: str) -> FilteredPatch:
 
 
 def runner_mode(task: TaskInstance) -> str | None:
-    """The sealed runner's mode for the task's test command: pytest, micro, or None (no sealed runner)."""
+    """The sealed runner's mode for the task's test command: pytest, micro, unittest, or None (no sealed runner).
+    `unittest`: Django's runtests.py or `python -m unittest`, as test_cmd or in the eval_script."""
+    if unittest_program(task) is not None:
+        return UNITTEST_MODE
     command = task.test_cmd.strip()
     if not command or command in ("pytest", "python -m pytest"):
         return "pytest"
@@ -352,6 +358,8 @@ async def grade_patch(
             key = secrets.token_bytes(32)
             keyfile = f".swerl-key-{secrets.token_hex(8)}"
             await sandbox.write_file(keyfile, key.hex())
+            if mode == UNITTEST_MODE:  # the runner runs the task's own command: its argv goes first
+                tests = unittest_runner_ids(task, tests)
             command = sealed_command(mode, keyfile, tests, python, filtered.touched)
             result = await sandbox.exec(command, timeout=test_timeout_s)
             report = read_sealed(result.output, key.hex().encode())
