@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from swerl.data.diffs import reverse_patch, unified_diff
-from swerl.data.sources import swebench_image
+from swerl.data.loaders import swebench_image
 from swerl.sandbox.images import build_instance_image, build_project_image, swesmith_image_name
 
 DJANGO_VERSION = "5.0.14"
