@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from swerl.data.loaders import TaskSchema
 from swerl.data.micro import GENERATOR_VERSION
 from swerl.errors import INFRA_CAUSES
 
@@ -260,14 +261,22 @@ class E2BConfig(StrictModel):
 
 
 class DatasetSource(StrictModel):
-    schema_name: Literal["swesmith", "swebench"] = Field(alias="schema")
-    """Which published schema the rows follow."""
+    """Published task rows: a hub dataset or a local file, read through `datasets` (swerl.data.loaders)."""
+
+    schema_name: TaskSchema = Field(alias="schema")
+    """Which schema the rows follow: swesmith, swebench (SWE-bench and SWE-bench 5 rows, with their version and
+    eval_script), swebench_pro (ScaleAI/SWE-bench_Pro), swerebench (nebius/SWE-rebench), or swerl (the curate
+    stage's train/eval.parquet: every task as swerl stored it, its environment included)."""
     path: str = Field(min_length=1)
     """A Hugging Face hub id (real use) or a local parquet/jsonl/json file."""
     split: str = "train"
     """Dataset split to read."""
     limit: int | None = Field(None, ge=1)
     """Read at most this many rows (None: all)."""
+    revision: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    """The hub dataset's revision (a commit sha, tag or branch) passed to `datasets.load_dataset(...,
+    revision=...)`; part of the stage's key, so another revision reruns the stage. None: the hub's default branch,
+    whose rows can change under an unchanged key (pin it). Refused for a local file (its contents are the file's)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -445,3 +445,91 @@ def test_an_attempt_lost_to_the_infrastructure_is_retried_then_missing_never_sco
     assert summary["failures"]["infra_error.gave_up"] == EVALUATE.attempts
     report = outcome.result.markdown["evaluation"] if outcome.result else ""
     assert f"| sft | {summary['pass@1']:.3f} |" in report and f"| {len(ids) - 1} | 1 |" in report
+
+
+def recipe_section() -> dict[str, Any]:
+    """The `evaluate` section of docs/operations.md's recipe "Evaluate models on new tasks"."""
+    text = (REPO_ROOT / "docs" / "operations.md").read_text()
+    block = (
+        text.split("<!-- recipe: evaluate-new-tasks -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    )
+    return dict(yaml.safe_load(block)["evaluate"])
+
+
+def test_the_documented_recipe_evaluates_the_models_on_new_tasks_in_their_environments(
+    env: Env, curate: Manifest, sft: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations.md's recipe on a task file of swerl's own (a curate stage's eval.parquet): every model named
+    is evaluated on those tasks, each started from its own environment (micro://: read as SWE-bench rows they
+    would have been given SWE-bench image names, and every attempt would have failed as image_missing); the same
+    file under a published schema is refused before anything runs. The stage loads each model's weights once, in
+    its engine: the tokenizer it needs itself comes without them."""
+    from transformers import AutoModelForCausalLM
+
+    from swerl.data.loaders import SchemaMismatch
+
+    new_tasks = tmp_path / "eval.parquet"
+    new_tasks.write_bytes(env.store.read_bytes(env.store.rel_of(curate.artifact("eval.parquet").uri)))
+    section = recipe_section()
+    assert section["dataset"]["schema"] == "swerl"
+    section["dataset"]["path"] = str(new_tasks)
+    evaluate = EvaluateConfig.model_validate(
+        EVALUATE.model_dump(by_alias=True, exclude={"dataset", "checkpoints", "max_tasks", "attempts"})
+        | section
+    )
+    loads: list[Any] = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
+    outcome = env.run("evaluate-recipe", run_evaluate, EvaluateStage(evaluate=evaluate, agent=AGENT, engine=ENGINE),
+                      [curate, sft])  # fmt: skip
+    results = env.json(outcome.manifest, "eval_results.json")["models"]
+    assert set(results) == {"base", "sft"}  # grpo is named, but no GRPO stage is among the inputs
+    assert len(loads) == len(results)  # one load per model: its engine's
+    new_ids = {t.instance_id for t in load_tasks(env.store, curate, "eval.parquet")}
+    assert set(env.json(outcome.manifest, "eval_tasks.json")) <= new_ids
+    for name in results:
+        body = env.store.read_bytes(env.store.rel_of(outcome.manifest.artifact(f"episodes_{name}.jsonl").uri))
+        episodes = [json.loads(line) for line in body.decode().splitlines() if line]
+        assert episodes and not [e for e in episodes if e["infra_cause"] == "image_missing"]
+        assert any(e["grade"] is not None for e in episodes)
+    report = outcome.result.markdown["evaluation"] if outcome.result else ""
+    assert f"Tasks from evaluate.dataset {new_tasks} (split train, schema swerl)." in report
+
+    assert evaluate.dataset is not None
+    wrong = evaluate.model_copy(
+        update={"dataset": evaluate.dataset.model_copy(update={"schema_name": "swebench"})}
+    )
+    cfg = EvaluateStage(evaluate=wrong, agent=AGENT, engine=ENGINE)
+    with pytest.raises(
+        SchemaMismatch, match=r"would lose its environment and harness: set the dataset's schema"
+    ):
+        env.run("evaluate-recipe-wrong", run_evaluate, cfg, [curate, sft])
+    assert (
+        load_manifest(
+            env.store, "evaluate-recipe-wrong", stage_key("evaluate-recipe-wrong", cfg, [curate, sft])
+        )
+        is None
+    )
+
+
+def test_the_tokenizer_loads_from_a_checkpoint_whose_weights_do_not(
+    env: Env, sft: Manifest, tmp_path: Path
+) -> None:
+    """What evaluate loads for its episodes (load_tokenizer) never reads the weights: a checkpoint with corrupted
+    weights still gives its tokenizer, while loading the model fails."""
+    from transformers import AutoModelForCausalLM
+
+    from swerl.model.loading import load_tokenizer
+    from swerl.stages.common import get_dir
+
+    path = get_dir(env.store, sft, "model", tmp_path / "model")
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    tokenizer = load_tokenizer(path)
+    assert tokenizer.encode("python run_tests.py") and tokenizer.chat_template
+    with pytest.raises(Exception, match=r"(?i)safetensors|header|deserializ"):
+        AutoModelForCausalLM.from_pretrained(path, local_files_only=True)

@@ -69,8 +69,17 @@ rows = st.one_of(
 )
 
 
+# The columns of the other sources (swerl/data/sources.py), over rows of every schema.
+SOURCE_KEYS = [*ROW_KEYS, "eval_script", "image", "log_parser", "version", "dockerhub_tag", "fail_to_pass",
+               "requirements", "interface", "install_config", "docker_image", "patch_kind", "source"]  # fmt: skip
+source_rows = st.one_of(
+    rows,
+    st.dictionaries(st.sampled_from(SOURCE_KEYS), values, max_size=6).map(lambda bad: {**GOOD_ROW, **bad}),
+)
+
+
 @FUZZ
-@given(rows, st.sampled_from(["swesmith", "swebench"]))
+@given(source_rows, st.sampled_from(["swesmith", "swebench", "swebench_pro", "swerebench", "swerl"]))
 def test_dataset_rows_give_a_task_or_a_row_error(row: dict[str, Any], schema: str) -> None:
     try:
         task = row_to_task(row, schema, "fuzz", "train", 7)  # type: ignore[arg-type]

@@ -1,9 +1,13 @@
-"""Loading published task datasets (SWE-smith and SWE-bench schemas) into TaskInstances.
+"""Loading published task datasets (SWE-smith, SWE-bench, SWE-bench Pro, SWE-rebench) and swerl's own task files
+into TaskInstances.
 
-Rows come through `datasets`: a hub id (`datasets.load_dataset(id, split=...)`) or a local parquet / jsonl /
-json file. A row the published schema allows is accepted (test lists as lists or JSON strings, a missing
+Rows come through `datasets`: a hub id (`datasets.load_dataset(id, split=..., revision=...)`) or a local parquet /
+jsonl / json file. A row the published schema allows is accepted (test lists as lists or JSON strings, a missing
 PASS_TO_PASS, SWE-smith's often empty problem statement); anything else is rejected with the row's id and the
-offending field, collected into a report, or raised at once in strict mode.
+offending field, collected into a report, or raised at once in strict mode. What each source's columns mean, its
+image names and harness: swerl/data/sources.py. Rows of swerl's own task files (the curate stage's
+train/eval.parquet) load under the schema `swerl` as they were written, environment and harness included; under
+any other schema they are refused, since reading them as published rows would replace their environment.
 """
 
 from __future__ import annotations
@@ -18,16 +22,32 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from swerl.data.schema import TaskInstance
+from swerl.data.sources import (
+    FieldError,
+    pro_columns,
+    pro_fields,
+    rebench_fields,
+    swebench_fields,
+    swebench_image,  # noqa: F401 - re-exported: callers name images through the loaders
+)
 
-Schema = Literal["swesmith", "swebench"]
+TaskSchema = Literal["swesmith", "swebench", "swebench_pro", "swerebench", "swerl"]
+Schema = TaskSchema
 
+_BENCH = ("instance_id", "repo", "base_commit", "patch", "problem_statement", "FAIL_TO_PASS")
 REQUIRED: dict[str, tuple[str, ...]] = {
     "swesmith": ("instance_id", "repo", "patch", "FAIL_TO_PASS"),
-    "swebench": ("instance_id", "repo", "base_commit", "patch", "problem_statement", "FAIL_TO_PASS"),
+    "swebench": _BENCH,
+    "swebench_pro": (*_BENCH, "dockerhub_tag"),
+    "swerebench": (*_BENCH, "install_config"),
+    "swerl": ("instance_id", "repo", "patch_kind", "FAIL_TO_PASS", "source"),
 }
-"""Columns a row must have (non-null) under each schema."""
+"""Columns a row must have (non-null) under each schema (SWE-bench Pro's test lists after pro_columns)."""
 
-SCHEMA_NAMES: dict[str, str] = {"swesmith": "SWE-smith", "swebench": "SWE-bench"}
+SCHEMA_NAMES: dict[str, str] = {"swesmith": "SWE-smith", "swebench": "SWE-bench", "swebench_pro": "SWE-bench Pro",
+                                "swerebench": "SWE-rebench", "swerl": "swerl task"}  # fmt: skip
+SWERL_MARKER = "patch_kind"
+"""A column only swerl's own task rows have (TaskInstance.patch_kind)."""
 
 TRACE_COLUMN = "messages"
 """The column of an agent trace row (SWE-smith-trajectories: instance_id, traj_id, messages, resolved...)."""
@@ -56,6 +76,10 @@ class RowError(ValueError):
         super().__init__(str(self.rejection))
 
 
+class SchemaMismatch(RowError):
+    """Rows read under a schema they do not follow (raised at the first one, even when not strict)."""
+
+
 @dataclass
 class LoadReport:
     """Rows read, accepted and rejected from one source."""
@@ -77,19 +101,21 @@ class LoadReport:
         }
 
 
-def swebench_image(instance_id: str) -> str:
-    """The SWE-bench harness's per-instance image name ('__' is spelled '_1776_' in image names)."""
-    return f"swebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_').lower()}:latest"
-
-
 def _present(row: Mapping[str, Any], name: str) -> bool:
     value = row.get(name)
     return value is not None and not (isinstance(value, str) and not value.strip())
 
 
 def task_schema_of(row: Mapping[str, Any]) -> Schema | None:
-    """The task schema a row looks like (all its required columns present), or None: SWE-smith where the row
-    names a SWE-smith image or repository, else SWE-bench before the looser SWE-smith."""
+    """The task schema a row looks like (all its required columns present), or None: swerl's own rows, SWE-bench
+    Pro's (dockerhub_tag) and SWE-rebench's (install_config) by their own columns; SWE-smith where the row names a
+    SWE-smith image or repository, else SWE-bench before the looser SWE-smith."""
+    if _present(row, SWERL_MARKER):
+        return "swerl"
+    if _present(row, "dockerhub_tag"):
+        return "swebench_pro"
+    if _present(row, "install_config"):
+        return "swerebench"
     smith = all(_present(row, name) for name in REQUIRED["swesmith"])
     if smith and (_present(row, "image_name") or str(row.get("repo", "")).startswith("swesmith/")):
         return "swesmith"
@@ -119,25 +145,43 @@ def _swesmith_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _swebench_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "base_commit": row["base_commit"],
-        "problem_statement": row["problem_statement"],
-        "patch_kind": "fix",
-        "test_patch": row.get("test_patch") or "",
-        "image": swebench_image(str(row["instance_id"])),
-        "difficulty": row.get("difficulty") or None,
-    }
+def _swerl_task(row: Mapping[str, Any], index: int) -> TaskInstance:
+    """A row of swerl's own task file, as it was written (source, split, environment and harness its own)."""
+    instance_id = str(row.get("instance_id") or "") or None
+    known = {k: v for k, v in row.items() if k in TaskInstance.model_fields or v is not None}
+    try:
+        return TaskInstance.model_validate(known)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field_name = ".".join(str(p) for p in first["loc"]) or "<row>"
+        raise RowError(index, instance_id, field_name, first["msg"]) from None
+
+
+_FIELDS = {"swesmith": _swesmith_fields, "swebench": swebench_fields, "swebench_pro": pro_fields,
+           "swerebench": rebench_fields}  # fmt: skip
 
 
 def row_to_task(
     row: Mapping[str, Any], schema: Schema, source: str, split: str | None, index: int
 ) -> TaskInstance:
-    """One row -> TaskInstance, or RowError naming the row and field."""
+    """One row -> TaskInstance, or RowError naming the row and field (SchemaMismatch for a row of swerl's own
+    task files read under a published schema)."""
     if schema not in REQUIRED:
         raise ValueError(f"unknown dataset schema {schema!r}; known: {sorted(REQUIRED)}")
     raw_id = row.get("instance_id")
     instance_id = str(raw_id) if raw_id else None
+    if schema != "swerl" and _present(row, SWERL_MARKER):
+        raise SchemaMismatch(
+            index, instance_id, SWERL_MARKER,
+            f"a row of swerl's own task file (the curate stage's train/eval.parquet: it has {SWERL_MARKER}, "
+            f"image {str(row.get('image') or '')[:80]!r}), read as {SCHEMA_NAMES[schema]} rows would lose its "
+            "environment and harness: set the dataset's schema to swerl",
+        )  # fmt: skip
+    if schema == "swebench_pro":
+        try:
+            row = pro_columns(row)
+        except FieldError as exc:
+            raise RowError(index, instance_id, exc.field_name, str(exc)) from None
     missing = [name for name in REQUIRED[schema] if not _present(row, name)]
     if missing and is_trace_row(row):
         columns = ", ".join(c for c in (TRACE_COLUMN, "traj_id", "resolved") if c in row)
@@ -151,7 +195,12 @@ def row_to_task(
         )
     if missing:
         raise RowError(index, instance_id, missing[0], f"missing or empty (required by the {schema} schema)")
-    fields = _swesmith_fields(row) if schema == "swesmith" else _swebench_fields(row)
+    if schema == "swerl":
+        return _swerl_task(row, index)
+    try:
+        fields = _FIELDS[schema](row)
+    except FieldError as exc:
+        raise RowError(index, instance_id, exc.field_name, str(exc)) from None
     try:
         return TaskInstance(
             instance_id=str(instance_id),
@@ -187,7 +236,7 @@ def rows_to_tasks(
             if task.instance_id in seen:
                 raise RowError(index, task.instance_id, "instance_id", "duplicate of an earlier row")
         except RowError as exc:
-            if strict:
+            if strict or isinstance(exc, SchemaMismatch):  # the whole file is misread: not one bad row
                 raise
             report.rejected.append(exc.rejection)
             continue
@@ -252,19 +301,28 @@ def _json_files(local: Path) -> list[Path]:
     return [local] if local.suffix.lower() in (".jsonl", ".json") else []
 
 
-def read_rows(path: str, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
-    """Rows of a local parquet/jsonl/json file or directory, or of a hub dataset, through `datasets`.
+def read_rows(
+    path: str, split: str = "train", limit: int | None = None, revision: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows of a local parquet/jsonl/json file or directory, or of a hub dataset (at `revision`, if given),
+    through `datasets`.
 
     A local JSON file with a broken line is a ValueError naming the file and the line (check_json_file); any
-    other failure to read a local file names the file."""
+    other failure to read a local file names the file. A revision for a local path is refused: it would pin
+    nothing."""
     import datasets
 
     local = Path(path).expanduser()
     if local.exists():
+        if revision is not None:
+            raise ValueError(
+                f"dataset {path}: revision {revision!r} given for a local path (a revision pins a hub dataset's "
+                "rows; a local file's rows are its contents): drop the revision or name the hub id"
+            )
         for file in _json_files(local):
             check_json_file(file)
     try:
-        return _read_rows(datasets, local, path, split, limit)
+        return _read_rows(datasets, local, path, split, limit, revision)
     except (
         datasets.exceptions.DatasetGenerationError,
         ArithmeticError,
@@ -278,7 +336,9 @@ def read_rows(path: str, split: str = "train", limit: int | None = None) -> list
         raise ValueError(f"{path}: cannot be read as a dataset: {type(cause).__name__}: {cause}") from exc
 
 
-def _read_rows(datasets: Any, local: Path, path: str, split: str, limit: int | None) -> list[dict[str, Any]]:
+def _read_rows(
+    datasets: Any, local: Path, path: str, split: str, limit: int | None, revision: str | None
+) -> list[dict[str, Any]]:
     if local.is_file():
         builder = _LOCAL_BUILDERS.get(local.suffix.lower())
         if builder is None:
@@ -288,7 +348,7 @@ def _read_rows(datasets: Any, local: Path, path: str, split: str, limit: int | N
     elif local.is_dir():
         dataset = datasets.load_dataset(str(local), split=split)
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", path):
-        dataset = datasets.load_dataset(path, split=split)
+        dataset = datasets.load_dataset(path, split=split, revision=revision)
     else:
         raise ValueError(
             f"dataset {path!r} is neither an existing file or directory nor a hub id (owner/name)"
@@ -299,7 +359,10 @@ def _read_rows(datasets: Any, local: Path, path: str, split: str, limit: int | N
 
 
 def load_tasks(
-    path: str, schema: Schema, split: str = "train", limit: int | None = None, strict: bool = False
-) -> tuple[list[TaskInstance], LoadReport]:
-    """Load and validate a dataset's task instances."""
-    return rows_to_tasks(read_rows(path, split, limit), schema, source=path, split=split, strict=strict)
+    path: str, schema: Schema, split: str = "train", limit: int | None = None, strict: bool = False,
+    revision: str | None = None,
+) -> tuple[list[TaskInstance], LoadReport]:  # fmt: skip
+    """Load and validate a dataset's task instances (a hub dataset at `revision`, if given)."""
+    rows = read_rows(path, split, limit, revision)
+    source = path if revision is None else f"{path}@{revision}"
+    return rows_to_tasks(rows, schema, source=source, split=split, strict=strict)

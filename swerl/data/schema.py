@@ -93,6 +93,10 @@ class TaskInstance(BaseModel):
     """The source's own evaluation script (SWE-bench 5, SWE-rebench and SWE-bench Pro rows publish one): it
     restores the test files, applies the test patch and runs the test command between SWE-bench's START/END
     markers. The grader runs that command (swerl.eval.harness.harness_for)."""
+    log_parser: str | None = None
+    """The name (in swebench's PARSER_REGISTRY, e.g. 'parse_log_pytest') of the parser the source reads this
+    task's logs with, where its rows name one (SWE-bench 5's `log_parser`, SWE-rebench's
+    `install_config.log_parser`); None: swebench's parser for the repository."""
     difficulty: str | None = None
     """Difficulty bucket where the source publishes one (SWE-bench Verified: '<15 min fix', ...)."""
     source: str = Field(min_length=1)

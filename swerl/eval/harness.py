@@ -137,8 +137,9 @@ def _repo_parsers() -> dict[str, str]:
 
 
 def log_parser_for(task: TaskInstance) -> str:
-    """swebench's parser for the task's repository (SWE-smith repos map to their upstream), else pytest's."""
-    return _repo_parsers().get(task.repo_key, DEFAULT_PARSER)
+    """The parser the task's row names (TaskInstance.log_parser), else swebench's parser for the task's repository
+    (SWE-smith repos map to their upstream), else pytest's."""
+    return task.log_parser or _repo_parsers().get(task.repo_key, DEFAULT_PARSER)
 
 
 @cache
@@ -193,15 +194,25 @@ def _between_markers(script: str) -> str:
     return "\n".join(body)
 
 
-def swebench_spec(repo: str, version: str | None = None, eval_script: str | None = None) -> HarnessSpec:
+def swebench_spec(
+    repo: str, version: str | None = None, eval_script: str | None = None, parser: str | None = None
+) -> HarnessSpec:
     """SWE-bench's test command and parser for `repo` at `version`: from the row's `eval_script` when given
-    (swebench 5's source of truth), else from the installed swebench's MAP_REPO_VERSION_TO_SPECS.
+    (swebench 5's source of truth), else from the installed swebench's MAP_REPO_VERSION_TO_SPECS. The parser is
+    the row's own (`parser`, a PARSER_REGISTRY name: SWE-bench 5 and SWE-rebench rows name one), else swebench's
+    for the repository.
 
     Raises HarnessSpecError naming the repository and version (and the versions known) when neither has it."""
-    constants, _, _ = _swebench()
-    parser = _repo_parsers().get(repo.lower())
+    constants, _, log_parsers = _swebench()
+    if parser is not None and parser not in log_parsers.PARSER_REGISTRY:
+        raise HarnessSpecError(f"{repo} {version}: the row's log parser {parser!r} is not one swebench has")
+    parser = parser or _repo_parsers().get(repo.lower())
     if parser is None:
-        raise HarnessSpecError(f"swebench has no log parser for repository {repo!r} (version {version!r})")
+        need = "a log_parser" if eval_script else "its eval_script and log_parser"
+        raise HarnessSpecError(
+            f"swebench has no log parser for repository {repo!r} (version {version!r}): the task needs {need} "
+            "(SWE-bench 5 rows carry both; SWE-rebench rows get them from install_config)"
+        )
     if eval_script:
         return HarnessSpec(
             "swebench", _between_markers(eval_script), parser, f"{repo} {version}: the row's eval_script"
@@ -215,7 +226,8 @@ def swebench_spec(repo: str, version: str | None = None, eval_script: str | None
         raise HarnessSpecError(
             f"{repo} version {version!r}: swebench {getattr(swebench, '__version__', '?')} has no "
             "MAP_REPO_VERSION_TO_SPECS (from swebench 5 on, each dataset row's eval_script holds the test "
-            "command): pass the row's eval_script"
+            "command): load the task from rows that carry their eval_script (SWE-bench 5 rows; SWE-rebench rows "
+            "get one from install_config) or give the task its eval_script"
         )
     by_version = specs.get(repo) or next((v for k, v in specs.items() if k.lower() == repo.lower()), None)
     if by_version is None:
@@ -280,7 +292,11 @@ def harness_for(
     if kind == "swesmith":
         return swesmith_spec(task)
     if kind == "swebench":
-        return swebench_spec(task.repo, version or task.version, eval_script or task.eval_script)
+        try:
+            return swebench_spec(task.repo, version or task.version, eval_script or task.eval_script,
+                                 task.log_parser)  # fmt: skip
+        except HarnessSpecError as exc:  # the task is named: a task set has many of one repository
+            raise HarnessSpecError(f"SWE-bench task {task.instance_id} ({task.source}): {exc}") from None
     return swerl_spec(task)
 
 

@@ -303,7 +303,8 @@ def _load_sources(
     tasks: list[TaskInstance] = []
     reports = []
     for source in sources:
-        loaded, report = load_tasks(source.path, source.schema_name, source.split, source.limit, strict)
+        loaded, report = load_tasks(source.path, source.schema_name, source.split, source.limit, strict,
+                                    source.revision)  # fmt: skip
         tasks += loaded
         reports.append(report)
     return tasks, reports

@@ -40,7 +40,7 @@ from swerl.eval.grading import AttemptGrade, grade_attempt
 from swerl.eval.metrics import pass_at_1, pass_at_k, stratum_table
 from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_report, plot_strata
 from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
-from swerl.model.loading import load_model_and_tokenizer
+from swerl.model.loading import load_tokenizer
 from swerl.stages.common import (
     episode_limits,
     episode_with_retries,
@@ -126,11 +126,12 @@ def evaluation_tasks(
     split (or its training split, `evaluate.split: train`)."""
     if cfg.dataset is not None:
         d = cfg.dataset
-        tasks, report = load_dataset_tasks(d.path, d.schema_name, d.split, d.limit)
+        tasks, report = load_dataset_tasks(d.path, d.schema_name, d.split, d.limit, revision=d.revision)
         if report.rejected:
             ctx.log.warning("evaluate.dataset %s: %d row(s) rejected, e.g. %s", d.path, len(report.rejected),
                             report.rejected[0])  # fmt: skip
-        source = f"evaluate.dataset {d.path} (split {d.split})"
+        at = f" at revision {d.revision}" if d.revision else ""
+        source = f"evaluate.dataset {d.path}{at} (split {d.split}, schema {d.schema_name})"
     elif cfg.split == "train":
         tasks, source = load_tasks(ctx.store, curate, "train.parquet"), f"the training split of {curate.uri}"
     else:
@@ -163,7 +164,7 @@ async def evaluate_model(
     path: Path, tasks: list[TaskInstance], cfg: EvaluateStage, seed: int, counts: dict[str, int]
 ) -> tuple[list[Trajectory], list[dict[str, Any]]]:
     """k attempts of every task with the model at `path`, each graded (infrastructure errors rerun in budget)."""
-    _, tokenizer = load_model_and_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # the engine loads the weights; the episodes need only the tokenizer
     limits = episode_limits(cfg.agent)
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn,
