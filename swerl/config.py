@@ -1082,8 +1082,9 @@ class EvaluateConfig(StrictModel):
     """Subset size: held-out tasks drawn proportionally from repository x difficulty strata (an error if the
     held-out set is smaller)."""
     dataset: DatasetSource | None = None
-    """Evaluate on this published dataset (e.g. princeton-nlp/SWE-bench_Verified, split test, schema swebench)
-    instead of the curate stage's held-out split; None: the held-out split."""
+    """Evaluate on these tasks instead of the curate stage's held-out split (e.g. SWE-bench/SWE-bench_Verified,
+    split test, schema swebench: swebench 5's rows, each with its eval_script; or another curate stage's
+    eval.parquet, schema swerl); each task keeps its environment. None: the held-out split."""
     split: Literal["held_out", "train"] = "held_out"
     """Without `dataset`: the curate stage's held-out split, or its training split (the tasks SFT and GRPO trained on,
     a fixed stratified probe set of max_tasks: how well training fitted them, not generalisation; the report says

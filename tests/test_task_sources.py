@@ -292,3 +292,28 @@ def test_a_revision_pins_hub_rows_and_is_part_of_the_curate_key(
     assert len({curate_key(None), curate_key("4c1e2f0"), curate_key("9d8b7a6")}) == 3
     with pytest.raises(ValueError, match="revision"):
         DatasetSource(schema="swebench", path="x/y", revision="-rf /")
+
+
+def test_the_recipes_evaluation_grades_django_and_sympy_with_their_own_commands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configs/qwen3-30b-a3b.yaml evaluates on swebench 5's own Verified rows: loaded as that config loads them
+    (the hub answered by the shipped rows of the same shape), every task carries the command its repository runs."""
+    import datasets
+
+    from swerl.config import load_config
+
+    source = load_config(Path(__file__).parent.parent / "configs" / "qwen3-30b-a3b.yaml").evaluate.dataset
+    assert source is not None and (source.schema_name, source.path) == (
+        "swebench",
+        "SWE-bench/SWE-bench_Verified",
+    )
+    shipped = str(ROWS / "swebench5_verified.jsonl")
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, **kw: datasets.Dataset.from_json(shipped))
+    tasks, _ = load_tasks(
+        source.path, source.schema_name, source.split, source.limit, revision=source.revision
+    )
+    commands = {t.repo: harness_for(t).test_cmd for t in tasks}
+    assert commands == {repo: command for repo, (command, _) in VERIFIED.items()}
+    assert commands["django/django"].startswith("./tests/runtests.py --verbosity 2 --settings=test_sqlite ")
+    assert commands["sympy/sympy"].startswith(SYMPY)
