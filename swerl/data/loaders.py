@@ -45,7 +45,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 """Columns a row must have (non-null) under each schema (SWE-bench Pro's test lists after pro_columns)."""
 
 SCHEMA_NAMES: dict[str, str] = {"swesmith": "SWE-smith", "swebench": "SWE-bench", "swebench_pro": "SWE-bench Pro",
-                                "swerebench": "SWE-rebench", "swerl": "swerl task"}  # fmt: skip
+                                "swerebench": "SWE-rebench", "swerl": "swerl"}  # fmt: skip
 SWERL_MARKER = "patch_kind"
 """A column only swerl's own task rows have (TaskInstance.patch_kind)."""
 
