@@ -302,8 +302,8 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
       pickled events replayed outside any TestCase.run, where nothing can tell them from forged ones (and
       SWE-bench runs Django with --parallel 1, so the outcomes are the ones its harness sees).
     - Where the command names no test labels, the ids' own are run (`test_a (app.tests.T.test_a)` and the older
-      `test_a (app.tests.T)` -> `app.tests.T.test_a`; a docstring-named id has none, so the command must name its
-      module). runtests.py's and unittest's exit status is ignored: the outcomes decide.
+      `test_a (app.tests.T)` -> `app.tests.T.test_a`); if an id is docstring-named (it has no label), the command
+      runs as it is. runtests.py's and unittest's exit status is ignored: the outcomes decide.
     """
     import os
     import re
@@ -437,13 +437,12 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
             labels.append(arg)
     if django:
         argv[1:1] = ["--parallel", "1"]
-    for test_id in () if labels else ids:
-        match = re.fullmatch(r"(\w+) \(([\w.]+)\)", test_id)
-        if match:
-            name, where = match.groups()
-            label = where if where.endswith("." + name) else f"{where}.{name}"
-            if label not in argv:
-                argv.append(label)
+    matches = [re.fullmatch(r"(\w+) \(([\w.]+)\)", test_id) for test_id in ids]
+    for match in () if labels or not all(matches) else matches:  # a docstring-named id: the whole command
+        name, where = match.groups()
+        label = where if where.endswith("." + name) else f"{where}.{name}"
+        if label not in argv:
+            argv.append(label)
     sealed()
     try:
         if django:
