@@ -392,6 +392,44 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_crosscheck(args: argparse.Namespace) -> int:
+    """swerl's grader and swebench's run_evaluation on the same predictions (swerl/eval/crosscheck.py)."""
+    from swerl.eval.crosscheck import crosscheck, read_predictions, read_tasks, standard_predictions
+    from swerl.sandbox.pool import release_provider
+    from swerl.stages.common import sandbox_provider
+
+    cfg = _load(args)
+    try:
+        tasks = read_tasks(Path(args.tasks))
+        if args.instance:
+            tasks = [t for t in tasks if t.instance_id in set(args.instance)]
+        predictions = standard_predictions(tasks, gold=args.gold, empty=args.empty)
+        predictions += [p for path in args.predictions or [] for p in read_predictions(Path(path))]
+    except ValueError as exc:
+        print(f"swerl crosscheck: {exc}", file=sys.stderr)
+        return 2
+    if args.instance:
+        predictions = [p for p in predictions if p.instance_id in set(args.instance)]
+    if not predictions:
+        print("swerl crosscheck: nothing to grade: give --predictions, --gold or --empty", file=sys.stderr)
+        return 2
+    limits = cfg.agent.sandbox
+    if args.backend != "config":
+        limits = limits.model_copy(update={"backend": args.backend})
+    provider = sandbox_provider(limits, git_baseline=True)
+    try:
+        timeout = args.timeout or cfg.agent.test_timeout_s
+        report = crosscheck(provider, tasks, predictions, Path(args.out), timeout, args.workers)
+    except ValueError as exc:
+        print(f"swerl crosscheck: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        release_provider(provider)
+    print(report.table(), end="")
+    print(f"written: {Path(args.out) / 'crosscheck.json'}, {Path(args.out) / 'crosscheck.md'}")
+    return 0 if report.ok else 1
+
+
 SET_HELP = "override a config key (repeatable); YAML-typed: --set sft.max_steps=50"
 CONFIG_NOTE = (
     "The config is a YAML file (default configs/local.yaml); --set KEY=VALUE overrides a key, and the variables "
@@ -455,6 +493,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Print the placement (GPUs, processes, ports) and memory per GPU of the config's cluster; exit 1 with the "
         "numbers when something does not fit.",
         "swerl plan configs/qwen3-30b-a3b.yaml",
+    ),
+    "crosscheck": (
+        "grade predictions with swerl's grader and swebench's run_evaluation; compare (non-zero: a difference)",
+        "Grade each prediction (SWE-bench predictions JSONL, an evaluate stage's episodes_MODEL.jsonl, and/or "
+        "each task's reference fix and empty patch) twice: with swerl's grader in the sandbox backend --backend "
+        "names, and with swebench's own harness (run_evaluation, its containers on network none). Tasks are "
+        "SWE-bench-style rows with an eval_script whose instance images are on the Docker engine. Prints and "
+        "writes (OUT/crosscheck.json, crosscheck.md) one row per prediction; exit 1 when any prediction's verdicts "
+        "differ or either grader gave none. docs/operations.md, 'Cross-checking the grader'.",
+        "swerl crosscheck --tasks rows.jsonl --gold --empty\n"
+        "swerl crosscheck --tasks rows.jsonl --predictions preds.jsonl --out runs/crosscheck\n"
+        "swerl crosscheck configs/local.yaml --tasks rows.jsonl --predictions runs/store/.../episodes_sft.jsonl",
     ),
     "config": (
         "print the resolved config",
@@ -556,6 +606,22 @@ def build_parser() -> argparse.ArgumentParser:
     p_cfg = command("config")
     with_config(p_cfg)
     p_cfg.set_defaults(func=cmd_config)
+
+    p_xc = command("crosscheck")
+    with_config(p_xc)
+    p_xc.add_argument("--tasks", required=True, help="SWE-bench rows with eval_script (jsonl, json, parquet)")
+    p_xc.add_argument("--predictions", action="append", metavar="FILE",
+                      help="SWE-bench predictions (instance_id, model_patch) or episodes_MODEL.jsonl (repeatable)")  # fmt: skip
+    p_xc.add_argument("--gold", action="store_true", help="also grade each task's reference fix")
+    p_xc.add_argument("--empty", action="store_true", help="also grade each task's empty patch")
+    p_xc.add_argument("--instance", action="append", metavar="ID", help="only these instances (repeatable)")
+    p_xc.add_argument("--out", default="runs/crosscheck", help="its work directory (default: %(default)s)")
+    p_xc.add_argument("--backend", choices=["docker", "local", "config"], default="docker",
+                      help="swerl's sandbox backend (default: %(default)s; config: agent.sandbox.backend)")  # fmt: skip
+    p_xc.add_argument("--timeout", type=float, default=None,
+                      help="seconds for one test run, both graders (default: agent.test_timeout_s)")  # fmt: skip
+    p_xc.add_argument("--workers", type=int, default=2, help="predictions graded at once by each grader")
+    p_xc.set_defaults(func=cmd_crosscheck)
     return parser
 
 
