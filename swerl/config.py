@@ -380,6 +380,13 @@ class CurateConfig(StrictModel):
     """Raise on the first malformed dataset row instead of rejecting and counting it."""
     micro: MicroSource | None = None
     """Micro repositories to synthesize tasks from as well (None: none); eval ones are held out whatever eval_repos says."""
+    gold_check: bool = True
+    """Check every loaded SWE-bench-style row (the fix as `patch`) whose image is on the Docker engine in that image,
+    with swerl's grader, before keeping it: its reference fix must resolve it (RESOLVED_FULL) and the empty patch
+    must not. A failing row is dropped and counted by cause in curate_report.json's `gold_check` (gold_unresolved,
+    gold_does_not_apply, empty_resolved); rows without their image are kept, counted as unchecked; an
+    infrastructure error is counted apart by cause and keeps the row (swerl/stages/curate_gold.py). Costs two
+    graded test runs per checked row, `validation_workers` at a time, in `sandbox` sandboxes."""
 
 
 class AgentConfig(StrictModel):

@@ -21,6 +21,10 @@ Harbor tasks (`curate.harbor`, swerl.data.harbor; swerl/stages/curate_harbor.py)
 reference patch is the diff solution/solve.sh makes in a fresh sandbox of it, and it is kept only when its own
 verifier, through the one grader, gives that patch 1 and the empty patch 0; the rest are counted by reason. Their
 split is their own rule (`harbor_eval_keys`), their directories' contents part of the stage key.
+
+Loaded SWE-bench-style rows whose image is on the Docker engine are gold-checked (`curate.gold_check`,
+swerl/stages/curate_gold.py): the reference fix must resolve, the empty patch must not; failures are dropped and
+counted by cause in the report's `gold_check` section and the metrics gold_check.*.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from swerl.errors import NoTasksError
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider
+from swerl.stages.curate_gold import gold_check
 from swerl.stages.curate_harbor import curate_harbor
 from swerl.stages.runner import StageContext, StageResult
 
@@ -370,6 +375,9 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     )
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
+    # Rows whose image is present: the fix must resolve, the empty patch must not.
+    gold = gold_check(cfg, ctx, loaded)
+    loaded = gold.kept
     tasks = synthesized + loaded
     harbor = curate_harbor(cfg, ctx)
 
@@ -392,6 +400,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         "decontamination_sets": [r.to_dict() for r in eval_load_reports],
         "decontamination": decontam_report,
         "harbor": harbor.report,
+        "gold_check": gold.report,
         "split": {
             "train": len(train),
             "eval": len(held_out),
@@ -402,6 +411,7 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     }
     ctx.write_artifact("curate_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     metrics = _metrics(synth, load_reports, len(loaded), len(train), len(held_out), decontam_report)
+    metrics |= gold.metrics()
     if harbor.report:
         metrics |= {"harbor_tasks": harbor.report["tasks"], "harbor_kept": harbor.report["kept"]}
         metrics |= {f"harbor_rejected.{why}": n for why, n in harbor.report["rejections"].items()}
@@ -414,6 +424,11 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     if harbor.report:
         markdown += (f"\nHarbor tasks: {harbor.report['kept']} of {harbor.report['tasks']} kept "
                      f"(rejections: {harbor.report['rejections'] or 'none'})\n")  # fmt: skip
+    if gold.report.get("checked"):
+        g = gold.report
+        markdown += (f"\nGold check of loaded rows: {g['checked']} checked in their images, {g['dropped']} dropped "
+                     f"({g['causes'] or 'none'}), {g['infra_errors']} infrastructure errors, {g['no_image']} "
+                     "without their image (unchecked)\n")  # fmt: skip
     return StageResult(metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown},
                        summary=summary)  # fmt: skip
 
