@@ -33,7 +33,7 @@ import re
 import secrets
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
@@ -47,7 +47,7 @@ from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus, parse_pytest_summary, task_test_command
 from swerl.errors import InfraError
-from swerl.sandbox.base import Sandbox, SandboxProvider
+from swerl.sandbox.base import IGNORED_AT_START, Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
 # The workspace's .git is the agent's to write: ignore any hooks or fsmonitor it may have planted there.
@@ -60,11 +60,17 @@ RUNNER_SOURCE = Path(__file__).with_name("sealed_runner.py")
 
 _INFRA_NAMES = frozenset(
     {
-        "conftest.py", "run_tests.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
-        ".coveragerc", "sitecustomize.py", "usercustomize.py", "pytest.py", "pluggy.py", "py.py",
+        "conftest.py", "run_tests.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
+        "setup.cfg", "pyproject.toml", "noxfile.py", ".coveragerc", "sitecustomize.py", "usercustomize.py",
+        "pytest.py", "pluggy.py", "py.py",
     }
 )  # fmt: skip
+"""Files pytest or the interpreter read as configuration or load at start-up (pytest reads `.pytest.ini` before
+`pytest.ini`, and pytest 9 reads `pytest.toml` and `.pytest.toml` too)."""
 _INFRA_TOP_DIRS = frozenset({"_pytest", "pytest", "pluggy", "py"})
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+"""Package metadata: an entry point in it (a pytest11 plugin, a console script) is loaded from wherever it lies on
+sys.path, the workspace included. The sealed runner does not read the workspace's; the patch may not carry any."""
 _DIFF_HEADER = re.compile(r"^diff --git (\"(?:[^\"\\]|\\.)*\"|\S+) (\"(?:[^\"\\]|\\.)*\"|\S+)$")
 # Code that reaches into the interpreter running the tests: not a verdict (pytest's own fixes do this), a signal
 # counted in every grade so that a policy learning to poke at the runner shows up in the metrics.
@@ -91,7 +97,8 @@ def is_test_infra(path: str) -> bool:
         or rel.name in _INFRA_NAMES
         or rel.suffix == ".pth"
         or rel.parts[0] in _INFRA_TOP_DIRS
-        or rel.name.startswith(".swerl")
+        or rel.name.startswith((".swerl", "__editable__"))
+        or any(part.endswith(_METADATA_SUFFIXES) for part in rel.parts)
     )
 
 
@@ -111,6 +118,9 @@ class FilteredPatch:
     touched: tuple[str, ...] = ()
     """Every path a kept section names (both sides of its `diff --git` header: binary files and renames have no
     `+++` line), the files the sealed runner holds the patch responsible for."""
+    added: dict[str, tuple[int, ...] | None] = field(default_factory=dict)
+    """Touched path -> the new-side line numbers the patch added there; None for a file whose lines cannot be
+    told (a binary file: all of it is the patch's). The sealed runner denies introspection to those lines."""
 
 
 def filter_patch(patch: str) -> FilteredPatch:
@@ -123,6 +133,7 @@ def filter_patch(patch: str) -> FilteredPatch:
     kept: list[str] = []
     dropped: list[str] = []
     touched: list[str] = []
+    added: dict[str, tuple[int, ...] | None] = {}
     for section in sections:
         header = section[0].rstrip("\n")
         match = _DIFF_HEADER.match(header)
@@ -144,7 +155,36 @@ def filter_patch(patch: str) -> FilteredPatch:
             continue
         kept.append("".join(section))
         touched += [p for p in paths if p not in touched]
-    return FilteredPatch("".join(kept), tuple(dropped), tuple(touched))
+        lines, new_path = _added_lines(section), paths[-1]
+        for p in paths:
+            added.setdefault(p, ())
+        known = added[new_path]
+        added[new_path] = None if known is None or lines is None else tuple(sorted({*known, *lines}))
+    return FilteredPatch("".join(kept), tuple(dropped), tuple(touched), added)
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def _added_lines(section: list[str]) -> tuple[int, ...] | None:
+    """New-side line numbers of a file section's `+` lines; None for a binary section (no lines to tell)."""
+    if any(line.startswith(("GIT binary patch", "Binary files ")) for line in section):
+        return None
+    out: list[int] = []
+    line_no = 0
+    in_hunk = False
+    for line in section:
+        match = _HUNK.match(line)
+        if match:
+            line_no, in_hunk = int(match.group(1)), True
+        elif in_hunk and line.startswith("+"):
+            out.append(line_no)
+            line_no += 1
+        elif in_hunk and line.startswith(" "):
+            line_no += 1
+        elif in_hunk and not line.startswith(("-", "\\")):
+            in_hunk = False
+    return tuple(out)
 
 
 def runner_mode(task: TaskInstance) -> str | None:
@@ -161,12 +201,21 @@ def runner_mode(task: TaskInstance) -> str | None:
 
 
 def sealed_command(
-    mode: str, keyfile: str, test_ids: Sequence[str], python: str = "python", touched: Sequence[str] = ()
+    mode: str,
+    keyfile: str,
+    test_ids: Sequence[str],
+    python: str = "python",
+    touched: Sequence[str] | Mapping[str, Sequence[int] | None] = (),
 ) -> str:
     """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline);
-    `touched`: the repository files the graded patch changed (hooks planted elsewhere are the repository's own)."""
+    `touched`: the repository files the graded patch changed (hooks planted elsewhere are the repository's own),
+    with the line numbers it added in each where known (FilteredPatch.added; a plain list means whole files)."""
     source = RUNNER_SOURCE.read_text()
-    args = [python, "-I", "-c", source, mode, keyfile, json.dumps(sorted(touched)), "--", *test_ids]
+    reach = dict(touched) if isinstance(touched, Mapping) else dict.fromkeys(touched)
+    for path in reach:
+        lines = reach[path]
+        reach[path] = None if lines is None else sorted(lines)
+    args = [python, "-I", "-c", source, mode, keyfile, json.dumps(reach, sort_keys=True), "--", *test_ids]
     return "COLUMNS=200 " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -287,12 +336,46 @@ async def _git(sandbox: Sandbox, args: str) -> tuple[int, str]:
 
 
 async def workspace_patch(sandbox: Sandbox) -> str | None:
-    """The workspace's changes against the starting commit, new files included; None if git is unusable."""
+    """The workspace's changes against the starting commit, new files included (those the repository's ignore
+    rules would hide too); None if git is unusable."""
     code, _ = await _git(sandbox, f"add -A -- {_PATHSPEC}")
     if code != 0:
         return None
+    new_ignored = await _new_ignored(sandbox)
+    if new_ignored:
+        quoted = " ".join(shlex.quote(p) for p in new_ignored)
+        code, _ = await _git(sandbox, f"add --force -- {quoted} {' '.join(_PATHSPEC.split()[1:])}")
+        if code != 0:
+            return None
     code, diff = await _git(sandbox, "diff --cached --no-color --binary HEAD")
     return diff if code == 0 else None
+
+
+_TOOL_DIRS = frozenset(
+    {".venv", "venv", "env", "build", "dist", "node_modules", ".tox", ".nox", ".eggs", "__pycache__",
+     ".pytest_cache", ".mypy_cache", ".ruff_cache", "htmlcov", ".hypothesis"}
+)  # fmt: skip
+"""Folders tools make (environments, builds, caches): never part of a patch, even when new."""
+
+
+async def _new_ignored(sandbox: Sandbox) -> list[str]:
+    """Files the agent made that the repository's ignore rules hide (semver's .gitignore holds `/*.py`: a new
+    module at the root would silently drop out of the patch): what is ignored now and was not at the start
+    (IGNORED_AT_START, written by the provider after the starting commit). Nothing without that record."""
+    try:
+        start = await sandbox.read_file(IGNORED_AT_START)
+    except (FileNotFoundError, InfraError):
+        return []
+    code, now = await _git(sandbox, "ls-files -z --others --ignored --exclude-standard --directory")
+    if code != 0:
+        return []
+    before = set(start.split("\0"))
+    fresh = [p for p in now.split("\0") if p and p not in before]
+    return [
+        p
+        for p in fresh
+        if not (set(PurePosixPath(p).parts) & _TOOL_DIRS) and not p.rstrip("/").endswith(".egg-info")
+    ]
 
 
 async def _apply(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
@@ -360,7 +443,7 @@ async def grade_patch(
             await sandbox.write_file(keyfile, key.hex())
             if mode == UNITTEST_MODE:  # the runner runs the task's own command: its argv goes first
                 tests = unittest_runner_ids(task, tests)
-            command = sealed_command(mode, keyfile, tests, python, filtered.touched)
+            command = sealed_command(mode, keyfile, tests, python, filtered.added)
             result = await sandbox.exec(command, timeout=test_timeout_s)
             report = read_sealed(result.output, key.hex().encode())
             outcomes = report.outcomes

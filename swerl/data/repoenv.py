@@ -306,13 +306,20 @@ def _build(
         "--disable-pip-version-check",
     ]
     report = tmp / "pip-report.json"
-    targets = ["pytest", *install] + ([str(repo)] if _installable(repo) else [])
-    _run([*pip, "install", "--quiet", "--report", str(report), *targets], timeout_s,
-         f"pip install {' '.join(targets)} (set `install` to the repository's test requirements)")  # fmt: skip
+    # pip builds a project in its source tree (build/lib/<package>/, *.egg-info): build from a throwaway copy, so
+    # the source every task's workspace is copied from holds the task's files and nothing else (a build/lib copy
+    # of the unbugged code there was a way to "fix" every task of the repository by copying it back).
+    with tempfile.TemporaryDirectory(prefix="swerl-build-") as scratch:
+        build_copy = Path(scratch) / repo.name
+        if _installable(repo):
+            shutil.copytree(repo, build_copy, symlinks=True)
+        targets = ["pytest", *install] + ([str(build_copy)] if _installable(repo) else [])
+        _run([*pip, "install", "--quiet", "--report", str(report), *targets], timeout_s,
+             f"pip install {' '.join(targets)} (set `install` to the repository's test requirements)")  # fmt: skip
     items = json.loads(report.read_text()).get("install", [])
     own = [
         i["metadata"]["name"] for i in items
-        if str(i.get("download_info", {}).get("url", "")).rstrip("/") == repo.resolve().as_uri().rstrip("/")
+        if str(i.get("download_info", {}).get("url", "")).rstrip("/") == build_copy.as_uri().rstrip("/")
     ]  # fmt: skip
     if own:
         # Its dependencies stay; the code itself is the sandbox's /workspace copy (see the module docstring).

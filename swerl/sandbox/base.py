@@ -14,6 +14,11 @@ from typing import Protocol, runtime_checkable
 WORKSPACE = "/workspace"
 """Where the task's repository lives inside every sandbox."""
 
+IGNORED_AT_START = ".git/swerl-ignored-at-start"
+IGNORED_AT_START_CMD = f"ls-files -z --others --ignored --exclude-standard --directory > {IGNORED_AT_START}"
+"""Run after a sandbox's starting commit: the files and folders the repository's ignore rules kept out of it. The
+agent's patch later takes new ignored files too (swerl.agent.grading.workspace_patch), never these."""
+
 
 @dataclass(frozen=True)
 class SandboxResources:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import (
+    IGNORED_AT_START_CMD,
     WORKSPACE,
     Environment,
     ExecResult,
@@ -600,7 +601,10 @@ class DockerSandboxProvider:
             steps.append(f"git apply --whitespace=nowarn - || exit {_PATCH_FAILED}")
         if self.git_baseline:
             git = "git -c user.name=swerl -c user.email=swerl@localhost -c init.defaultBranch=main"
-            steps.append(f"{git} init -q && {git} add -A && {git} commit -q --no-verify -m 'task start'")
+            steps.append(
+                f"{git} init -q && {git} add -A && {git} commit -q --no-verify -m 'task start'"
+                f" && {git} {IGNORED_AT_START_CMD}"
+            )
         return "set -e\n" + "\n".join(steps)
 
 

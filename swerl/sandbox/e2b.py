@@ -23,6 +23,7 @@ from typing import Any
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import (
+    IGNORED_AT_START_CMD,
     WORKSPACE,
     Environment,
     ExecResult,
@@ -335,7 +336,8 @@ class E2BSandboxProvider:
             ("setup patch", f"git apply --whitespace=nowarn {_PATCH} && rm -f {_PATCH}", WORKSPACE),
             (
                 "git baseline",
-                f"{git} init -q && {git} add -A && {git} commit -q --no-verify -m start",
+                f"{git} init -q && {git} add -A && {git} commit -q --no-verify -m start"
+                f" && {git} {IGNORED_AT_START_CMD}",
                 WORKSPACE,
             ),
         ]

@@ -33,6 +33,7 @@ from typing import Any
 
 from swerl.errors import InfraError
 from swerl.sandbox.base import (
+    IGNORED_AT_START_CMD,
     WORKSPACE,
     Environment,
     ExecResult,
@@ -69,9 +70,12 @@ _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "loca
 """Host /etc entries a sandbox sees (dynamic linker and locale plumbing; nothing with credentials)."""
 
 _GIT = ["git", "-c", "user.name=swerl", "-c", "user.email=swerl@localhost", "-c", "init.defaultBranch=main"]
-_GIT_BASELINE = " && ".join(
-    shlex.join([*_GIT, *args])
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"])
+_GIT_BASELINE = (
+    " && ".join(
+        shlex.join([*_GIT, *args])
+        for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "task start"])
+    )
+    + f" && {shlex.join(_GIT)} {IGNORED_AT_START_CMD}"
 )
 """git_baseline: the agent's patch is later `git diff` against this commit, the task's starting state."""
 
