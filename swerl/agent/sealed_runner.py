@@ -902,9 +902,10 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
     case_run, case_str, case_doc = base_case.run, base_case.__str__, base_case.shortDescription
     namespace = types.SimpleNamespace
     rank = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 3}
-    results, problems = {}, []
-    running = []  # (test, result) of this runner's TestCase.run calls in progress, outermost first
-    outer = []  # the result objects outermost runs were given
+    results: dict[str, str] = {}
+    problems: list[str] = []
+    running: list[tuple[object, object]] = []  # (test, result) of this runner's TestCase.runs in progress
+    outer: list[object] = []  # the result objects outermost runs were given
     case_names = ("run", "__call__", "debug", "_callSetUp", "_callTestMethod", "_callTearDown", "doCleanups",
                   "subTest", "__getattribute__", "__getattr__")  # fmt: skip
     result_names = ("addSuccess", "addFailure", "addError", "addSkip", "addExpectedFailure", "addUnexpectedSuccess",
@@ -983,15 +984,15 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
                            ("addSkip", "SKIPPED"), ("addExpectedFailure", "XFAIL"),
                            ("addUnexpectedSuccess", "FAILED"), ("addSubTest", "FAILED")):  # fmt: skip
         setattr(base_result, method, recorder(method, status))
-    base_case.run = run
+    base_case.run = run  # type: ignore[method-assign]
 
-    class ShouldStop(unittest.case._ShouldStop):
+    class ShouldStop(unittest.case._ShouldStop):  # type: ignore[name-defined,misc]
         def __init__(self, *args):
             if running:
                 note(running[0][0], "FAILED")
             super().__init__(*args)
 
-    unittest.case._ShouldStop = ShouldStop
+    unittest.case._ShouldStop = ShouldStop  # type: ignore[attr-defined]
 
     # The command: --parallel forced to 1, the ids' own labels where it names none.
     django = program[1:3] != ["-m", "unittest"]
@@ -1018,8 +1019,9 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
     if django:
         argv[1:1] = ["--parallel", "1"]
     matches = [re.fullmatch(r"(\w+) \(([\w.]+)\)", test_id) for test_id in ids]
-    for match in () if labels or not all(matches) else matches:  # a docstring-named id: the whole command
-        name, where = match.groups()
+    named = [match.groups() for match in matches if match is not None]
+    # A docstring-named id has no label: the command then runs as it is.
+    for name, where in () if labels or len(named) < len(ids) else named:
         label = where if where.endswith("." + name) else f"{where}.{name}"
         if label not in argv:
             argv.append(label)
