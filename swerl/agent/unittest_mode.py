@@ -4,7 +4,8 @@ The mode (swerl/agent/sealed_runner.py) runs a task's own unittest-style test co
 Django's `./tests/runtests.py ...` (SWE-bench's Django command) or `python -m unittest ...`. The command is the
 task's `test_cmd`, else the one its `eval_script` runs between SWE-bench's START/END markers (swebench 5 rows
 carry it). The runner gets the command's argv as JSON before the test ids; it forces `--parallel 1`, and where the
-command names no test labels it runs the ids' own (`test_a (app.tests.T.test_a)` -> `app.tests.T.test_a`).
+command names no test labels it runs the ids' own (`test_a (app.tests.T.test_a)` -> `app.tests.T.test_a`) unless
+one is named by a docstring (it has no label: the command then runs as it is).
 """
 
 from __future__ import annotations
