@@ -13,8 +13,10 @@ test command emptied runs under pytest).
 from __future__ import annotations
 
 import asyncio
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -576,3 +578,31 @@ def test_a_grpo_step_counts_what_the_grader_refused() -> None:
     stats = episode_stats([group])
     assert (stats["grader_tampered"], stats["grader_incomplete"], stats["grader_timeout"]) == (1.0, 1.0, 1.0)
     assert stats["grader_test_edits_dropped"] == 1.0
+
+
+def test_new_files_hidden_by_the_repositorys_ignore_rules_stay_in_the_patch(tmp_path: Path) -> None:
+    """semver's .gitignore holds `/*.py`: an agent's new module at the root must not silently drop out of its
+    patch. What was ignored at the start (a root setup.py here) and folders tools make stay out."""
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / ".gitignore").write_text("/*.py\nbuild/\n")
+    (repo / "setup.py").write_text("print('ignored from the start')\n")
+    (repo / "src" / "mod.py").write_text("VALUE = 1\n")
+
+    async def run() -> str | None:
+        provider = local_provider(sys.executable, git_baseline=True, root_dir=tmp_path / "sandboxes")
+        sandbox = await provider.start(repo)
+        try:
+            script = (
+                "printf 'HELP = 2\\n' > helper.py && printf 'VALUE = 2\\n' > src/mod.py && "
+                "printf 'x\\n' >> setup.py && mkdir -p build/lib && printf 'VALUE = 1\\n' > build/lib/mod.py"
+            )
+            assert (await sandbox.exec(script, timeout=30)).exit_code == 0
+            return await workspace_patch(sandbox)
+        finally:
+            await sandbox.close()
+
+    patch = asyncio.run(run())
+    assert patch is not None
+    assert "b/helper.py" in patch and "b/src/mod.py" in patch, patch
+    assert "setup.py" not in patch and "build/" not in patch, patch

@@ -19,7 +19,7 @@ from swerl.agent.grading import RESOLVED_FULL, grade_patch, start_task_sandbox
 from swerl.config import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
 from swerl.data.environments import is_image_reference, resolve_environment, task_env
-from swerl.data.repoenv import EnvReference, parse_env_reference
+from swerl.data.repoenv import EnvReference, build_env, parse_env_reference
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.errors import InfraError
@@ -169,3 +169,24 @@ def test_the_docker_backend_runs_them_in_an_image_with_the_environments_requirem
         run_async(check())
     finally:
         provider.close()
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_building_the_environment_leaves_the_source_as_the_task_ships_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip builds a setuptools project in its source tree, and build/lib/<package>/ would hold the unbugged code in
+    the tree every task's workspace is copied from: the environment is built from a throwaway copy (issue 34)."""
+    monkeypatch.setenv("SWERL_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "proj"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (repo / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "proj"\nversion = "0.1"\n\n[tool.setuptools]\npackages = ["pkg"]\n'
+    )
+    before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
+    env = build_env(repo)
+    assert Path(env.python).is_file() and "pytest" in " ".join(env.installed)
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before  # no build/, no *.egg-info
