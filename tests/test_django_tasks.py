@@ -24,7 +24,7 @@ from swerl.data.django_tasks import PROJECT_IMAGE, TASKS, TEST_CMD, django_rows,
 from swerl.data.loaders import rows_to_tasks
 from swerl.data.schema import TaskInstance
 from swerl.eval.grading import grade_attempt
-from swerl.eval.harness import harness_for
+from swerl.grading.harness import harness_for
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.docker import DockerSandboxProvider
 from tests.sandbox_backends import docker_unavailable

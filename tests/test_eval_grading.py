@@ -4,8 +4,12 @@ sandbox wraps them, and the FAIL_TO_PASS / PASS_TO_PASS rule for SWE-smith and s
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from swerl.agent.grading import resolution_status
 from swerl.data.schema import TaskInstance
+from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.eval.grading import grade_log, log_parser_for
 
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
@@ -167,3 +171,30 @@ def test_the_graders_markers_are_swebenchs() -> None:
     )
     statuses = {s.value for s in constants.ResolvedStatus}
     assert statuses == {RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO}
+
+
+_IDS = ["t.py::a", "t.py::b", "t.py::c[x-1]", "t.py::c[x-2]", "t.py::c[x"]
+
+
+@given(
+    statuses=st.lists(st.sampled_from([*TestStatus, None]), min_size=len(_IDS), max_size=len(_IDS)),
+    roles=st.lists(st.sampled_from(["f2p", "p2p", "-"]), min_size=len(_IDS), max_size=len(_IDS)),
+)
+@settings(max_examples=400, deadline=None)
+def test_the_graders_resolution_rule_is_swebench_5s(statuses: list, roles: list[str]) -> None:
+    """swerl's pure rule (training reward, no swebench needed) against swebench's own report and status, on every
+    status including skips, expected failures, unexpected passes and ids cut inside their parameters."""
+    from swebench.harness import grading
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
+
+    f2p = [t for t, r in zip(_IDS, roles, strict=True) if r == "f2p"]
+    p2p = [t for t, r in zip(_IDS, roles, strict=True) if r == "p2p"]
+    assume(f2p)
+    outcomes = {
+        t: TestOutcome(s)
+        for t, s in zip(_IDS, statuses, strict=True)
+        if s is not None and not t.endswith("[x")
+    }
+    status_map = {t: o.status.value for t, o in outcomes.items() if o.status != TestStatus.XPASS}
+    report = grading.get_eval_tests_report(status_map, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
+    assert resolution_status(f2p, p2p, outcomes) == str(grading.get_resolution_status(report))

@@ -21,7 +21,7 @@ import pytest
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import pytest_command
 from swerl.eval.grading import DEFAULT_PARSER, grade_log
-from swerl.eval.harness import (
+from swerl.grading.harness import (
     SWESMITH_TEST_CMD,
     SWESMITH_VERBOSE,
     HarnessSpecError,
@@ -352,7 +352,7 @@ def test_a_log_that_prints_fake_passed_lines_is_trusted_as_a_log_trusting_harnes
 
 
 def swesmith_region(log: str) -> str:
-    from swerl.eval.harness import swesmith_test_region
+    from swerl.grading.harness import swesmith_test_region
 
     region = swesmith_test_region(log)
     assert region is not None

@@ -24,7 +24,7 @@ from swerl.stages.runner import stage_key
 
 pytest.importorskip("swebench")
 
-from swerl.eval.harness import HarnessSpecError, command_formats, harness_for, parser_format  # noqa: E402
+from swerl.grading.harness import HarnessSpecError, command_formats, harness_for, parser_format  # noqa: E402
 
 ROWS = Path(__file__).parent / "data" / "task_rows"
 PYTEST_RA = "pytest -rA"

@@ -37,16 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from swerl.agent.unittest_mode import MODE as UNITTEST_MODE
-from swerl.agent.unittest_mode import runner_ids as unittest_runner_ids
-from swerl.agent.unittest_mode import unittest_program
+from swerl.agent.grading_plan import grading_plan
 from swerl.data.environments import task_environment
 from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
-from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
 from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
-from swerl.data.testrun import TestOutcome, TestStatus, parse_pytest_summary, task_test_command
+from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.errors import InfraError
+from swerl.grading.harness import read_harness_log
 from swerl.sandbox.base import IGNORED_AT_START, Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
@@ -188,16 +186,9 @@ def _added_lines(section: list[str]) -> tuple[int, ...] | None:
 
 
 def runner_mode(task: TaskInstance) -> str | None:
-    """The sealed runner's mode for the task's test command: pytest, micro, unittest, or None (no sealed runner).
-    `unittest`: Django's runtests.py or `python -m unittest`, as test_cmd or in the eval_script."""
-    if unittest_program(task) is not None:
-        return UNITTEST_MODE
-    command = task.test_cmd.strip()
-    if not command or command in ("pytest", "python -m pytest"):
-        return "pytest"
-    if command == MICRO_TEST_CMD:
-        return "micro"
-    return None
+    """The sealed runner's mode for the task (swerl.agent.grading_plan): pytest, micro, unittest, or None (its
+    harness's command runs unsealed)."""
+    return grading_plan(task).mode
 
 
 def sealed_command(
@@ -206,6 +197,7 @@ def sealed_command(
     test_ids: Sequence[str],
     python: str = "python",
     touched: Sequence[str] | Mapping[str, Sequence[int] | None] = (),
+    env: Sequence[str] = (),
 ) -> str:
     """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline);
     `touched`: the repository files the graded patch changed (hooks planted elsewhere are the repository's own),
@@ -216,7 +208,11 @@ def sealed_command(
         lines = reach[path]
         reach[path] = None if lines is None else sorted(lines)
     args = [python, "-I", "-c", source, mode, keyfile, json.dumps(reach, sort_keys=True), "--", *test_ids]
-    return "COLUMNS=200 " + " ".join(shlex.quote(a) for a in args)
+    assignments = [
+        shlex.quote(a) for a in env
+    ]  # NAME=value the harness command sets (PYTHON* ones reach the tests'
+    # child processes only: -I keeps them from the runner)
+    return " ".join(["COLUMNS=200", *assignments, *(shlex.quote(a) for a in args)])
 
 
 def marked_test_command(test_cmd: str) -> str:
@@ -237,6 +233,10 @@ class SealedReport:
     tampered: tuple[str, ...]
     forged_lines: int
     """Lines shaped like the runner's records without a valid MAC: written by code under test."""
+    command_exit: int | None = None
+    """The test program's own exit status (pytest's), where the mode has one."""
+    guarded: bool = True
+    """False where the task's Python has no audit hooks (< 3.8): results sealed, introspection not denied."""
 
 
 def read_sealed(output: str, key: bytes) -> SealedReport:
@@ -274,16 +274,42 @@ def read_sealed(output: str, key: bytes) -> SealedReport:
     code = end.get("exit_code") if end else None
     listed = end.get("tampered") if end else None
     tampered = tuple(str(t) for t in listed) if isinstance(listed, list) else ()
-    return SealedReport(outcomes, complete, code if isinstance(code, int) else None, tampered, forged)
+    command = end.get("command_exit") if end else None
+    return SealedReport(
+        outcomes, complete, code if isinstance(code, int) else None, tampered, forged,
+        command if isinstance(command, int) else None, bool(end.get("guarded", True)) if end else True,
+    )  # fmt: skip
+
+
+_RESOLVES: frozenset[TestStatus | None] = frozenset({TestStatus.PASSED, TestStatus.XFAIL})
+_MAINTAINS: frozenset[TestStatus | None] = _RESOLVES | {TestStatus.SKIPPED}
+
+
+def _status_of(test: str, status: dict[str, TestStatus]) -> TestStatus | None:
+    """A test's status; for an id cut off inside its parameters (676 of SWE-bench Verified's ids are, swebench's
+    issue #290), the status of the ids it begins when they agree on passing or not, as swebench reads them."""
+    if test in status or test.count("[") <= test.count("]"):
+        return status.get(test)
+    matches = [status[k] for k in status if k.startswith(test)]
+    return matches[0] if matches and len({m in _RESOLVES for m in matches}) == 1 else None
 
 
 def resolution_status(
-    fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], outcomes: dict[str, TestOutcome]
+    fail_to_pass: Sequence[str],
+    pass_to_pass: Sequence[str],
+    outcomes: dict[str, TestOutcome],
+    graded_files: Sequence[str] = (),
 ) -> str:
-    """SWE-bench's rule: FULL when every F2P and P2P passes; PARTIAL when P2P all pass and some F2P do; else NO."""
-    ok = {n for n, o in outcomes.items() if o.status in (TestStatus.PASSED, TestStatus.XPASS)}
-    f2p = sum(t in ok for t in fail_to_pass)
-    p2p_ok = all(t in ok for t in pass_to_pass)
+    """SWE-bench 5's rule: a FAIL_TO_PASS test counts as fixed when it PASSED (or XFAIL, as swebench reads it), never
+    when skipped; a PASS_TO_PASS test is kept when it passed or was skipped; a test with no outcome failed (an
+    unexpected pass, XPASS, is no line swebench's parsers read: failed). FULL when every F2P is fixed and every P2P
+    kept; PARTIAL when every P2P is kept and some F2P fixed; else NO. `graded_files` (SWE-smith's rule): only the
+    PASS_TO_PASS tests in those files count."""
+    if graded_files:
+        pass_to_pass = [t for t in pass_to_pass if any(t.startswith(f) for f in graded_files)]
+    status: dict[str, TestStatus] = {n: o.status for n, o in outcomes.items() if o.status != TestStatus.XPASS}
+    f2p = sum(_status_of(t, status) in _RESOLVES for t in fail_to_pass)
+    p2p_ok = all(_status_of(t, status) in _MAINTAINS for t in pass_to_pass)
     if p2p_ok and f2p == len(fail_to_pass):
         return RESOLVED_FULL
     if p2p_ok and f2p > 0:
@@ -310,14 +336,19 @@ class Grade:
     """Added lines reaching into the interpreter (frames, gc, tracers, pytest internals): a signal, not a verdict."""
     log: str = ""
     detail: str = ""
+    harness: str = ""
+    """What ran the tests: the sealed runner's mode and where its command came from, or the harness's command."""
+    infra_label: str | None = None
+    """swebench's advisory reading of an unresolved log ("environment:out_of_memory", "ambiguous:missing_module").
+    A label only: the log is the policy's to write, so it never turns a failure into an infrastructure error."""
 
     def to_record(self) -> dict[str, object]:
         """The grade as a JSON-ready record (evaluation's grades file, metrics)."""
         return {
             "reward": self.reward, "status": self.status, "sealed": self.sealed, "timed_out": self.timed_out,
             "dropped": list(self.dropped), "tampered": list(self.tampered), "forged_lines": self.forged_lines,
-            "introspection_lines": self.introspection_lines, "detail": self.detail,
-            "tests": {n: o.status.value for n, o in self.outcomes.items()},
+            "introspection_lines": self.introspection_lines, "detail": self.detail, "harness": self.harness,
+            "infra_label": self.infra_label, "tests": {n: o.status.value for n, o in self.outcomes.items()},
         }  # fmt: skip
 
 
@@ -430,41 +461,68 @@ async def grade_patch(
                 raise InfraError(
                     "start_failed", f"{task.instance_id}: test_patch does not apply: {output[-500:]}"
                 )
-        tests = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
-        mode = runner_mode(task)
-        if mode is None:
-            result = await sandbox.exec(
-                marked_test_command(task_test_command(task.test_cmd, python, tests)), timeout=test_timeout_s
-            )
-            outcomes, report = parse_pytest_summary(result.output), None
+        plan = grading_plan(task, python)
+        invalid: str | None = None
+        if plan.mode is None:  # the harness's own command, unsealed, read by the harness's own parser
+            result = await sandbox.exec(marked_test_command(plan.command), timeout=test_timeout_s)
+            status_map, invalid = await asyncio.to_thread(read_harness_log, task, result.output, plan.parser)
+            outcomes, report = _outcomes(status_map), None
         else:
             key = secrets.token_bytes(32)
             keyfile = f".swerl-key-{secrets.token_hex(8)}"
             await sandbox.write_file(keyfile, key.hex())
-            if mode == UNITTEST_MODE:  # the runner runs the task's own command: its argv goes first
-                tests = unittest_runner_ids(task, tests)
-            command = sealed_command(mode, keyfile, tests, python, filtered.added)
+            command = sealed_command(plan.mode, keyfile, plan.args, python, filtered.added, plan.env)
             result = await sandbox.exec(command, timeout=test_timeout_s)
             report = read_sealed(result.output, key.hex().encode())
             outcomes = report.outcomes
     finally:
         await sandbox.close()
     forged = report.forged_lines if report else 0
+    harness = f"{plan.mode or 'unsealed'}: {plan.source}"
     base = Grade(0.0, "", patch, outcomes, filtered.dropped, result.timed_out, report is not None,
                  forged_lines=forged, introspection_lines=signal, log=result.output,
-                 detail=f"graded in {time.monotonic() - started:.1f}s")  # fmt: skip
+                 detail=f"graded in {time.monotonic() - started:.1f}s", harness=harness)  # fmt: skip
     if result.timed_out:
         return replace(base, status="TIMEOUT", detail=base.detail + " (timed out)")
     if report is not None:
-        if not report.complete:
-            return replace(base, status="INCOMPLETE", outcomes={}, detail=base.detail + ": no intact report")
-        if report.exit_code != result.exit_code:
-            why = f": exit status {result.exit_code}, reported {report.exit_code}"
-            return replace(base, status="INCOMPLETE", outcomes={}, detail=base.detail + why)
-        if report.tampered:
+        invalid = _sealed_invalid(report, result.exit_code)
+        if report.complete and report.tampered:
             return replace(base, status="TAMPERED", tampered=report.tampered)
-    status = resolution_status(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes)
-    return replace(base, status=status, reward=float(status == RESOLVED_FULL))
+    if invalid is not None:
+        return replace(base, status="INCOMPLETE", outcomes={}, detail=f"{base.detail}: {invalid}")
+    status = resolution_status(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes, plan.graded_files)
+    label = _infra_label(result.output) if status != RESOLVED_FULL else None
+    return replace(base, status=status, reward=float(status == RESOLVED_FULL), infra_label=label)
+
+
+def _sealed_invalid(report: SealedReport, exit_status: int) -> str | None:
+    """Why a sealed run cannot be graded (swebench 5's rules on the runner's authenticated report), or None."""
+    if not report.complete:
+        return "no intact report"
+    if report.exit_code != exit_status:
+        return f"exit status {exit_status}, reported {report.exit_code}"
+    if not report.outcomes:
+        return "no sign that the test suite ran"
+    failing = any(o.status in (TestStatus.FAILED, TestStatus.ERROR) for o in report.outcomes.values())
+    if report.command_exit not in (None, 0, 1, 5) and not failing:
+        return f"the test command ended with status {report.command_exit} and reported no failure"
+    return None
+
+
+def _outcomes(status_map: dict[str, str]) -> dict[str, TestOutcome]:
+    """A harness parser's status map as outcomes (statuses swerl does not know are failures)."""
+    known = {s.value for s in TestStatus}
+    return {n: TestOutcome(TestStatus(s) if s in known else TestStatus.FAILED) for n, s in status_map.items()}
+
+
+def _infra_label(log: str) -> str | None:
+    """swebench's advisory classification of a failed run's log (tier:reason), where swebench is installed."""
+    try:
+        from swebench.harness.infra_failure import classify_text
+    except ImportError:
+        return None
+    found = classify_text(log[-200_000:])
+    return f"{found[1]}:{found[0]}" if found else None
 
 
 async def _grade_with_verifier(provider: SandboxProvider, task: TaskInstance, patch: str) -> Grade:

@@ -342,6 +342,8 @@ def _main():  # everything lives in this function's locals and the hook's closur
         except BaseException as exc:  # noqa: BLE001 - any escape from the runner is the run's failure
             audit("swerl.problem", f"runner interrupted: {type(exc).__name__}")
             status = None
+        if status is not None:
+            audit("swerl.exit", int(status))
         if status is not None and int(status) == int(pytest.ExitCode.INTERRUPTED):
             audit("swerl.problem", "the pytest session was interrupted")
         config = seal_state["config"]
@@ -414,6 +416,7 @@ def _install_hook(key, touched_path, touched_lines, trusted):
     problems: list = []
     forged = [0]
     guarded = [True]
+    command_exit: list = [None]
     protocol: dict = {
         "collected": None,
         "started": set(),
@@ -494,6 +497,7 @@ def _install_hook(key, touched_path, touched_lines, trusted):
             "tampered": problems,
             "forged_events": forged[0],
             "guarded": guarded[0],
+            "command_exit": command_exit[0],
         }
         record("@@swerl-end", dumps(summary))
         exit_now(code)
@@ -525,6 +529,8 @@ def _install_hook(key, touched_path, touched_lines, trusted):
             node, status = str(args[0]), str(args[1])
             if rank.get(status, 3) >= rank.get(results.get(node, ""), -1):
                 results[node] = status
+        elif event == "swerl.exit":  # the test program's own status (swebench 5 records the command's)
+            command_exit[0] = int(args[0])
         elif event == "swerl.collected":
             if protocol["collected"] is not None:
                 problems.append("collection reported twice")

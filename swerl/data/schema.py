@@ -92,7 +92,7 @@ class TaskInstance(BaseModel):
     eval_script: str | None = None
     """The source's own evaluation script (SWE-bench 5, SWE-rebench and SWE-bench Pro rows publish one): it
     restores the test files, applies the test patch and runs the test command between SWE-bench's START/END
-    markers. The grader runs that command (swerl.eval.harness.harness_for)."""
+    markers. The grader runs that command (swerl.grading.harness.harness_for)."""
     log_parser: str | None = None
     """The name (in swebench's PARSER_REGISTRY, e.g. 'parse_log_pytest') of the parser the source reads this
     task's logs with, where its rows name one (SWE-bench 5's `log_parser`, SWE-rebench's

@@ -31,7 +31,7 @@ from typing import Any
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.eval.grading import grade_attempt
-from swerl.eval.harness import log_parser_for
+from swerl.grading.harness import log_parser_for
 from swerl.sandbox.base import SandboxProvider
 
 AGREE, DISAGREE, NO_VERDICT = "agree", "disagree", "no verdict"

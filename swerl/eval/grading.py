@@ -6,7 +6,7 @@ under test cannot forge); `swebench_verdict` then states the verdict with sweben
 over those authenticated statuses, RESOLVED_FULL counting as resolved. Training reward and evaluation therefore
 share one grader.
 
-`grade_log` grades a log written by another harness (SWE-bench's or SWE-smith's own runs, swerl/eval/harness.py)
+`grade_log` grades a log written by another harness (SWE-bench's or SWE-smith's own runs, swerl/grading/harness.py)
 the way that harness's grader does: swebench's parsers and rule for SWE-bench logs (`-rA` summaries, Django's
 runner), SWE-smith's verbose parser and rule for its `pytest --verbose` logs. It trusts the log's text (a test
 that prints a line `tests/x.py::test_a PASSED` passes in SWE-smith's reading, as in SWE-smith's own), so it is
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swerl.agent.grading import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, Grade, grade_patch
+from swerl.agent.grading_plan import grading_plan
 from swerl.data.schema import TaskInstance
-from swerl.eval.harness import (
+from swerl.grading.harness import (
     DEFAULT_PARSER,
     SWESMITH_PARSERS,
     HarnessName,
@@ -76,8 +77,8 @@ def grade_log(
     """Grade one test log of `task` as the harness that wrote it grades it (see the module docstring).
 
     `harness`: the spec (or name) of the harness that ran the command; `parser`: a swebench PARSER_REGISTRY name
-    or swerl.eval.harness.SWESMITH_VERBOSE / SWESMITH_SUMMARY. With neither, the log's format decides
-    (swerl.eval.harness.reading_for_log): a SWE-smith `--verbose` log is read by SWE-smith's parser and rule, a
+    or swerl.grading.harness.SWESMITH_VERBOSE / SWESMITH_SUMMARY. With neither, the log's format decides
+    (swerl.grading.harness.reading_for_log): a SWE-smith `--verbose` log is read by SWE-smith's parser and rule, a
     `-rA` or Django log by swebench's. A log trusted as written: never a score for the policy.
 
     Raises HarnessSpecError for a SWE-smith task whose profile swerl does not reimplement, unless `parser` says
@@ -128,7 +129,7 @@ def _grade_swebench(task: TaskInstance, log: str, parser: str, harness: str) -> 
 
 
 def _grade_swesmith(task: TaskInstance, log: str, parser: str, files: tuple[str, ...] | None) -> LogGrade:
-    """SWE-smith's grading of its own log (swerl's reimplementation, swerl/eval/harness.py): the test region
+    """SWE-smith's grading of its own log (swerl's reimplementation, swerl/grading/harness.py): the test region
     between its markers, its parser, its per-test rule over the tests of the files its command ran (`files`;
     by default the FAIL_TO_PASS tests' files, which its pytest command runs), swebench's get_resolution_status."""
     constants, grading, _ = _swebench()
@@ -164,20 +165,18 @@ def swebench_verdict(task: TaskInstance, graded: Grade) -> LogGrade:
     if task.verifier is not None:
         status = graded.status
         return LogGrade(graded.reward >= 1.0, status, "verifier", status not in ("INCOMPLETE", "TIMEOUT"))
-    if not graded.sealed and graded.status in (RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO):
-        return grade_log(task, graded.log, harness="swerl")  # no sealed runner: its log, by swebench's parser
     parser = log_parser_for(task) if not graded.sealed else "sealed"
     if graded.status not in (RESOLVED_FULL, RESOLVED_PARTIAL, RESOLVED_NO):
         return LogGrade(False, graded.status, parser, graded.status not in ("INCOMPLETE", "TIMEOUT"))
     constants, grading, _ = _swebench()
-    passed = {n for n, o in graded.outcomes.items() if o.status.value in ("PASSED", "XPASS")}
-    tests = {
-        key: {"success": [t for t in ids if t in passed], "failure": [t for t in ids if t not in passed]}
-        for key, ids in (
-            (constants.FAIL_TO_PASS, task.FAIL_TO_PASS),
-            (constants.PASS_TO_PASS, task.PASS_TO_PASS),
-        )
-    }
+    # The grader's outcomes (authenticated records, or the harness parser's reading of an unsealed log) as the
+    # status map swebench's parsers would have made: an unexpected pass (XPASS) is no line they read.
+    status_map = {n: o.status.value for n, o in graded.outcomes.items() if o.status.value != "XPASS"}
+    scope = grading_plan(task).graded_files
+    pass_to_pass = [t for t in task.PASS_TO_PASS if not scope or any(t.startswith(f) for f in scope)]
+    gold = {constants.FAIL_TO_PASS: list(task.FAIL_TO_PASS), constants.PASS_TO_PASS: pass_to_pass}
+    report = grading.get_eval_tests_report(status_map, gold)
+    tests = {key: report[key] for key in (constants.FAIL_TO_PASS, constants.PASS_TO_PASS)}
     status = str(grading.get_resolution_status(tests))
     if status != graded.status:  # two statements of one rule: a disagreement is a grader bug, not a verdict
         raise RuntimeError(f"{task.instance_id}: swebench says {status}, swerl's grader says {graded.status}")

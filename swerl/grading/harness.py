@@ -27,9 +27,11 @@ command that wrote it rather than by the task's default.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 from swerl.data.schema import TaskInstance
@@ -450,3 +452,41 @@ def reading_for_log(task: TaskInstance, log: str) -> tuple[HarnessName, str]:
                 parser = log_parser_for(task)
             return harness, parser
     return own
+
+
+def read_harness_log(task: TaskInstance, log: str, parser: str) -> tuple[dict[str, str], str | None]:
+    """(test -> status, why the log cannot be graded or None), read as the harness that wrote it reads it.
+
+    swebench's parsers go through swebench's own `get_logs_eval` and so its rules (swebench 5): the log must hold
+    the START/END markers and none of the patch/reset/timeout failure lines; a log with no results and no sign that
+    the suite ran is invalid; a log reporting no failure from a command that exited non-zero is invalid. SWE-smith's
+    readers take the test region between its markers."""
+    if parser in SWESMITH_PARSERS:
+        region = swesmith_test_region(log)
+        if region is None:
+            return {}, "no test output between SWE-smith's markers"
+        return SWESMITH_PARSERS[parser](region), None
+    constants, grading, _ = _swebench()
+    from swebench.types import TestSpec
+
+    spec = TestSpec(
+        instance_id=task.instance_id, image=task.image, eval_script_list=[], repo=task.repo_key,
+        version=task.version or "", FAIL_TO_PASS=list(task.FAIL_TO_PASS), PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser=parser, eval_type=constants.EvalType.PASS_AND_FAIL.value,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="swerl-log-") as tmp:
+        path = Path(tmp) / "test_output.txt"
+        path.write_text(log)
+        status_map, valid = grading.get_logs_eval(spec, str(path))
+    if valid:
+        return dict(status_map), None
+    code = grading.parse_test_exit_code(log)
+    if constants.START_TEST_OUTPUT not in log or constants.END_TEST_OUTPUT not in log:
+        why = "the log has no START/END test output markers"
+    elif code not in (None, 0) and any(
+        s == "PASSED" for s in grading.PARSER_REGISTRY[parser](log, spec).values()
+    ):
+        why = f"the test command exited {code} while its log reports no failure"
+    else:
+        why = "no results and no sign that the test suite ran"
+    return {}, why
