@@ -8,8 +8,6 @@ are in docs/benchmarks.md ("Curating real repositories")."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from swerl.agent.grading import RESOLVED_FULL, grade_patch
 from swerl.config import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
+from swerl.data.repoenv import fetch_sdist
 from swerl.data.taskio import tasks_from_parquet
 from swerl.stages.common import run_async, sandbox_provider
 from swerl.stages.curate import content_key, run_curate
@@ -35,15 +34,7 @@ PROJECTS = {
 
 def sdist(package: str, version: str) -> Path:
     """The sdist, downloaded once into the cache."""
-    archive = CACHE / f"{package}-{version}.tar.gz"
-    if not archive.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"{package}=={version}", "-d", str(CACHE)],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
-    return archive
+    return fetch_sdist(package, version, CACHE)
 
 
 @pytest.mark.slow
@@ -87,3 +78,11 @@ def test_curate_two_real_pypi_projects(tmp_path: Path):
         assert mine, repo
         assert gold >= 0.9 * len(mine) and bug_unresolved == len(mine), figures
     print(json.dumps(figures, indent=2))
+
+
+@pytest.mark.network
+def test_an_sdist_is_downloaded_once_and_found_as_the_index_spells_it(tmp_path: Path) -> None:
+    first = fetch_sdist("toolz", "1.0.0", tmp_path)
+    assert first.name == "toolz-1.0.0.tar.gz" and first.stat().st_size > 10_000
+    stamp = first.stat().st_mtime_ns
+    assert fetch_sdist("TOOLZ", "1.0.0", tmp_path) == first and first.stat().st_mtime_ns == stamp

@@ -17,8 +17,6 @@ import hashlib
 import json
 import os
 import shlex
-import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from swerl.data.bugs import MODIFIERS
 from swerl.data.diffs import reverse_patch
 from swerl.data.environments import task_environment
 from swerl.data.loaders import rows_to_tasks, swebench_image
+from swerl.data.repoenv import fetch_sdist
 from swerl.data.repos import RepoSpec
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
@@ -76,15 +75,7 @@ PROJECTS = (
 
 def sdist_source(project: Project, into: Path) -> Path:
     """The project's sdist (downloaded once into the cache), unpacked under `into`."""
-    archive = CACHE / f"{project.name}-{project.version}.tar.gz"
-    if not archive.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"{project.name}=={project.version}", "-d", str(CACHE)],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
-    with tarfile.open(archive) as tar:
+    with tarfile.open(fetch_sdist(project.name, project.version, CACHE)) as tar:
         tar.extractall(into, filter="data")
     return into / f"{project.name}-{project.version}"
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from swerl.data.bugs import MODIFIERS
+from swerl.data.repoenv import fetch_sdist
 from swerl.data.repos import directory_repo
 from swerl.data.synth import synthesize_repo
 from tests.sandbox_helpers import local_provider
@@ -21,15 +20,7 @@ CACHE = Path.home() / ".cache" / "swerl-test-sdists"
 
 def sdist() -> Path:
     """The sdist, downloaded once into the cache."""
-    archive = CACHE / f"{PACKAGE}-{VERSION}.tar.gz"
-    if not archive.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"{PACKAGE}=={VERSION}", "-d", str(CACHE)],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
-    return archive
+    return fetch_sdist(PACKAGE, VERSION, CACHE)
 
 
 @pytest.mark.network

@@ -21,7 +21,6 @@ import hashlib
 import json
 import shlex
 import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from swerl.data.diffs import reverse_patch, unified_diff
 from swerl.data.loaders import swebench_image
+from swerl.data.repoenv import fetch_sdist
 from swerl.sandbox.images import build_instance_image, build_project_image, swesmith_image_name
 
 DJANGO_VERSION = "5.0.14"
@@ -137,14 +137,7 @@ PROJECT_IMAGE = swesmith_image_name("django", "django", django_commit())
 
 def django_source(into: Path, cache: Path = SDIST_CACHE) -> Path:
     """Django's sdist (downloaded once into `cache`), unpacked under `into`; returns the source directory."""
-    archive = cache / f"Django-{DJANGO_VERSION}.tar.gz"
-    if not archive.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"django=={DJANGO_VERSION}", "-d", str(cache)],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+    archive = fetch_sdist("django", DJANGO_VERSION, cache)
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / f"Django-{DJANGO_VERSION}"

@@ -110,6 +110,31 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def fetch_sdist(package: str, version: str, cache: Path) -> Path:
+    """The sdist of `package`==`version` from the package index, downloaded once into `cache` (its file name as
+    the index spells it: Django-5.0.14.tar.gz, toolz-1.0.0.tar.gz)."""
+
+    def cached() -> Path | None:
+        want = f"{package}-{version}.tar.gz".lower().replace("_", "-")
+        found = [p for p in cache.glob("*.tar.gz") if p.name.lower().replace("_", "-") == want]
+        return found[0] if found else None
+
+    archive = cached()
+    if archive is None:
+        cache.mkdir(parents=True, exist_ok=True)
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"{package}=={version}",
+             "-d", str(cache)],
+            600.0, f"pip download {package}=={version} (its sdist)",
+        )  # fmt: skip
+        archive = cached()
+    if archive is None:
+        raise RepoEnvError(
+            f"pip download {package}=={version} wrote no {package}-{version}.tar.gz into {cache}"
+        )
+    return archive
+
+
 def materialize_source(path: str) -> tuple[Path, str]:
     """(directory, default name) of a source: a directory as it is, an sdist extracted, a git repository cloned."""
     root = cache_dir() / "repo-src"
