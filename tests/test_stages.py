@@ -243,6 +243,19 @@ def test_dataset_source_without_a_dataset_is_refused(env: Env) -> None:
         env.run("traces", run_traces, cfg)
 
 
+def test_a_test_command_the_tasks_lack_is_named_as_why_there_is_no_trace(env: Env, curate: Manifest) -> None:
+    """configs/local.yaml's run_tests.py on a repository without one: the error names the setting and what to set."""
+    command = "python no_such_harness.py -q"
+    cfg = TracesStage(traces=TracesConfig(test_command=command, max_traces=3), agent=AGENT)
+    with pytest.raises(ValueError) as refused:
+        env.run("traces", run_traces, cfg, [curate])
+    message = str(refused.value)
+    assert message.startswith(f"no traces: traces.test_command {command!r} never showed a reference fix")
+    assert "{'retest_fails': 3}" in message and "no other repository has a run_tests.py" in message
+    assert "Set traces.test_command to null" in message and "--set traces.test_command=null" in message
+    assert load_manifest(env.store, "traces", stage_key_of("traces", cfg, [curate])) is None
+
+
 def test_traces_refuse_a_curation_without_training_tasks(scratch_env: Env) -> None:
     empty = scratch_env.run("curate", empty_curate, CurateConfig(repos=[])).manifest
     cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND), agent=AGENT)

@@ -66,7 +66,7 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
     else:
         rows, report["oracle"] = _oracle_rows(cfg, ctx)
     if not rows:
-        raise ValueError(f"no traces: {json.dumps(report, default=str)[:500]}")
+        raise ValueError(no_traces_message(cfg.traces, report))
     roles = check_rows(rows)
     path = ctx.workdir / "traces.jsonl"
     write_traces(rows, path)
@@ -84,6 +84,23 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
         metrics=_metrics(rows, roles, skipped),
         markdown={"traces": _markdown(cfg.traces.source, len(rows), skipped, report["wall_s"])},
         summary=f"{len(rows)} traces",
+    )
+
+
+def no_traces_message(traces: TracesConfig, report: dict[str, Any]) -> str:
+    """Why the stage has no trace: when a set traces.test_command never showed a fix passing, that command."""
+    message = f"no traces: {json.dumps(report, default=str)[:500]}"
+    skipped = report.get("oracle", {}).get("skipped", {})
+    judged = {why: skipped[why] for why in ("retest_fails", "tests_pass_at_start") if why in skipped}
+    if traces.test_command is None or not judged:
+        return message
+    return (
+        f"no traces: traces.test_command {traces.test_command!r} never showed a reference fix passing ({judged}). "
+        "The oracle tests every task with that command; configs/local.yaml's `python run_tests.py -q` is the "
+        "harness of swerl's micro repositories, and no other repository has a run_tests.py. Set "
+        "traces.test_command to null (delete the line, or --set traces.test_command=null) so each task runs its "
+        "own test command, or to a command that runs these repositories' tests and ends with pytest's summary "
+        f"line. {message}"
     )
 
 
