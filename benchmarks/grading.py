@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/grading.py [--count 20] [--runtime auto]
 
 The old grader ran the task's test command in the agent's own workspace after putting the test files back; the
-sealed grader (swerl/agent/grading.py) starts a fresh sandbox of the task, applies the patch without its test
+sealed grader (swerl/grading/grader.py) starts a fresh sandbox of the task, applies the patch without its test
 infrastructure and runs the sealed runner. Both are timed side by side, alternating, on the same micro task with
 the honest fix, so the machine's load falls on both alike; the ratio is sealed / baseline wall time per attempt.
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swerl.agent.grading import grade_patch, start_task_sandbox, workspace_patch  # noqa: E402
 from swerl.config import SandboxLimits  # noqa: E402
 from swerl.data.micro import micro_repo_spec  # noqa: E402
 from swerl.data.synth import synthesize_repo  # noqa: E402
 from swerl.data.testrun import run_tests  # noqa: E402
+from swerl.grading.grader import grade_patch, start_task_sandbox, workspace_patch  # noqa: E402
 from swerl.stages.common import sandbox_provider  # noqa: E402
 
 MODIFIERS = ("flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args")

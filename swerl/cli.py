@@ -393,8 +393,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
-    """swerl's grader and swebench's run_evaluation on the same predictions (swerl/eval/crosscheck.py)."""
-    from swerl.eval.crosscheck import crosscheck, read_predictions, read_tasks, standard_predictions
+    """swerl's grader and swebench's run_evaluation on the same predictions (swerl/grading/crosscheck.py)."""
+    from swerl.grading.crosscheck import crosscheck, read_predictions, read_tasks, standard_predictions
     from swerl.sandbox.pool import release_provider
     from swerl.stages.common import sandbox_provider
 

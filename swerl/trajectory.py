@@ -80,7 +80,7 @@ class Trajectory(BaseModel):
     patch: str = ""
     """The agent's changes as a `git diff` against the task's starting state (caches excluded)."""
     grade_status: str = ""
-    """The grader's status (swerl/agent/grading.py: RESOLVED_FULL, RESOLVED_NO, TAMPERED, INCOMPLETE, ...)."""
+    """The grader's status (swerl/grading/grader.py: RESOLVED_FULL, RESOLVED_NO, TAMPERED, INCOMPLETE, ...)."""
     dropped_paths: list[str] = Field(default_factory=list)
     """Test files and test infrastructure the patch touched, which grading took from the task instead."""
     tampered: list[str] = Field(default_factory=list)

@@ -21,8 +21,8 @@ import pytest
 from swerl.cli import main as swerl_main
 from swerl.data.diffs import reverse_patch
 from swerl.data.django_tasks import django_rows, django_source
-from swerl.eval.crosscheck import AGREE, DISAGREE
-from swerl.eval.swebench_referee import force_network_none
+from swerl.grading.crosscheck import AGREE, DISAGREE
+from swerl.grading.swebench_referee import force_network_none
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.images import BASE_IMAGE
 from tests.sandbox_backends import docker_unavailable

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from swerl.data.schema import TaskInstance
-from swerl.eval.crosscheck import (
+from swerl.grading.crosscheck import (
     AGREE,
     DISAGREE,
     NO_VERDICT,

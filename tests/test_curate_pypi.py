@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch
 from swerl.config import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
 from swerl.data.repoenv import fetch_sdist
 from swerl.data.taskio import tasks_from_parquet
+from swerl.grading.grader import RESOLVED_FULL, grade_patch
 from swerl.stages.common import run_async, sandbox_provider
 from swerl.stages.curate import content_key, run_curate
 from swerl.stages.runner import run_stage

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch
 from swerl.config import ConfigError, CurateConfig, RepoSource, load_config
 from swerl.data.repoenv import materialize_source
 from swerl.data.taskio import tasks_from_parquet
+from swerl.grading.grader import RESOLVED_FULL, grade_patch
 from swerl.stages.common import run_async, sandbox_provider
 from swerl.stages.curate import NoTasksError, content_key, run_curate
 from swerl.stages.runner import run_stage, stage_key

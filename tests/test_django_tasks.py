@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch, runner_mode
 from swerl.data.django_tasks import PROJECT_IMAGE, TASKS, TEST_CMD, django_rows, django_source
 from swerl.data.loaders import rows_to_tasks
 from swerl.data.schema import TaskInstance
-from swerl.eval.grading import grade_attempt
+from swerl.grading.grader import RESOLVED_FULL, grade_patch, runner_mode
 from swerl.grading.harness import harness_for
+from swerl.grading.verdict import grade_attempt
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.docker import DockerSandboxProvider
 from tests.sandbox_backends import docker_unavailable

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from swerl.agent.grading import resolution_status
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus
-from swerl.eval.grading import grade_log, log_parser_for
+from swerl.grading.grader import resolution_status
+from swerl.grading.verdict import grade_log, log_parser_for
 
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
 
@@ -162,7 +162,7 @@ def test_the_graders_markers_are_swebenchs() -> None:
     """An unsealed run's log is printed between SWE-bench's markers so that swebench's parsers read it."""
     from swebench.harness import constants
 
-    from swerl.agent.grading import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, SWEBENCH_MARKERS
+    from swerl.grading.grader import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, SWEBENCH_MARKERS
 
     assert SWEBENCH_MARKERS == (
         constants.START_TEST_OUTPUT,

@@ -20,7 +20,6 @@ import pytest
 
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import pytest_command
-from swerl.eval.grading import DEFAULT_PARSER, grade_log
 from swerl.grading.harness import (
     SWESMITH_TEST_CMD,
     SWESMITH_VERBOSE,
@@ -31,6 +30,7 @@ from swerl.grading.harness import (
     parse_swesmith_verbose,
     swebench_spec,
 )
+from swerl.grading.verdict import DEFAULT_PARSER, grade_log
 
 pytest.importorskip("swebench")
 
@@ -331,7 +331,7 @@ def test_a_log_that_prints_fake_passed_lines_is_trusted_as_a_log_trusting_harnes
     """grade_log reads the log as its harness does, forged lines included: for SWE-smith's verbose reading, a
     conftest printing `<id> PASSED` after pytest's real FAILED line resolves the task, exactly as SWE-smith's own
     grader (which trusts the log) says. That is why grade_log is for third-party logs only: the policy is
-    scored by the sealed runner (swerl/agent/grading.py), whose results code under test cannot forge.
+    scored by the sealed runner (swerl/grading/grader.py), whose results code under test cannot forge.
     swebench's grader catches this one by the exit code: 1, with no failure left in the log."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_forge.py").write_text(

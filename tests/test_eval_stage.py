@@ -362,8 +362,8 @@ def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(
 ) -> None:
     """The real grading path: the fix (the bug patch reversed, taken with git in a sandbox) is resolved; a patch
     that does not apply, and one that edits the tests instead of the code, are not."""
-    from swerl.agent.grading import start_task_sandbox, workspace_patch
-    from swerl.eval.grading import grade_attempt
+    from swerl.grading.grader import start_task_sandbox, workspace_patch
+    from swerl.grading.verdict import grade_attempt
     from swerl.stages.common import run_async, sandbox_provider
 
     task = load_tasks(env.store, curate, "eval.parquet")[0]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading_plan import HarnessSpecError, grading_plan, pytest_invocation
 from swerl.data.loaders import load_tasks
 from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
 from swerl.data.schema import TaskInstance
+from swerl.grading.plan import HarnessSpecError, grading_plan, pytest_invocation
 
 ROWS = Path(__file__).parent / "data" / "task_rows" / "swebench5_verified.jsonl"
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import Grade, filter_patch, grade_patch, start_task_sandbox, workspace_patch
 from swerl.data.micro import micro_repo_spec
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
 from swerl.data.testrun import is_resolved, parse_pytest_summary, task_test_command
-from swerl.eval.grading import grade_attempt
+from swerl.grading.grader import Grade, filter_patch, grade_patch, start_task_sandbox, workspace_patch
+from swerl.grading.verdict import grade_attempt
 from swerl.sandbox.base import SandboxProvider
 from tests.sandbox_helpers import local_provider
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, Grade, start_task_sandbox, workspace_patch
-from swerl.agent.unittest_mode import own_test_command
 from swerl.data.diffs import reverse_patch, unified_diff
 from swerl.data.schema import TaskInstance
-from swerl.eval.grading import grade_attempt
+from swerl.grading.grader import RESOLVED_FULL, Grade, start_task_sandbox, workspace_patch
+from swerl.grading.unittest_mode import own_test_command
+from swerl.grading.verdict import grade_attempt
 from swerl.sandbox.base import SandboxProvider
 from tests.sandbox_backends import docker_unavailable
 from tests.sandbox_helpers import docker_provider, local_provider

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import grade_patch
-from swerl.agent.grading_plan import grading_plan
 from swerl.data.schema import TaskInstance
+from swerl.grading.grader import grade_patch
+from swerl.grading.plan import grading_plan
 from tests.sandbox_helpers import local_provider
 
 RUN = """\

@@ -2,7 +2,7 @@
 
 The Docker tests build a hand-made Harbor task from the documented format (a tiny Python repository with a bug in
 /app, a plain-python test script run by tests/test.sh: the base image has no pytest) and grade patches with the one
-grader (swerl.agent.grading.grade_patch) in fresh Docker sandboxes. Red-team cases are patches whose code, run by
+grader (swerl.grading.grader.grade_patch) in fresh Docker sandboxes. Red-team cases are patches whose code, run by
 the verifier, tries to write the reward itself; the last case is a hack the format cannot block, kept as a test so
 that the documentation stays true.
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, Grade, grade_patch, start_task_sandbox
 from swerl.data.harbor import (
     RUN_DIR,
     VERIFIER_TEST_ID,
@@ -36,6 +35,7 @@ from swerl.data.harbor import (
 from swerl.data.micro import micro_repo_spec
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.grading.grader import RESOLVED_FULL, Grade, grade_patch, start_task_sandbox
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.images import BASE_IMAGE
 from tests.sandbox_backends import docker_unavailable
@@ -246,7 +246,7 @@ def test_empty_patch_scores_0_and_the_fix_scores_1(provider: SandboxProvider, ca
     )
     assert build_harbor_image(harbor) == harbor.image_tag  # present: not rebuilt
     # evaluation's default verdict (swebench's) keeps the verifier's: its log is no pytest log to parse
-    from swerl.eval.grading import swebench_verdict
+    from swerl.grading.verdict import swebench_verdict
 
     assert (swebench_verdict(task, fix).resolved, swebench_verdict(task, empty).resolved) == (True, False)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import grade_patch, start_task_sandbox
 from swerl.data.bugs import MODIFIERS
 from swerl.data.diffs import reverse_patch
 from swerl.data.environments import task_environment
@@ -34,6 +33,7 @@ from swerl.data.repos import RepoSpec
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
 from swerl.errors import InfraError
+from swerl.grading.grader import grade_patch, start_task_sandbox
 from swerl.sandbox.base import ImageEnvironment
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.images import build_instance_image, build_project_image, swesmith_image_name

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import grade_workspace, start_task_sandbox
 from swerl.config import CurateConfig, MicroSource
 from swerl.data.bugs import candidates
 from swerl.data.environments import resolve_environment
@@ -37,6 +36,7 @@ from swerl.data.synth import synthesize_repo
 from swerl.data.taskio import tasks_from_parquet
 from swerl.data.testrun import TestStatus, parse_pytest_summary, passing, run_tests, task_test_command
 from swerl.errors import InfraError
+from swerl.grading.grader import grade_workspace, start_task_sandbox
 from swerl.stages.curate import run_curate, split_by_repo
 from swerl.stages.runner import run_stage
 from swerl.storage import Store

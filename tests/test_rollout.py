@@ -589,7 +589,7 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     # Each group after the first was warmed once, in data order, one group ahead of the newest open one.
     assert warmed == [tasks[seq % len(tasks)] for seq in range(1, len(warmed) + 1)] and len(warmed) >= 3
     # Group 0 started cold; every later attempt took a sandbox warmed for it. Grading starts a fresh sandbox of
-    # its own per attempt (cold: swerl/agent/grading.py), at most max_in_flight of them unfinished at close.
+    # its own per attempt (cold: swerl/grading/grader.py), at most max_in_flight of them unfinished at close.
     counters = dict(pool.counters)
     assert 2 + len(graded) <= counters["start.cold"] <= 2 + len(graded) + 2, (counters, len(graded))
     assert counters["start.warm"] >= 4, counters

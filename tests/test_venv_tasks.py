@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch, start_task_sandbox
 from swerl.config import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
 from swerl.data.environments import is_image_reference, resolve_environment, task_env
@@ -23,6 +22,7 @@ from swerl.data.repoenv import EnvReference, build_env, parse_env_reference
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.errors import InfraError
+from swerl.grading.grader import RESOLVED_FULL, grade_patch, start_task_sandbox
 from swerl.sandbox.base import VenvEnvironment
 from swerl.stages.common import run_async
 from swerl.stages.curate import content_key, run_curate

@@ -27,7 +27,6 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.grading import grade_patch, workspace_patch
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
 from swerl.config import AgentConfig
 from swerl.data.environments import task_environment
@@ -35,6 +34,7 @@ from swerl.data.harbor import harbor_task_of
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.errors import InfraError
+from swerl.grading.grader import grade_patch, workspace_patch
 from swerl.model.chat import IM_END, render_text
 from swerl.model.toolcall import ToolCallError, parse_tool_call
 from swerl.sandbox.base import Sandbox, SandboxProvider

@@ -24,11 +24,11 @@ from typing import Any
 
 from swerl.agent.episode import EpisodeLimits, initial_messages
 from swerl.agent.fixplan import FixPlan, NoFixPlan, plan_fix, sed_substitution, wrong_edits
-from swerl.agent.grading import grade_patch, start_task_sandbox, workspace_patch
 from swerl.agent.tools import Tools
 from swerl.data.environments import environment_order
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.grading.grader import grade_patch, start_task_sandbox, workspace_patch
 from swerl.model.toolcall import ToolCall, format_tool_call
 from swerl.sandbox.base import Sandbox, SandboxProvider
 

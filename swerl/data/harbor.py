@@ -13,7 +13,7 @@ A Harbor task directory holds:
 `load_harbor_task` reads one into a `TaskInstance` (whose `verifier` names the directory and whose `image` is
 `docker://swerl-harbor:<content hash of environment/>`) and a `HarborTask`; `build_harbor_image` builds that
 image offline (network "none", never pulling: every FROM image must already be on the engine);
-`run_verifier` runs tests/test.sh in a sandbox of that image (swerl.agent.grading.grade_patch calls it, after
+`run_verifier` runs tests/test.sh in a sandbox of that image (swerl.grading.grader.grade_patch calls it, after
 the attempt's patch is applied in a fresh sandbox); `export_harbor_task` writes a swerl task as a Harbor task.
 
 Paths. swerl's containers have a read-only root file system (writable: /workspace and /tmp), so the image build
@@ -442,7 +442,7 @@ async def run_verifier(sandbox: Sandbox, harbor: HarborTask, timeout_s: float | 
     before, test.sh runs from the image's WORKDIR (a symlink to /workspace) with the verifier timeout, and the
     reward is read in a separate command, after the sandbox killed every process the run left. reward.txt wins over
     reward.json. An unreadable reward raises InfraError(verifier_failed); the caller decides what a missing one
-    means (see swerl.agent.grading.grade_patch)."""
+    means (see swerl.grading.grader.grade_patch)."""
     await copy_into(sandbox, harbor.tests_dir, f"{RUN_DIR}/tests")
     prepared = await sandbox.exec(
         f"test -f {RUN_DIR}/tests/test.sh || exit {_GONE}; "

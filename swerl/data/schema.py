@@ -107,7 +107,7 @@ class TaskInstance(BaseModel):
     """Procedural modifier that made the bug (synthesized tasks only)."""
     verifier: str | None = None
     """A script that decides the reward instead of the test command: `harbor:///ABS/TASK_DIR` (a Harbor task's
-    tests/test.sh, swerl.data.harbor; graded by swerl.agent.grading.grade_patch). Such a task's FAIL_TO_PASS is
+    tests/test.sh, swerl.data.harbor; graded by swerl.grading.grader.grade_patch). Such a task's FAIL_TO_PASS is
     the one id swerl.data.harbor.VERIFIER_TEST_ID: a grader that does not know verifiers finds no such test and
     scores 0 (fail closed)."""
 

@@ -18,7 +18,7 @@ Three harnesses write the logs swerl grades, and each reads its own logs its own
   get_resolution_status). Its eval script runs under `set -x`, so its markers are the trace lines
   `+ : '>>>>> Start Test Output'`. swerl reimplements that parser and grader here (its own code).
 - swerl's own tasks: `TaskInstance.test_cmd` or swerl's default pytest `-rA` command, read by swebench's parser
-  for the repository (swerl/agent/grading.py's sealed runner grades them for training and evaluation).
+  for the repository (swerl/grading/grader.py's sealed runner grades them for training and evaluation).
 
 `detect_log_formats` says which of those formats a log is in, so that a log is read by the parser of the
 command that wrote it rather than by the task's default.

@@ -17,7 +17,7 @@ WORKSPACE = "/workspace"
 IGNORED_AT_START = ".git/swerl-ignored-at-start"
 IGNORED_AT_START_CMD = f"ls-files -z --others --ignored --exclude-standard --directory > {IGNORED_AT_START}"
 """Run after a sandbox's starting commit: the files and folders the repository's ignore rules kept out of it. The
-agent's patch later takes new ignored files too (swerl.agent.grading.workspace_patch), never these."""
+agent's patch later takes new ignored files too (swerl.grading.grader.workspace_patch), never these."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch
 from swerl.config import CurateConfig, DatasetSource, MicroSource, RepoSource
 from swerl.data.decontam import decontaminate
 from swerl.data.harbor import (
@@ -55,6 +54,7 @@ from swerl.data.synth import Confirm, Confirmation, RepoReport, merge_reports, s
 from swerl.data.taskio import tasks_to_parquet
 from swerl.data.testrun import passing, run_tests
 from swerl.errors import NoTasksError
+from swerl.grading.grader import RESOLVED_FULL, grade_patch
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider

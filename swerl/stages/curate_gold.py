@@ -17,11 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch
 from swerl.config import CurateConfig
 from swerl.data.environments import image_environment, is_image_reference
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
+from swerl.grading.grader import RESOLVED_FULL, grade_patch
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider

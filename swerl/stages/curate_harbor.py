@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.grading import RESOLVED_FULL, grade_patch, start_task_sandbox
 from swerl.config import CurateConfig
 from swerl.data.harbor import (
     HarborFormatError,
@@ -23,6 +22,7 @@ from swerl.data.harbor import (
 )
 from swerl.data.schema import TaskInstance, normalize_repo
 from swerl.errors import InfraError, NoTasksError
+from swerl.grading.grader import RESOLVED_FULL, grade_patch, start_task_sandbox
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.pool import release_provider
 from swerl.stages.common import run_async, sandbox_provider

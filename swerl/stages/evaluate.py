@@ -2,7 +2,7 @@
 
 The subset (swerl.eval.stratify) is drawn once per (held-out set, size, seed) and saved in the store under
 `eval_subsets/`, so a later evaluation (a scheduled one of a new checkpoint) reuses exactly the same tasks. Each
-attempt's patch is graded from its test log by the swebench package (swerl.eval.grading; config
+attempt's patch is graded from its test log by the swebench package (swerl.grading.verdict; config
 `evaluate.grader`). An attempt lost to the infrastructure is rerun (agent.infra_retries) and otherwise left out; a
 task with no scored attempt is reported as missing, never counted as a failure, and every pass@1 states its
 denominator. Models evaluated: those of `evaluate.checkpoints` whose stage is among the inputs (the pipeline
@@ -36,10 +36,10 @@ from swerl.data.schema import TaskInstance
 from swerl.engine.base import SamplingParams
 from swerl.engine.factory import open_engine
 from swerl.errors import InfraError
-from swerl.eval.grading import AttemptGrade, grade_attempt
 from swerl.eval.metrics import pass_at_1, pass_at_k, stratum_table
 from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_report, plot_strata
 from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
+from swerl.grading.verdict import AttemptGrade, grade_attempt
 from swerl.model.loading import load_tokenizer
 from swerl.stages.common import (
     episode_limits,

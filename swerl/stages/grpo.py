@@ -694,7 +694,7 @@ def episode_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
             for name in ("env_install_s", "sandbox_start_s", "tools_s", "tests_s", "sandbox_s")
         },
         "submitted_rate": (statuses["resolved"] + statuses["unresolved"]) / len(flat),
-        # what the grader refused (swerl/agent/grading.py): a policy learning to game it shows here first
+        # what the grader refused (swerl/grading/grader.py): a policy learning to game it shows here first
         "grader_tampered": float(sum(bool(t.tampered) for t in flat)),
         "grader_incomplete": float(sum(t.grade_status == "INCOMPLETE" for t in flat)),
         "grader_timeout": float(sum(t.grade_status == "TIMEOUT" for t in flat)),

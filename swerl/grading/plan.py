@@ -4,7 +4,7 @@ A task is graded with the harness its source defines (swerl.grading.harness.harn
 SWE-smith's repository profile, swerl's own command):
 
 - Django's `tests/runtests.py` and `python -m unittest`: the sealed runner's `unittest` mode runs the command
-  (swerl/agent/unittest_mode.py).
+  (swerl/grading/unittest_mode.py).
 - A pytest command (`pytest ...`, `python -m pytest ...`, with the harness's own flags and targets): the sealed
   runner's `pytest` mode runs pytest with those arguments. Its authenticated per-test records stand in for the
   log parser, which reads the same statuses from the `-rA` or `--verbose` lines pytest would print.
@@ -27,13 +27,13 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swerl.agent.unittest_mode import MODE as UNITTEST_MODE
-from swerl.agent.unittest_mode import runner_ids as unittest_runner_ids
-from swerl.agent.unittest_mode import unittest_program
 from swerl.data.micro import TEST_CMD as MICRO_TEST_CMD
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import task_test_command
 from swerl.grading.harness import DEFAULT_PARSER, HarnessSpecError, harness_for, harness_kind
+from swerl.grading.unittest_mode import MODE as UNITTEST_MODE
+from swerl.grading.unittest_mode import runner_ids as unittest_runner_ids
+from swerl.grading.unittest_mode import unittest_program
 
 RUNNER_REPOSITORIES = frozenset({"pytest-dev/pytest", "pytest-dev/pluggy"})
 """Repositories whose code is the sealed pytest runner's own machinery: their tasks run their harness's command

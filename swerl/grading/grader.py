@@ -9,7 +9,7 @@
    in the grade and counted.
 2. What is left is applied to a pristine copy of the task in a fresh sandbox (never the agent's, whose files and
    .git the agent controlled), the task's test_patch after it.
-3. FAIL_TO_PASS + PASS_TO_PASS run under swerl's sealed runner (swerl/agent/sealed_runner.py): results reach the
+3. FAIL_TO_PASS + PASS_TO_PASS run under swerl's sealed runner (swerl/grading/sealed_runner.py): results reach the
    grader as lines authenticated with a key the tests never see, the test machinery is checked for tampering, and
    the run's exit status must agree with its results. Printed `PASSED` lines, early exits, atexit tricks, patched
    harnesses or hooks, skipped tests and timeouts all score 0.
@@ -25,6 +25,7 @@ as above, then the task's tests/test.sh runs (swerl.data.harbor.run_verifier) an
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import hmac
@@ -35,9 +36,9 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path, PurePosixPath
 
-from swerl.agent.grading_plan import grading_plan
 from swerl.data.environments import task_environment
 from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
 from swerl.data.repos import is_test_file
@@ -45,6 +46,7 @@ from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.errors import InfraError
 from swerl.grading.harness import read_harness_log
+from swerl.grading.plan import grading_plan
 from swerl.sandbox.base import IGNORED_AT_START, Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
@@ -54,7 +56,29 @@ _PATCH_FILE = ".swerl-grade.patch"
 # Caches that tools leave in the workspace are not part of anyone's patch.
 _EXCLUDES = ("**/.pytest_cache/**", "**/__pycache__/**", "**/*.pyc", ".swerl-*")
 _PATHSPEC = " ".join(["."] + [shlex.quote(f":(exclude,glob){pattern}") for pattern in _EXCLUDES])
-RUNNER_SOURCE = Path(__file__).with_name("sealed_runner.py")
+RUNNER_FILES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("sealed_hook.py", "sealed_micro.py", "sealed_unittest.py", "sealed_runner.py")
+)
+"""The sealed runner's parts, joined in this order into the one script sent to the sandbox (runner_source)."""
+
+
+@cache
+def runner_source() -> str:
+    """The sealed runner as one script: its parts joined, without the statements that import one part into another
+    for the linters (`from swerl.grading.sealed_... import ...`: the sandbox has no swerl), `_main()` run last
+    (sealed_runner.py's `__main__` guard)."""
+    parts = []
+    for path in RUNNER_FILES:
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("swerl."):
+                for i in range(node.lineno - 1, node.end_lineno or node.lineno):
+                    lines[i] = ""
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
 
 _INFRA_NAMES = frozenset(
     {
@@ -186,7 +210,7 @@ def _added_lines(section: list[str]) -> tuple[int, ...] | None:
 
 
 def runner_mode(task: TaskInstance) -> str | None:
-    """The sealed runner's mode for the task (swerl.agent.grading_plan): pytest, micro, unittest, or None (its
+    """The sealed runner's mode for the task (swerl.grading.plan): pytest, micro, unittest, or None (its
     harness's command runs unsealed)."""
     return grading_plan(task).mode
 
@@ -202,7 +226,7 @@ def sealed_command(
     """The shell command that runs the sealed runner on `test_ids` (the runner's source travels inline);
     `touched`: the repository files the graded patch changed (hooks planted elsewhere are the repository's own),
     with the line numbers it added in each where known (FilteredPatch.added; a plain list means whole files)."""
-    source = RUNNER_SOURCE.read_text()
+    source = runner_source()
     reach = dict(touched) if isinstance(touched, Mapping) else dict.fromkeys(touched)
     for path in reach:
         lines = reach[path]

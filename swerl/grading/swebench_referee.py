@@ -1,7 +1,7 @@
 """SWE-bench's own harness, run as the referee of swerl's grader: `swebench.harness.run_evaluation` unchanged but
 for one thing, every container it creates runs with network "none".
 
-    python -m swerl.eval.swebench_referee --dataset ROWS.json --predictions PREDS.jsonl --run-id ID \
+    python -m swerl.grading.swebench_referee --dataset ROWS.json --predictions PREDS.jsonl --run-id ID \
         --out VERDICTS.json [--workers N] [--timeout S]
 
 Run it in a working directory of its own: swebench writes `logs/run_evaluation/RUN_ID/MODEL/INSTANCE/` (its
@@ -159,7 +159,7 @@ def referee(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m swerl.eval.swebench_referee", description=__doc__.split("\n")[0]
+        prog="python -m swerl.grading.swebench_referee", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dataset", type=Path, required=True, help="a JSON list of SWE-bench 5 rows")
     parser.add_argument(

@@ -4,9 +4,9 @@ For SWE-bench-style tasks whose instance images are on the Docker engine (named 
 swebench 5's `eval_script`), every prediction (an instance id and a patch: gold, empty, a wrong fix, or a model's
 attempts) is graded twice:
 
-- by swerl's one grader (`swerl.eval.grading.grade_attempt`: a fresh sandbox from the task's image, test files
+- by swerl's one grader (`swerl.grading.verdict.grade_attempt`: a fresh sandbox from the task's image, test files
   from the task, swerl's runner), in the sandbox provider the caller gives;
-- by swebench's `run_evaluation`, unchanged, in a process of its own (swerl/eval/swebench_referee.py: containers
+- by swebench's `run_evaluation`, unchanged, in a process of its own (swerl/grading/swebench_referee.py: containers
   forced onto network "none", empty patches run through swebench's own no-patch mode) on a dataset file written
   from the tasks (`swebench_row`: the task's image, eval_script, FAIL_TO_PASS/PASS_TO_PASS, log parser).
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
-from swerl.eval.grading import grade_attempt
 from swerl.grading.harness import log_parser_for
+from swerl.grading.verdict import grade_attempt
 from swerl.sandbox.base import SandboxProvider
 
 AGREE, DISAGREE, NO_VERDICT = "agree", "disagree", "no verdict"
@@ -213,7 +213,7 @@ def swebench_verdicts(
             for p in dealt
         ]
         (where / "predictions.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds))
-        command = [python, "-m", "swerl.eval.swebench_referee", "--dataset", "dataset.json",
+        command = [python, "-m", "swerl.grading.swebench_referee", "--dataset", "dataset.json",
                    "--predictions", "predictions.jsonl", "--run-id", f"crosscheck-{number}", "--out", "verdicts.json",
                    "--workers", str(workers), "--timeout", str(int(test_timeout_s)), "--report-dir", "reports"]  # fmt: skip
         # No timeout of ours: swebench bounds each instance's eval script by --timeout.

@@ -1,6 +1,6 @@
 """Which tasks the sealed runner's `unittest` mode grades, and the program it runs for them (the grader's side).
 
-The mode (swerl/agent/sealed_runner.py) runs a task's own unittest-style test command in the runner's process:
+The mode (swerl/grading/sealed_runner.py) runs a task's own unittest-style test command in the runner's process:
 Django's `./tests/runtests.py ...` (SWE-bench's Django command) or `python -m unittest ...`. The command is the
 task's `test_cmd`, else the one its `eval_script` runs between SWE-bench's START/END markers (swebench 5 rows
 carry it). The runner gets the command's argv as JSON before the test ids; it forces `--parallel 1`, and where the

@@ -1,6 +1,6 @@
 """Evaluation grading with the `swebench` package: its resolution status and its log parsers.
 
-An attempt is graded by swerl's one grader (swerl/agent/grading.py: a fresh sandbox in the task's starting state,
+An attempt is graded by swerl's one grader (swerl/grading/grader.py: a fresh sandbox in the task's starting state,
 the patch without its test-infrastructure sections, the task's test_patch, the sealed runner whose results code
 under test cannot forge); `swebench_verdict` then states the verdict with swebench's own `get_resolution_status`
 over those authenticated statuses, RESOLVED_FULL counting as resolved. Training reward and evaluation therefore
@@ -22,9 +22,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swerl.agent.grading import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, Grade, grade_patch
-from swerl.agent.grading_plan import grading_plan
 from swerl.data.schema import TaskInstance
+from swerl.grading.grader import RESOLVED_FULL, RESOLVED_NO, RESOLVED_PARTIAL, Grade, grade_patch
 from swerl.grading.harness import (
     DEFAULT_PARSER,
     SWESMITH_PARSERS,
@@ -38,6 +37,7 @@ from swerl.grading.harness import (
     swesmith_test_region,
     swesmith_tests_report,
 )
+from swerl.grading.plan import grading_plan
 from swerl.sandbox.base import SandboxProvider
 
 __all__ = [
@@ -186,7 +186,7 @@ def swebench_verdict(task: TaskInstance, graded: Grade) -> LogGrade:
 async def grade_attempt(
     provider: SandboxProvider, task: TaskInstance, patch: str, test_timeout_s: float, python: str = "python"
 ) -> AttemptGrade:
-    """Grade `patch` with the one grader (swerl/agent/grading.py: a fresh sandbox, test infrastructure from the
+    """Grade `patch` with the one grader (swerl/grading/grader.py: a fresh sandbox, test infrastructure from the
     task, the sealed runner), then state the verdict as swebench does. A sandbox failure raises InfraError."""
     graded = await grade_patch(provider, task, patch, test_timeout_s, python)
     return AttemptGrade(swebench_verdict(task, graded), graded.log, graded.detail, graded)
