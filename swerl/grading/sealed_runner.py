@@ -231,7 +231,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
                 machinery.extend([early_config.pluginmanager, early_config.hook])
                 state["baseline"] = fingerprint()
                 state["hooks"] = (list(sys.meta_path), list(sys.path_hooks))
-                inipath = getattr(early_config, "inipath", None)
+                inipath = getattr(early_config, "inipath", None) or getattr(early_config, "inifile", None)
                 if inipath is not None and touched_path(str(inipath)):
                     audit("swerl.problem", f"configuration file {inipath} was changed by the patch")
 
@@ -250,10 +250,10 @@ def _main():  # everything lives in this function's locals and the hook's closur
                 return None
 
             @pytest.hookimpl(tryfirst=True)
-            def pytest_plugin_registered(self, plugin, plugin_name, manager):
+            def pytest_plugin_registered(self, plugin, manager):  # plugin_name: only pytest >= 8
                 # Historic: called for every plugin ever registered, so one unregistered later is seen too.
                 if plugin is not self and in_workspace_code(plugin):
-                    audit("swerl.problem", f"pytest plugin {plugin_name} from workspace code")
+                    audit("swerl.problem", f"pytest plugin {manager.get_name(plugin)} from workspace code")
 
             @pytest.hookimpl(tryfirst=True)
             def pytest_configure(self, config):
@@ -268,8 +268,8 @@ def _main():  # everything lives in this function's locals and the hook's closur
                 modules = {id(m): m for m in (getattr(i, "module", None) for i in session.items) if m}
                 test_modules.extend(modules.values())
                 for item in session.items:
-                    obj = getattr(item, "obj", None)
-                    items[id(item)] = (item, type(item), obj, getattr(obj, "__code__", None))
+                    function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+                    items[id(item)] = (item, type(item), function, getattr(function, "__code__", None))
                 state["baseline"].update((f"test module {m.__name__}", callables(m)) for m in test_modules)
                 audit("swerl.collected", json.dumps([item.nodeid for item in session.items]))
 
@@ -284,14 +284,15 @@ def _main():  # everything lives in this function's locals and the hook's closur
                 # Right before pytest calls the test: the item, its function and that function's code are the
                 # ones collected (code under test that reached the session through sys.modules could have made a
                 # later test's runtest a no-op, or swapped its function).
+                # A method is compared by its function: pytest before 8 binds it anew to each test's instance.
                 known = items.get(id(item))
-                obj = getattr(item, "obj", None)
+                function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
                 if (
                     known is None
                     or known[0] is not item
                     or type(item) is not known[1]
-                    or obj is not known[2]
-                    or getattr(obj, "__code__", None) is not known[3]
+                    or function is not known[2]
+                    or getattr(function, "__code__", None) is not known[3]
                     or "runtest" in vars(item)
                 ):
                     audit("swerl.problem", f"test {item.nodeid} changed after collection")
@@ -356,7 +357,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
             status = None
         if status is not None:
             audit("swerl.exit", int(status))
-        if status is not None and int(status) == int(pytest.ExitCode.INTERRUPTED):
+        if status is not None and int(status) == 2:  # pytest.ExitCode.INTERRUPTED (the enum: pytest >= 5)
             audit("swerl.problem", "the pytest session was interrupted")
         config = seal_state["config"]
         named: list = config.pluginmanager.list_name_plugin() if config else []
