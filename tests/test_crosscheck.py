@@ -20,7 +20,7 @@ import pytest
 
 from swerl.cli import main as swerl_main
 from swerl.data.diffs import reverse_patch
-from swerl.data.django_tasks import django_rows, django_source
+from swerl.data.django_tasks import build_django_rows
 from swerl.grading.crosscheck import AGREE, DISAGREE
 from swerl.grading.swebench_referee import force_network_none
 from swerl.sandbox.docker import DockerSandboxProvider
@@ -50,13 +50,7 @@ def instances(provider: DockerSandboxProvider, tmp_path_factory: pytest.TempPath
 @pytest.fixture(scope="module")
 def django(provider: DockerSandboxProvider, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """swerl/data/django_tasks.py's rows (images built, or reused when present), each with its `wrong_patch`."""
-    import docker
-
-    client = docker.from_env()
-    try:
-        return django_rows(client, django_source(tmp_path_factory.mktemp("django")))
-    finally:
-        client.close()
+    return build_django_rows(tmp_path_factory.mktemp("django"))
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

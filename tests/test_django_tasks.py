@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from swerl.data.django_tasks import PROJECT_IMAGE, TASKS, TEST_CMD, django_rows, django_source
+from swerl.data.django_tasks import PROJECT_IMAGE, TASKS, TEST_CMD, build_django_rows
 from swerl.data.loaders import rows_to_tasks
 from swerl.data.schema import TaskInstance
 from swerl.grading.grader import RESOLVED_FULL, grade_patch, runner_mode
@@ -45,13 +45,7 @@ def provider() -> Iterator[DockerSandboxProvider]:
 
 @pytest.fixture(scope="module")
 def rows(provider: DockerSandboxProvider, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import docker
-
-    client = docker.from_env()
-    try:
-        return django_rows(client, django_source(tmp_path_factory.mktemp("django")))
-    finally:
-        client.close()
+    return build_django_rows(tmp_path_factory.mktemp("django"))
 
 
 @pytest.fixture(scope="module")

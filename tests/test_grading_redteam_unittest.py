@@ -54,19 +54,13 @@ class Target:
 
 @pytest.fixture(scope="module")
 def django_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    import docker
-
-    from swerl.data.django_tasks import django_rows, django_source
+    from swerl.data.django_tasks import build_django_rows
     from swerl.data.loaders import rows_to_tasks
 
     if reason := docker_unavailable():
         pytest.skip(reason)
     provider = docker_provider(git_baseline=True, memory_mb=2048, start_timeout_s=180)
-    client = docker.from_env()
-    try:
-        rows = django_rows(client, django_source(tmp_path_factory.mktemp("django")))
-    finally:
-        client.close()
+    rows = build_django_rows(tmp_path_factory.mktemp("django"))
     tasks, _ = rows_to_tasks(rows[:1], "swebench", "django-rows", strict=True)
     yield Target("django", provider, tasks[0], "django/utils/text.py", tasks[0].patch)
     provider.close()

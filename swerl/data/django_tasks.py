@@ -12,7 +12,7 @@ PASS_TO_PASS are found as SWE-bench validates its rows: the eval script run in t
 its log read by swebench's Django parser, so the ids are the runner's own names (`test_a (app.tests.T.test_a)` on
 Python 3.11, a docstring's first line where the test has one).
 
-    rows = django_rows(docker.from_env(), django_source(workdir))   # builds the images, validates the tasks
+    rows = build_django_rows(workdir)   # builds the images (reused when present), validates the tasks
 """
 
 from __future__ import annotations
@@ -210,3 +210,14 @@ def django_rows(client: Any, source: Path, tasks: tuple[DjangoTask, ...] = TASKS
             "wrong_patch": wrong,
         })  # fmt: skip
     return rows
+
+
+def build_django_rows(workdir: Path, tasks: tuple[DjangoTask, ...] = TASKS) -> list[dict[str, Any]]:
+    """django_rows on the local Docker engine, the sdist unpacked under `workdir` (images reused when present)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        return django_rows(client, django_source(workdir), tasks)
+    finally:
+        client.close()
