@@ -102,3 +102,20 @@ def test_swesmith_rows_run_their_profiles_command_and_grade_only_its_files() -> 
 )
 def test_pytest_invocations_are_taken_apart_or_left_to_the_shell(command: str, expected: object) -> None:
     assert pytest_invocation(command) == expected
+
+
+def test_the_sealed_runner_passes_pytest_the_flags_swerls_own_runs_use() -> None:
+    """The runner is one script with no swerl import, so it spells swerl.data.testrun.PYTEST_ARGS out itself."""
+    import ast
+
+    from swerl.data.testrun import PYTEST_ARGS
+    from swerl.grading.grader import runner_source
+
+    lists = [
+        [e.value for e in node.value.elts]
+        for node in ast.walk(ast.parse(runner_source()))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.List)
+        and [getattr(t, "id", None) for t in node.targets] == ["args"]
+    ]
+    assert list(PYTEST_ARGS) in lists
