@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from swerl.config import config_hash
+from swerl.errors import InfraError
 from swerl.storage import Artifact, CorruptStoreFile, Store
 from swerl.tracking import (
     CONFIG_HASH_TAG,
@@ -242,11 +243,30 @@ def durable_root(stage: str, key: str, epoch: str = "") -> str:
     return f"stages/{stage}/{key}/forced/{epoch}" if epoch else f"stages/{stage}/{key}"
 
 
+START_OUTAGE_RETRIES = (0.5, 1.0, 2.0, 4.0)
+"""Waits (s) between tries of a stage's first store read when the store is unreachable: a stage restarted during a
+storage outage of a few seconds (an S3 server restarting) waits for it instead of dying at its start."""
+
+
+def _exists_through_outage(store: Store, rel: str) -> bool:
+    for wait in (*START_OUTAGE_RETRIES, None):
+        try:
+            return store.exists(rel)
+        except InfraError as exc:
+            if exc.cause != "storage" or wait is None:
+                raise
+            logging.getLogger("swerl.stages").warning(
+                "store unreachable at the stage's start (%s): trying again in %.1f s", exc, wait
+            )
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
 def read_force_epoch(store: Store, stage: str, key: str) -> ForceEpoch | None:
     """The key's newest force epoch; None when the key was never forced. A damaged record raises CorruptStoreFile
     (which attempts' checkpoints to resume from is then unknown: `--force STAGE` starts afresh)."""
     rel = force_epoch_path(stage, key)
-    if not store.exists(rel):
+    if not _exists_through_outage(store, rel):
         return None
     try:
         return store.read_parsed(rel, ForceEpoch.model_validate_json, "force epoch record")
