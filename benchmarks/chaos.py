@@ -1,6 +1,6 @@
 """A chaos run of the asynchronous GRPO stage: faults injected on a seeded schedule, then the books are checked.
 
-The GRPO stage runs for real in a subprocess (as tests/test_grpo_async_crash.py does): a tiny Qwen3 served by the
+The GRPO stage runs for real in a subprocess (as tests/stages/test_grpo_async_crash.py does): a tiny Qwen3 served by the
 real HTTP engine server (swerl.engine.server, engine kind http_local) behind a fault proxy, real local sandboxes
 on clean micro repositories, real grading, an S3 store (a SeaweedFS server this script starts on 127.0.0.1 with
 credentials it generates; --store file for a file:// one) and a sqlite MLflow. The proxy speaks the engine's API
@@ -414,7 +414,7 @@ def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: ran
 
 
 def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
-    """The ledger against the journal (tests/test_grpo_async_crash.py's checks, counted instead of asserted)."""
+    """The ledger against the journal (tests/stages/test_grpo_async_crash.py's checks, counted instead of asserted)."""
     from swerl.rollout.journal import RolloutJournal
     from swerl.rollout.manager import parse_group_id
 

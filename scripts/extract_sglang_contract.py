@@ -2,12 +2,12 @@
 
     pip download sglang==0.5.23 --no-deps -d ~/.cache/swerl/wheels
     python scripts/extract_sglang_contract.py ~/.cache/swerl/wheels/sglang-0.5.23-*.whl \
-        tests/data/sglang_contract.json
+        tests/fixtures/sglang_contract.json
 
 The fields (name, annotation source, required) of the request classes swerl's engine client sends are read with
 `ast` from sglang/srt/managers/io_struct.py and sglang/srt/sampling/sampling_params.py inside the wheel, and so
 are the keys of a meta_info.weight_versions span (sglang/srt/utils/weight_versions.py:
-add_weight_versions_to_meta_info); the wheel's version and sha256 are recorded. tests/test_engine_contract.py validates the client's payloads against
+add_weight_versions_to_meta_info); the wheel's version and sha256 are recorded. tests/engine/test_engine_contract.py validates the client's payloads against
 the JSON, and re-extracts from the wheel when it is in the local cache.
 """
 

@@ -1,7 +1,7 @@
 """SWE-bench-style instances of a real project for tests that grade with swebench's harness and with swerl's.
 
 toolz's PyPI sdist is built into an image in SWE-bench's layout (swerl.sandbox.images.build_project_image), bugs
-are synthesized and validated in it (tests/test_image_tasks.py does the same), and each bug becomes an instance
+are synthesized and validated in it (tests/data/test_image_tasks.py does the same), and each bug becomes an instance
 image named as swebench names them (`swebench/sweb.eval.x86_64.pytoolz_1776_toolz-N:latest`, the bug committed at
 /testbed) and a swebench 5 row: the fix as `patch`, a test patch (a marker test appended to a FAIL_TO_PASS file,
 listed in PASS_TO_PASS, so a grader that skips the test patch fails it), and an `eval_script` in the shape swebench
@@ -28,7 +28,7 @@ from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.images import build_instance_image, build_project_image
-from tests.test_image_tasks import PROJECTS, sdist_source
+from tests.data.test_image_tasks import PROJECTS, sdist_source
 
 TOOLZ = PROJECTS[0]
 SWEBENCH_PYTEST = "pytest --no-header -rA --tb=no -p no:cacheprovider"

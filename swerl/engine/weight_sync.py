@@ -9,7 +9,7 @@ The group never touches torch.distributed's default group (a trainer rank alread
 from public classes, a TCPStore (rank 0 serves it) and one ProcessGroupGloo / ProcessGroupNCCL, under the store
 prefixes SGLang's `init_custom_process_group` gets from torch (`group_name`, then `group_name/`, then the first
 device the backend serves: `cpu/` for gloo, which torch also uses for CUDA tensors, `cuda/` for nccl), so a real
-SGLang server and this module's rank 0 meet in one group (tests/test_weight_sync.py forms one with torch's own
+SGLang server and this module's rank 0 meet in one group (tests/engine/test_weight_sync.py forms one with torch's own
 helper on the other side).
 
 Wire semantics (SGLang's receive_weights_from_distributed): per bucket, the engine allocates empty tensors of the

@@ -339,7 +339,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
 
     if mode == "pytest":
         seal = Seal()
-        # swerl.data.testrun.PYTEST_ARGS (this script imports no swerl; tests/test_grading_plan.py keeps them equal)
+        # swerl.data.testrun.PYTEST_ARGS (this script imports no swerl; tests/grading/test_grading_plan.py keeps them equal)
         args = [
             "-rA",
             "-p",

@@ -17,7 +17,7 @@ swerl.train.grpo_trainer):
   the one-process gradient. Multiplying by N = 2^k is exact in floating point.
 - What a step reports (loss, entropy, mismatch sums) is summed over ranks (`RankContext.sum`), in float64.
 - Gradient clipping uses the global norm (clip_grad_norm_ on DTensor gradients reduces across the mesh).
-So N ranks compute the one-process update up to the order of floating-point sums (tests/test_distributed.py
+So N ranks compute the one-process update up to the order of floating-point sums (tests/train/test_distributed.py
 states the tolerance).
 
 Checkpoints (`save_sharded` / `load_sharded`): model and optimizer state through torch.distributed.checkpoint

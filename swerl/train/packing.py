@@ -10,7 +10,7 @@ sequence, with the positions (RoPE) it would have alone. How that happens depend
   however short its sequences. `use_packed_attention` switches such a model to `PACKED_SDPA`, registered here: the
   same torch sdpa kernel, called once per sequence with is_causal (sum of L_i^2, no mask built). Each sequence
   then makes exactly the attention call it would make alone; packed and lone outputs differ only by the rounding
-  of differently shaped matrix products (tests/test_packing.py). Anything else (a padding mask, a KV cache, a query shorter than its keys) goes to
+  of differently shaped matrix products (tests/train/test_packing.py). Anything else (a padding mask, a KV cache, a query shorter than its keys) goes to
   transformers' own sdpa path with transformers' own mask, unchanged.
 - `flash_attention_*`: transformers reads the restarts as varlen sequence boundaries (cu_seqlens); nothing to do.
 - `eager`, `flex_attention`: transformers builds the block-diagonal mask; exact, but quadratic in N.

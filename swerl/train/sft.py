@@ -14,7 +14,7 @@ Contracts worth knowing before changing anything:
   per example (sdpa: one kernel call per example; flash-attention: varlen from the position ids; eager and flex:
   transformers' block-diagonal mask), so a token sees only earlier tokens of its own example, with the positions
   (RoPE) it would have alone; the LM head runs only at target positions. A micro-batch's summed loss therefore
-  equals the sum of its examples' losses computed alone, in value and gradient (tests/test_sft.py checks that,
+  equals the sum of its examples' losses computed alone, in value and gradient (tests/train/test_sft.py checks that,
   that packed and lone logits agree, and that changing a neighbour changes nothing).
 - Labels. labels[t] = input_ids[t + 1] where loss_mask[t + 1] == 1 and t + 1 is in the same example, else
   IGNORE_INDEX; logits[t] is scored against labels[t]. Tokens with mask 0 are still inputs, never targets.
