@@ -32,7 +32,8 @@ from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
 from swerl.data.environments import image_environment, is_image_reference
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
-from swerl.plan import PlanError, make_plan
+from swerl.plan import make_plan
+from swerl.plan.architecture import PlanError
 from swerl.sandbox.supervisor import helper_binary
 from swerl.sandbox.tmpfs import can_hold_tmpfs
 

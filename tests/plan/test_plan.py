@@ -13,15 +13,10 @@ import pytest
 from swerl.cli import main
 from swerl.config import load_config
 from swerl.doctor import plan_checks
-from swerl.plan import (
-    ARCHITECTURES,
-    GIB,
-    PlanError,
-    architecture_from_hf,
-    load_architecture,
-    make_plan,
-    trainer_memory,
-)
+from swerl.plan import make_plan
+from swerl.plan.architecture import ARCHITECTURES, PlanError, architecture_from_hf, load_architecture
+from swerl.plan.memory import trainer_memory
+from swerl.plan.report import GIB
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs" / "qwen3-30b-a3b.yaml")
