@@ -19,7 +19,6 @@ from swerl.data.bugs import candidates
 from swerl.data.environments import resolve_environment
 from swerl.data.micro import (
     GENERATOR_VERSION,
-    TEMPLATES,
     TEST_CMD,
     materialize_micro_repo,
     micro_image,
@@ -30,6 +29,7 @@ from swerl.data.micro import (
     render_repo,
     vocabulary,
 )
+from swerl.data.micro_templates import TEMPLATES
 from swerl.data.repos import is_test_file, source_files, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo
