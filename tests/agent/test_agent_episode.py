@@ -1,6 +1,6 @@
 """The oracle and the episode loop on real tasks in real bubblewrap sandboxes.
 
-The only fake is at the engine edge: ScriptedEngine (swerl.agent.scripted) is a deterministic model double that
+The only fake is at the engine edge: ScriptedEngine (swerl.engine.scripted) is a deterministic model double that
 returns pre-scripted token ids (e.g. the tokenized turns of an oracle trace). Tasks, sandboxes, tools, the
 tokenizer and grading are all real: tasks are built from the shipped `intervals` repository's bug candidates,
 with FAIL_TO_PASS / PASS_TO_PASS read from a real run of its suite with the bug applied.
@@ -20,7 +20,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.oracle import TEST_COMMAND, OracleTrace, generate_oracle_traces, solve_task
-from swerl.agent.scripted import ScriptedEngine
 from swerl.agent.tools import system_prompt
 from swerl.agent.traces import load_trace_rows, oracle_rows, trace_to_example, write_traces
 from swerl.data.bugs import BugCandidate, candidates
@@ -28,6 +27,7 @@ from swerl.data.repos import builtin_repo, tree_hash
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import passing, run_pytest
 from swerl.engine.base import SamplingParams
+from swerl.engine.scripted import ScriptedEngine
 from swerl.model.chat import render_messages
 from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call
