@@ -55,7 +55,9 @@ SANDBOX_UIDS = (200_000, 1_200_000)  # swerl.sandbox.local.LocalSandboxProvider'
 
 
 def settings(args: dict[str, Any]) -> tuple[Any, Any, Any]:
-    from swerl.config import AgentConfig, EngineConfig, GRPOConfig
+    from swerl.config.agent import AgentConfig
+    from swerl.config.engine import EngineConfig
+    from swerl.config.grpo import GRPOConfig
 
     grpo = GRPOConfig.model_validate({
         "mode": "async", "threads": 1,
@@ -108,7 +110,7 @@ def start_s3(root: Path) -> Any:
 def make_inputs(root: Path, tasks: int) -> None:
     """curate (clean micro tasks) and sft (a tiny untrained model) manifests, written by literal stages."""
     from benchmarks.grpo_async import clean_micro_tasks, emulation_tokenizer
-    from swerl.config import EngineConfig
+    from swerl.config.engine import EngineConfig
     from swerl.data.taskio import tasks_to_parquet
     from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
     from swerl.stages.common import put_dir

@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from swerl.config import EngineConfig
+from swerl.config.engine import EngineConfig
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.client import EngineClient
 from swerl.engine.router import Router

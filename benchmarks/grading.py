@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swerl.config import SandboxLimits  # noqa: E402
+from swerl.config.sandbox import SandboxLimits  # noqa: E402
 from swerl.data.micro import micro_repo_spec  # noqa: E402
 from swerl.data.synth import synthesize_repo  # noqa: E402
 from swerl.data.testrun import run_tests  # noqa: E402

@@ -29,7 +29,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.tools import system_prompt
-from swerl.config import GRPOAlgorithmConfig, SandboxLimits
+from swerl.config.grpo import GRPOAlgorithmConfig
+from swerl.config.sandbox import SandboxLimits
 from swerl.data.environments import resolve_environment
 from swerl.data.micro import TEST_CMD
 from swerl.data.repos import tree_hash

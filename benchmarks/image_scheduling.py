@@ -31,7 +31,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from swerl.config import SandboxLimits, SandboxPoolConfig
+from swerl.config.sandbox import SandboxLimits, SandboxPoolConfig
 from swerl.data.environments import environment_order
 from swerl.sandbox.base import ImageEnvironment
 from swerl.sandbox.ratelimit import WindowLimit

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from sandbox_start import raw_bwrap_argv, run_process  # noqa: E402
 
-from swerl.config import SandboxLimits  # noqa: E402
+from swerl.config.sandbox import SandboxLimits  # noqa: E402
 from swerl.sandbox.local import LocalSandboxProvider  # noqa: E402
 from swerl.sandbox.supervisor import SupervisedSandbox  # noqa: E402
 from swerl.stages.common import sandbox_provider  # noqa: E402

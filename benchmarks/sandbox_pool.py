@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swerl.config import SandboxLimits, SandboxPoolConfig
+from swerl.config.sandbox import SandboxLimits, SandboxPoolConfig
 from swerl.sandbox.pool import SandboxPool
 from swerl.stages.common import sandbox_pool
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swerl.config import DockerSandboxConfig, SandboxLimits
+from swerl.config.sandbox import DockerSandboxConfig, SandboxLimits
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.images import BASE_IMAGE
 from swerl.sandbox.local import LocalSandboxProvider

@@ -23,7 +23,7 @@ import torch
 from common import build_demo_model
 from sft_throughput import random_examples
 
-from swerl.config import DistributedConfig
+from swerl.config.train import DistributedConfig
 from swerl.model.loading import load_model_and_tokenizer, load_tokenizer
 from swerl.train.distributed import init_rank, load_sharded_model
 from swerl.train.ranks import SFTRanks

@@ -83,7 +83,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 from swerl.agent.tools import number_lines, system_prompt
-from swerl.config import GRPOAlgorithmConfig
+from swerl.config.grpo import GRPOAlgorithmConfig
 from swerl.model.chat import CHAT_TEMPLATE, render_messages, render_text
 from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call

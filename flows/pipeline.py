@@ -18,7 +18,8 @@ from prefect.context import MissingContextError, SettingsContext, get_run_contex
 from prefect.logging.handlers import APILogHandler
 from prefect.runtime import deployment, flow_run
 
-from swerl.config import PipelineConfig, deep_merge
+from swerl.config import PipelineConfig
+from swerl.config.base import deep_merge
 from swerl.pipeline import open_session
 from tasks.stages import curate_tasks, evaluate_task, grpo_phase_tasks, sft_task, trace_tasks
 

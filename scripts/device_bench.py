@@ -198,7 +198,7 @@ def rate(tokens: float, seconds: float, flops_token: float, peak_tflops: float |
 
 def rank_context(cpu: bool) -> Any:
     """One FSDP2 rank (swerl.train.distributed.init_rank) from a torchrun environment set here if absent."""
-    from swerl.config import DistributedConfig
+    from swerl.config.train import DistributedConfig
     from swerl.services import free_port
     from swerl.train.distributed import init_rank
     from swerl.train.ranks import rank_env
@@ -245,7 +245,7 @@ def bench_sft(args: argparse.Namespace, shape: dict[str, int], ctx: Any, steps: 
 def bench_grpo(
     args: argparse.Namespace, shape: dict[str, int], ctx: Any, steps: int, work: Path
 ) -> tuple[dict[str, Any], Any]:
-    from swerl.config import GRPOAlgorithmConfig
+    from swerl.config.grpo import GRPOAlgorithmConfig
     from swerl.model.tokenizer import train_tokenizer
     from swerl.train.grpo_trainer import GRPOTrainer, UpdateSettings
 
@@ -278,7 +278,7 @@ def bench_grpo(
 def engine_options(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """LocalEngine arguments as swerl.engine.factory.open_engine maps them: the model on `device` in the engine dtype
     (float32 on CPU, bfloat16 on the GPU), a small batch and context (the checks generate a few tokens)."""
-    from swerl.config import WeightSyncConfig
+    from swerl.config.engine import WeightSyncConfig
     from swerl.engine.factory import DTYPES
 
     return dict(max_batch_size=1, max_context_tokens=64, prefix_cache_size=0, device=device,
@@ -413,7 +413,7 @@ def bench_group_sync(
     timed ones. Then the check that the engine holds the trainer's weights: its state dict equals the trainer's
     (cast to the engine dtype), and greedy generation equals that of a second engine built from an export of the
     same weights. The engine starts from zeroed weights, so a sync that moves nothing fails the check."""
-    from swerl.config import WeightSyncConfig
+    from swerl.config.engine import WeightSyncConfig
     from swerl.engine.local import LocalEngine
     from swerl.rollout.step import DistributedWeights
 
@@ -530,7 +530,8 @@ async def greedy(engine: Any, prompt: list[int], tokens: int) -> list[int]:
 
 def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str, Any]:
     """A tiny Qwen3-MoE (from config) through swerl.train.megatron_backend: forward, backward, optimizer step."""
-    from swerl.config import DistributedConfig, GRPOAlgorithmConfig
+    from swerl.config.grpo import GRPOAlgorithmConfig
+    from swerl.config.train import DistributedConfig
     from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
     from swerl.model.tokenizer import train_tokenizer
     from swerl.train import megatron_backend

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from swerl import services
-from swerl.config import STAGES, ConfigError, PipelineConfig, ServicesConfig, dump_config, load_config
+from swerl.config import ConfigError, PipelineConfig, load_config
+from swerl.config.load import dump_config
+from swerl.config.pipeline import STAGES
+from swerl.config.services import ServicesConfig
 
 log = logging.getLogger("swerl")
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.config import GRPOConfig, PipelineConfig, SandboxLimits
+from swerl.config import PipelineConfig
+from swerl.config.grpo import GRPOConfig
+from swerl.config.sandbox import SandboxLimits
 from swerl.data.environments import image_environment, is_image_reference
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError

@@ -18,7 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
+from swerl.config import ConfigError, PipelineConfig
+from swerl.config.load import config_hash, dump_config
+from swerl.config.pipeline import STAGES
 from swerl.model_logging import registered_model_name
 from swerl.stages.runner import Manifest, ProgressFn, StageFn, StageOutcome, run_stage
 from swerl.storage import Store, open_store

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from swerl.config import SandboxLimits, SandboxPoolConfig
+from swerl.config.sandbox import SandboxLimits, SandboxPoolConfig
 from swerl.sandbox.base import SandboxProvider, SandboxResources
 from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.e2b import E2BSandboxProvider

@@ -1,5 +1,5 @@
-"""GRPO trainers for tests: the update settings come from grpo.algorithm's defaults in swerl/config.py (the one home
-of every default), through the stage's own builder, with only what a test changes given."""
+"""GRPO trainers for tests: the update settings come from grpo.algorithm's defaults in swerl/config/grpo.py (the one
+home of every default), through the stage's own builder, with only what a test changes given."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from swerl.config import GRPOAlgorithmConfig
+from swerl.config.grpo import GRPOAlgorithmConfig
 from swerl.stages.grpo import update_settings
 from swerl.train.grpo_trainer import GRPOTrainer, UpdateSettings
 

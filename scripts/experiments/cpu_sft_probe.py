@@ -30,7 +30,7 @@ import torch
 from swerl.agent.episode import EpisodeLimits, run_episode
 from swerl.agent.oracle import OracleSkip, solve_task
 from swerl.agent.traces import oracle_rows, trace_to_example, write_traces
-from swerl.config import SandboxLimits
+from swerl.config.sandbox import SandboxLimits
 from swerl.data.repos import builtin_repo, builtin_repo_names
 from swerl.data.schema import TaskInstance
 from swerl.data.synth import synthesize_repo

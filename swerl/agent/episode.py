@@ -28,7 +28,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.tools import TOOL_SPECS, Submitted, Tools, system_prompt
-from swerl.config import AgentConfig
+from swerl.config.agent import AgentConfig
 from swerl.data.environments import task_environment
 from swerl.data.harbor import harbor_task_of
 from swerl.data.schema import TaskInstance

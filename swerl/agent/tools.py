@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from swerl.config import AgentConfig
+from swerl.config.agent import AgentConfig
 from swerl.model.chat import neutralize_special_tokens
 from swerl.model.toolcall import ToolCall, ToolSpec, check_call, format_tool_call
 from swerl.sandbox.base import Sandbox

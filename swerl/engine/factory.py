@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from swerl.config import EngineConfig
+from swerl.config.engine import EngineConfig
 from swerl.engine.base import Engine
 from swerl.engine.client import EngineClient
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec, SGLangSpec

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swerl.config import ConfigError, PipelineConfig, TinyModelConfig
+from swerl.config import ConfigError, PipelineConfig
+from swerl.config.train import TinyModelConfig
 
 ARCHITECTURES = Path(__file__).resolve().parent.parent / "data" / "resources" / "architectures"
 """Architectures shipped for planning without weights (cluster.model_config: NAME)."""

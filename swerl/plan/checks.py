@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from swerl.config import DistributedConfig, PipelineConfig
+from swerl.config import PipelineConfig
+from swerl.config.train import DistributedConfig
 from swerl.plan.architecture import Architecture
 from swerl.plan.placement import engine_count, engine_gpus_each, trainer_stages
 from swerl.plan.report import Plan, PlanCheck

@@ -47,7 +47,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from swerl.config import DistributedConfig, PipelineConfig
+from swerl.config import PipelineConfig
+from swerl.config.train import DistributedConfig
 from swerl.plan.architecture import Architecture
 from swerl.plan.placement import engine_count, engine_gpus_each
 from swerl.plan.report import GIB, MemoryLine, Plan, PlanCheck, each_gpu, size_text, span_text, where_text

@@ -9,7 +9,8 @@ equal its GPUs. SFT and GRPO run one after the other on the same trainer GPUs; e
 
 from __future__ import annotations
 
-from swerl.config import DistributedConfig, PipelineConfig
+from swerl.config import PipelineConfig
+from swerl.config.train import DistributedConfig
 from swerl.plan.report import Plan, PlanCheck, span_text, where_text
 
 

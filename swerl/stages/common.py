@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swerl.agent.episode import EpisodeLimits
-from swerl.config import AgentConfig, DistributedConfig, SandboxLimits, SandboxPoolConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.sandbox import SandboxLimits, SandboxPoolConfig
+from swerl.config.train import DistributedConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
 from swerl.sandbox.base import SandboxResources

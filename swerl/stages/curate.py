@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swerl.config import CurateConfig, DatasetSource, MicroSource, RepoSource
+from swerl.config.data import CurateConfig, DatasetSource, MicroSource, RepoSource
 from swerl.data.decontam import decontaminate
 from swerl.data.harbor import (
     harbor_content_digest,

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from swerl.config import CurateConfig
+from swerl.config.data import CurateConfig
 from swerl.data.environments import image_environment, is_image_reference
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError

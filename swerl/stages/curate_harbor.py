@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swerl.config import CurateConfig
+from swerl.config.data import CurateConfig
 from swerl.data.harbor import (
     HarborFormatError,
     HarborTask,

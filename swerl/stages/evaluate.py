@@ -29,7 +29,10 @@ from typing import Any
 import torch
 
 from swerl.agent.episode import run_episode
-from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, StrictModel
+from swerl.config.agent import AgentConfig
+from swerl.config.base import StrictModel
+from swerl.config.engine import EngineConfig
+from swerl.config.evaluate import EvaluateConfig
 from swerl.data.environments import environment_order
 from swerl.data.loaders import load_tasks as load_dataset_tasks
 from swerl.data.schema import TaskInstance

@@ -26,15 +26,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.agent.episode import run_episode
-from swerl.config import (
-    AgentConfig,
-    EngineConfig,
-    GRPOAlgorithmConfig,
-    GRPOConfig,
-    GRPOPhaseTasks,
-    PipelineConfig,
-    StrictModel,
-)
+from swerl.config import PipelineConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.base import StrictModel
+from swerl.config.engine import EngineConfig
+from swerl.config.grpo import GRPOAlgorithmConfig, GRPOConfig, GRPOPhaseTasks
 from swerl.data.environments import setup_patch
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine, SamplingParams, logprob_temperature

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swerl.config import GRPOConfig, GRPORolloutConfig
+from swerl.config.grpo import GRPOConfig, GRPORolloutConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
 from swerl.rollout.async_loop import AsyncSettings, Batch, train_async

@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swerl.config import AgentConfig, EngineConfig, EvaluateConfig, GRPOConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.engine import EngineConfig
+from swerl.config.evaluate import EvaluateConfig
+from swerl.config.grpo import GRPOConfig
 from swerl.data.schema import TaskInstance
 from swerl.eval.stratify import Subset
 from swerl.stages.common import input_manifest, load_tasks

@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swerl.config import config_hash
+from swerl.config.load import config_hash
 from swerl.errors import InfraError
 from swerl.storage import Artifact, CorruptStoreFile, Store
 from swerl.tracking import (

@@ -22,7 +22,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.agent.traces import load_trace_rows, normalize_messages, traces_to_examples
-from swerl.config import AgentConfig, EngineConfig, SFTConfig, StrictModel
+from swerl.config.agent import AgentConfig
+from swerl.config.base import StrictModel
+from swerl.config.engine import EngineConfig
+from swerl.config.train import SFTConfig
 from swerl.data.environments import resolve_environment
 from swerl.data.repos import iter_files
 from swerl.model.loading import (

@@ -23,7 +23,9 @@ from swerl.agent.traces import (
     trace_row_name,
     write_traces,
 )
-from swerl.config import AgentConfig, StrictModel, TracesConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.base import StrictModel
+from swerl.config.data import TracesConfig
 from swerl.stages.common import (
     closing,
     episode_limits,

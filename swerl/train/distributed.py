@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from swerl.config import DistributedConfig
+from swerl.config.train import DistributedConfig
 from swerl.model.loading import check_model_dir
 
 logger = logging.getLogger(__name__)

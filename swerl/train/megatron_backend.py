@@ -75,7 +75,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from swerl.config import DistributedConfig, GRPOConfig, MegatronConfig
+from swerl.config.grpo import GRPOConfig
+from swerl.config.train import DistributedConfig, MegatronConfig
 from swerl.model.loading import check_model_dir, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import (

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swerl.config import DistributedConfig
+from swerl.config.train import DistributedConfig
 from swerl.train.checkpoint import TrainerState
 from swerl.train.sft import StepMetrics
 from swerl.train.trainer_process import RemoteTrainer, TrainerProcess, TrainerProcessDied

@@ -19,7 +19,7 @@ from datasets.exceptions import DatasetGenerationError
 from transformers import PreTrainedTokenizerBase
 
 from swerl.agent.traces import load_trace_rows, normalize_messages, trace_to_example, write_traces
-from swerl.config import TracesConfig
+from swerl.config.data import TracesConfig
 from swerl.data.loaders import RowError, load_tasks, row_to_task, rows_to_tasks
 from swerl.model.toolcall import ToolCall, parse_tool_call
 from swerl.sandbox.process import shell_command

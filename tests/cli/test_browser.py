@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from swerl.config import deep_merge
+from swerl.config.base import deep_merge
 from tests.cli.test_cli_up import up_command
 
 pytestmark = pytest.mark.slow

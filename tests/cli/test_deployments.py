@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from swerl import services
 from swerl.cli import main, services_env
-from swerl.config import ServicesConfig
+from swerl.config.services import ServicesConfig
 
 pytestmark = pytest.mark.slow
 

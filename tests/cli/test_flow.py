@@ -18,7 +18,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from swerl.config import STAGES, PipelineConfig, dump_config
+from swerl.config import PipelineConfig
+from swerl.config.load import dump_config
+from swerl.config.pipeline import STAGES
 from swerl.plots import step_time_breakdown
 from swerl.stages.runner import StageContext, StageResult, load_manifest, stage_key
 

@@ -11,15 +11,8 @@ import pytest
 import yaml
 
 from swerl.cli import main
-from swerl.config import (
-    ConfigError,
-    PipelineConfig,
-    apply_overrides,
-    config_hash,
-    dump_config,
-    load_config,
-    parse_override,
-)
+from swerl.config import ConfigError, PipelineConfig, load_config
+from swerl.config.load import apply_overrides, config_hash, dump_config, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
@@ -374,7 +367,7 @@ def test_a_renamed_grpo_key_is_an_error_naming_its_new_key(tmp_path: Path, old: 
 
 
 def test_every_moved_grpo_key_points_at_an_existing_field() -> None:
-    from swerl.config import GRPO_MOVED_KEYS, GRPOConfig
+    from swerl.config.grpo import GRPO_MOVED_KEYS, GRPOConfig
 
     for old, new in GRPO_MOVED_KEYS.items():
         section, key = new.split(".")
@@ -386,7 +379,7 @@ def test_the_trainers_update_settings_are_exactly_grpo_algorithm() -> None:
     not the other fails here), and the builder carries every value over."""
     import dataclasses
 
-    from swerl.config import GRPOAlgorithmConfig
+    from swerl.config.grpo import GRPOAlgorithmConfig
     from swerl.stages.grpo import update_settings
     from swerl.train.grpo_trainer import UpdateSettings
 

@@ -277,18 +277,13 @@ def test_the_pipeline_runs_on_image_tasks(
     real tasks in their images, not that a model learns."""
     import docker
 
-    from swerl.config import (
-        AgentConfig,
-        CurateConfig,
-        DatasetSource,
-        EngineConfig,
-        EvaluateConfig,
-        GRPOConfig,
-        SandboxLimits,
-        SFTConfig,
-        TinyModelConfig,
-        TracesConfig,
-    )  # fmt: skip
+    from swerl.config.agent import AgentConfig  # fmt: skip
+    from swerl.config.data import CurateConfig, DatasetSource, TracesConfig  # fmt: skip
+    from swerl.config.engine import EngineConfig  # fmt: skip
+    from swerl.config.evaluate import EvaluateConfig  # fmt: skip
+    from swerl.config.grpo import GRPOConfig  # fmt: skip
+    from swerl.config.sandbox import SandboxLimits  # fmt: skip
+    from swerl.config.train import SFTConfig, TinyModelConfig  # fmt: skip
     from swerl.data.taskio import tasks_from_parquet
     from swerl.stages.curate import run_curate
     from swerl.stages.evaluate import EvaluateStage, run_evaluate

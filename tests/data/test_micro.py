@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig, MicroSource
+from swerl.config.data import CurateConfig, MicroSource
 from swerl.data.bugs import candidates
 from swerl.data.environments import resolve_environment
 from swerl.data.micro import (

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swerl.config import CurateConfig, DatasetSource
+from swerl.config.data import CurateConfig, DatasetSource
 from swerl.data.loaders import RowError, SchemaMismatch, load_tasks, rows_to_tasks, task_schema_of
 from swerl.data.schema import TaskInstance
 from swerl.data.sources import END_TEST_OUTPUT, NON_TEST_EXTS, START_TEST_OUTPUT, rebench_eval_script

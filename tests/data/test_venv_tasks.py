@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig, RepoSource
+from swerl.config.data import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
 from swerl.data.environments import is_image_reference, resolve_environment, task_env
 from swerl.data.repoenv import EnvReference, build_env, parse_env_reference

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import EngineConfig, load_config
+from swerl.config import load_config
+from swerl.config.engine import EngineConfig
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.factory import open_engine, server_spec
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec, SGLangSpec, sglang_available

@@ -26,7 +26,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swerl.config import EngineConfig
+from swerl.config.engine import EngineConfig
 from swerl.engine.base import GenerateResponse, WeightUpdateError, versions_from_spans
 from swerl.engine.factory import open_engine
 from swerl.engine.launcher import EngineLauncher

@@ -186,7 +186,8 @@ def test_swe_bench_verified_rows_through_datasets_are_stratified_by_repo_and_dif
 
 
 def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp_path: Path) -> None:
-    from swerl.config import DatasetSource, EvaluateConfig
+    from swerl.config.data import DatasetSource
+    from swerl.config.evaluate import EvaluateConfig
     from swerl.stages.evaluate import evaluation_tasks, load_or_draw_subset
     from swerl.stages.runner import StageContext
     from swerl.storage import Store
@@ -210,7 +211,7 @@ def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp
 
 def test_the_training_split_is_a_fixed_probe_set_named_as_such(tmp_path: Path) -> None:
     """evaluate.split: train draws from the curate stage's train.parquet (and the report says so)."""
-    from swerl.config import EvaluateConfig
+    from swerl.config.evaluate import EvaluateConfig
     from swerl.data.loaders import load_tasks as load_dataset_tasks
     from swerl.data.taskio import tasks_to_parquet
     from swerl.eval.report import markdown_report

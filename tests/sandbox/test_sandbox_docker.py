@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import SandboxLimits
+from swerl.config.sandbox import SandboxLimits
 from swerl.errors import InfraError
 from swerl.sandbox.docker import DockerSandbox, DockerSandboxProvider
 from swerl.sandbox.images import debian_mirror, env_image_name

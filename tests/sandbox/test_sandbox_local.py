@@ -241,7 +241,7 @@ def test_the_supervisor_refuses_to_run_with_inheritable_capabilities(tmp_path: P
     script = (
         "import asyncio, sys\n"
         "from swerl.errors import InfraError\n"
-        "from swerl.config import SandboxLimits\n"
+        "from swerl.config.sandbox import SandboxLimits\n"
         "from swerl.stages.common import sandbox_provider\n"
         f"p = sandbox_provider(SandboxLimits(workspace_dir={str(tmp_path / 'sandboxes')!r}, runtime='supervisor'))\n"
         "try:\n"
@@ -442,7 +442,7 @@ def test_workspace_quota_is_checked():
 _HOLD_A_SANDBOX = """
 import asyncio, sys
 from pathlib import Path
-from swerl.config import SandboxLimits
+from swerl.config.sandbox import SandboxLimits
 from swerl.stages.common import sandbox_provider
 
 async def main():

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig, DatasetSource, SandboxLimits
+from swerl.config.data import CurateConfig, DatasetSource
+from swerl.config.sandbox import SandboxLimits
 from swerl.data.loaders import swebench_image
 from swerl.data.taskio import tasks_from_parquet
 from swerl.sandbox.docker import DockerSandboxProvider

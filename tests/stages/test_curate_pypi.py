@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig, RepoSource
+from swerl.config.data import CurateConfig, RepoSource
 from swerl.data.diffs import reverse_patch
 from swerl.data.repoenv import fetch_sdist
 from swerl.data.taskio import tasks_from_parquet

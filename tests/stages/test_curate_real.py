@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import ConfigError, CurateConfig, RepoSource, load_config
+from swerl.config import ConfigError, load_config
+from swerl.config.data import CurateConfig, RepoSource
 from swerl.data.repoenv import materialize_source
 from swerl.data.taskio import tasks_from_parquet
 from swerl.grading.grader import RESOLVED_FULL, grade_patch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig
+from swerl.config.data import CurateConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet
 from swerl.stages.curate import NoTasksError, run_curate, split_by_repo

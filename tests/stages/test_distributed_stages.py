@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from swerl.config import DistributedConfig
+from swerl.config.train import DistributedConfig
 from swerl.stages.common import get_dir
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import Manifest

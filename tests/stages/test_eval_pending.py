@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from swerl.config import RunConfig
+from swerl.config.run import RunConfig
 from swerl.stages.runner import Manifest, StageContext, StageResult, run_stage
 from swerl.stages.schedule import pending_evaluations, schedule_report
 from swerl.storage import Store

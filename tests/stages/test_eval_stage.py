@@ -24,14 +24,11 @@ import pytest
 import yaml
 
 from swerl.agent.tools import system_prompt
-from swerl.config import (
-    AgentConfig,
-    CurateConfig,
-    EngineConfig,
-    EvaluateConfig,
-    MicroSource,
-    TinyModelConfig,
-)
+from swerl.config.agent import AgentConfig
+from swerl.config.data import CurateConfig, MicroSource
+from swerl.config.engine import EngineConfig
+from swerl.config.evaluate import EvaluateConfig
+from swerl.config.train import TinyModelConfig
 from swerl.eval.stratify import Subset, stratify
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer

@@ -29,7 +29,9 @@ from typing import Any
 
 import pytest
 
-from swerl.config import AgentConfig, EngineConfig, GRPOConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.engine import EngineConfig
+from swerl.config.grpo import GRPOConfig
 from swerl.rollout.manager import parse_group_id
 from swerl.stages.runner import Manifest, StageContext, StageResult, run_stage
 from swerl.storage import Store

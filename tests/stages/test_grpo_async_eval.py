@@ -23,7 +23,9 @@ import psutil
 import pytest
 
 from benchmarks.grpo_async import clean_micro_tasks, emulation_tokenizer
-from swerl.config import AgentConfig, EngineConfig, GRPOConfig
+from swerl.config.agent import AgentConfig
+from swerl.config.engine import EngineConfig
+from swerl.config.grpo import GRPOConfig
 from swerl.data.taskio import tasks_to_parquet
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.stages import evaluate as evaluate_module

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swerl.config import CurateConfig
+from swerl.config.data import CurateConfig
 from swerl.data.harbor import HarborFormatError, load_harbor_task
 from swerl.stages.curate import content_key
 from swerl.stages.curate_harbor import harbor_eval_keys
@@ -74,15 +74,12 @@ def test_curate_keeps_the_gold_checked_task_and_the_stages_run_on_it(tmp_path: P
     the other as gold_unresolved -> oracle traces replay that diff through the agent's tools (graded 1 by the
     verifier) -> SFT -> curate again holding the task out by its category -> evaluate, every attempt graded by the
     task's verifier."""
-    from swerl.config import (
-        AgentConfig,
-        EngineConfig,
-        EvaluateConfig,
-        SandboxLimits,
-        SFTConfig,
-        TinyModelConfig,
-        TracesConfig,
-    )  # fmt: skip
+    from swerl.config.agent import AgentConfig  # fmt: skip
+    from swerl.config.data import TracesConfig  # fmt: skip
+    from swerl.config.engine import EngineConfig  # fmt: skip
+    from swerl.config.evaluate import EvaluateConfig  # fmt: skip
+    from swerl.config.sandbox import SandboxLimits  # fmt: skip
+    from swerl.config.train import SFTConfig, TinyModelConfig  # fmt: skip
     from swerl.data.taskio import tasks_from_parquet
     from swerl.stages.curate import run_curate
     from swerl.stages.evaluate import EvaluateStage, run_evaluate

@@ -15,7 +15,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
-from swerl.config import STAGES, ConfigError, PipelineConfig, config_hash, dump_config
+from swerl.config import ConfigError, PipelineConfig
+from swerl.config.load import config_hash, dump_config
+from swerl.config.pipeline import STAGES
 from swerl.pipeline import open_session, stages_to_force
 from swerl.stages.runner import (
     Manifest,

@@ -23,17 +23,12 @@ from transformers import AutoModelForCausalLM
 
 from swerl.agent.tools import TOOL_SPECS
 from swerl.agent.traces import load_trace_rows, write_traces
-from swerl.config import (
-    AgentConfig,
-    CurateConfig,
-    EngineConfig,
-    EvaluateConfig,
-    GRPOConfig,
-    MicroSource,
-    SFTConfig,
-    TinyModelConfig,
-    TracesConfig,
-)
+from swerl.config.agent import AgentConfig
+from swerl.config.data import CurateConfig, MicroSource, TracesConfig
+from swerl.config.engine import EngineConfig
+from swerl.config.evaluate import EvaluateConfig
+from swerl.config.grpo import GRPOConfig
+from swerl.config.train import SFTConfig, TinyModelConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.model.loading import load_model_and_tokenizer

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swerl.config import DistributedConfig, SFTConfig
+from swerl.config.train import DistributedConfig, SFTConfig
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.distributed import init_rank, load_sharded_model

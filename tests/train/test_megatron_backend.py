@@ -27,7 +27,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swerl.config import DistributedConfig, GRPOAlgorithmConfig, GRPOConfig, MegatronConfig
+from swerl.config.grpo import GRPOAlgorithmConfig, GRPOConfig
+from swerl.config.train import DistributedConfig, MegatronConfig
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.train import megatron_backend as mb
