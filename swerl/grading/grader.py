@@ -19,8 +19,9 @@ PASS_TO_PASS test passed. Tasks whose test command is neither pytest nor the mic
 yet: they are graded from their log and the grade says `sealed=False`.
 
 A task with a `verifier` (a Harbor task, swerl.data.harbor) is graded by it instead of by test ids: step 1 and 2
-as above, then the task's tests/test.sh runs (swerl.data.harbor.run_verifier) and its reward is the grade's
-(`sealed=False`: the verifier runs in the same sandbox user as the code it tests; see _grade_with_verifier).
+as above, then the task's tests/test.sh runs (swerl.grading.harbor_verifier.run_verifier) and its reward is the
+grade's (`sealed=False`: the verifier runs in the same sandbox user as the code it tests; see
+_grade_with_verifier).
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 
 from swerl.data.environments import task_environment
-from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of, run_verifier
+from swerl.data.harbor import VERIFIER_TEST_ID, harbor_task_of
 from swerl.data.repos import is_test_file
 from swerl.data.schema import TaskInstance
 from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.errors import InfraError
+from swerl.grading.harbor_verifier import run_verifier
 from swerl.grading.harness import read_harness_log
 from swerl.grading.plan import grading_plan
 from swerl.sandbox.base import IGNORED_AT_START, Sandbox, SandboxProvider

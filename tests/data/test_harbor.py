@@ -30,12 +30,12 @@ from swerl.data.harbor import (
     harbor_reference_patch,
     load_harbor_task,
     run_solution,
-    run_verifier,
 )
 from swerl.data.micro import micro_repo_spec
 from swerl.data.schema import TaskInstance
 from swerl.errors import InfraError
 from swerl.grading.grader import RESOLVED_FULL, Grade, grade_patch, start_task_sandbox
+from swerl.grading.harbor_verifier import run_verifier
 from swerl.sandbox.base import SandboxProvider
 from swerl.sandbox.images import BASE_IMAGE
 from tests.sandbox_backends import docker_unavailable
