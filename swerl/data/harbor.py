@@ -200,6 +200,7 @@ def load_harbor_task(
     hash, verifier `harbor://<absolute directory>`, FAIL_TO_PASS [VERIFIER_TEST_ID], a fix-kind patch that is
     `reference_patch` (empty unless given: harbor_reference_patch makes it from solution/solve.sh).
     """
+    # Over 60 lines: task.toml's sections read in one place, each error naming its file and key.
     root = Path(task_dir).resolve()
     if not root.is_dir():
         raise HarborFormatError(f"{root}: not a directory")
@@ -472,6 +473,7 @@ def export_harbor_task(
     solution/solve.sh applies the reference fix (a bug-kind task's patch reversed). A test.sh that crashes
     writes no reward (a crashed verifier is not reward 0). `base_image` must hold what the test command needs
     (swerl-base has no pytest: micro tasks' run_tests.py needs none)."""
+    # Over 60 lines: the format's files written in its order: environment, instruction, tests, solution.
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")

@@ -51,6 +51,7 @@ def model_checks(
 
 
 def port_checks(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer_gpus: list[int]) -> None:
+    # Over 60 lines: every process's line and its fixed ports in one pass, so a clash shows across all owners.
     c, e = cfg.cluster, cfg.engine
     per_node = max(c.gpus_per_node, 1)
     engines = engine_count(cfg)

@@ -166,6 +166,7 @@ def gpu_memory_lines(
     trainer_gpus: list[int],
     cuda_stages: dict[str, DistributedConfig],
 ) -> None:
+    # Over 60 lines: the engines' GPUs then the trainer's, each a straight loop over nodes under one budget.
     c, e = cfg.cluster, cfg.engine
     per_node = c.gpus_per_node
     gpu_bytes = c.gpu_memory_gib * GIB
@@ -245,6 +246,7 @@ def host_memory_lines(
     host_source: str,
 ) -> None:
     """Per node, the peak over stages of what its host holds (this module's docstring)."""
+    # Over 60 lines: one table of what each stage puts on each node's host, then one check per node.
     c, e = cfg.cluster, cfg.engine
     per_node = max(c.gpus_per_node, 1)
     nodes = c.nodes if c.gpus_per_node else 1

@@ -43,6 +43,7 @@ def place(
 ) -> tuple[list[int], list[int]]:
     """The engines' and the trainer's GPUs (global indices: node x gpus_per_node + index), with the checks that
     they exist: enough GPUs, engines within their nodes, one trainer rank per trainer GPU."""
+    # Over 60 lines: GPU count, engine nodes, trainer GPUs and rank checks all read one set of indices.
     c, e = cfg.cluster, cfg.engine
     per_node = c.gpus_per_node
     engine_each = engine_gpus_each(cfg)

@@ -351,6 +351,7 @@ class LocalSandboxProvider(BubblewrapRuntime):
         self, env_dir: Path, setup_patch: str | None, env: Mapping[str, str]
     ) -> SupervisedSandbox:
         """A sandbox from the supervisor: its init copies env_dir into the workspace; git runs as its first commands."""
+        # Over 60 lines: the start and its setup steps share one cleanup: any failure closes the sandbox.
         assert self._launcher is not None
         uid = self._new_uid()
         root = self._launcher.mount_point
