@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +28,10 @@ for _var in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "AWS_PROFI
     os.environ.pop(_var, None)
 
 from swerl import services  # noqa: E402 - after the environment above
+
+if TYPE_CHECKING:
+    from tests.stage_helpers import Env
+    from tests.tiny_models import TinyModels
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -133,6 +138,25 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """Where a test module runs stages (tests/stage_helpers.py): a file:// store and a sqlite MLflow of its own."""
+    from swerl.storage import Store
+    from swerl.tracking import Tracker
+    from tests.stage_helpers import Env
+
+    root = tmp_path_factory.mktemp("stages")
+    return Env(Store(f"file://{root}/store"), Tracker(f"sqlite:///{root}/mlflow.db", "stages-test"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(_session_dir: Path) -> TinyModels:
+    """Tiny Qwen3 models and their tokenizers (tests/tiny_models.py), each made once per session and shared."""
+    from tests.tiny_models import TinyModels
+
+    return TinyModels(_session_dir / "tiny-models")
 
 
 @pytest.fixture(scope="module")

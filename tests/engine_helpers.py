@@ -1,10 +1,10 @@
-"""Shared by the engine tests: tiny models on disk and real engine processes on 127.0.0.1, stopped by pid."""
+"""Shared by the engine tests: what their tiny models are made of (the models: tests/engine/conftest.py), real
+engine processes on 127.0.0.1 stopped by pid, clients, routers and requests."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,23 +14,14 @@ from swerl.engine.base import GenerateRequest, SamplingParams
 from swerl.engine.client import EngineClient
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec
 from swerl.engine.router import Router
-from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
-from swerl.services import Service, free_port
+from swerl.services import Service
 
 CORPUS = [
     "def add(left, right):\n    return left + right\n",
     "for index in range(10):\n    total += index * 2  # 3.14 != 2.71\n",
     "task 0: name a letter\nthe quick brown fox jumps over the lazy dog\n",
 ]
-MODEL: dict[str, Any] = dict(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=256,
-)
+POSITIONS = 256  # the models' (tests.tiny_models.DENSE, hidden 96 for "wide")
 CONTEXT = 128
 VOCAB = 300
 
@@ -57,16 +48,6 @@ def make_router(clients: list[EngineClient], **args: Any) -> Router:
     return Router(clients, **(ROUTER_ARGS | args))
 
 
-def make_models(root: Path) -> dict[str, Path]:
-    """Two same-architecture tiny models (v0, v1) and one of another architecture (wide)."""
-    tokenizer = train_tokenizer(CORPUS * 20, vocab_size=VOCAB, out_dir=root / "tokenizer")
-    dirs = {}
-    for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96)):
-        model = build_tiny_model(tokenizer, **{**MODEL, "hidden_size": hidden}, seed=seed)
-        dirs[name] = save_model_and_tokenizer(model, tokenizer, root / name)
-    return dirs
-
-
 def launch_local(model_dir: Path, num_engines: int, log_dir: Path, **spec: Any) -> EngineLauncher:
     """num_engines real local engine servers (python -m swerl.engine.server), healthy on return."""
     options = dict(max_batch_size=8, max_context_tokens=CONTEXT, threads=1, seed=0) | spec
@@ -79,18 +60,6 @@ def launch_local(model_dir: Path, num_engines: int, log_dir: Path, **spec: Any) 
     )
     asyncio.run(launcher.start())
     return launcher
-
-
-def launch_emulated(log_dir: Path, latency_s: float = 0.05, output_tokens: int = 4) -> Service:
-    """The latency-emulating engine server (no model) in its own process."""
-    port = free_port()
-    argv = [sys.executable, "-m", "swerl.engine.emulated_server", "--port", str(port),
-            "--latency-s", str(latency_s), "--output-tokens", str(output_tokens)]  # fmt: skip
-    service = Service(
-        f"emulated-{port}", argv, f"http://127.0.0.1:{port}/health", log_dir / f"emulated-{port}.log"
-    )
-    service.stop_timeout_s = 5
-    return service.start()
 
 
 def base_url(service: Service) -> str:

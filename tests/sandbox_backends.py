@@ -144,9 +144,9 @@ def containers(provider_id: str) -> list[str]:
 
 
 def e2b_fake_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
-    """The e2b backend against a FAKE of the e2b SDK (tests/e2b_fake.py): the cloud is not reachable here."""
+    """The e2b backend against a FAKE of the e2b SDK (tests/doubles.py): the cloud is not reachable here."""
     pytest.importorskip("e2b")
-    from tests.e2b_fake import FakeAsyncSandbox
+    from tests.doubles import FakeAsyncSandbox
 
     root = scratch / "e2b-vms"
     root.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,11 @@ from swerl.data.testrun import passing, run_pytest
 from swerl.engine.base import SamplingParams
 from swerl.engine.scripted import ScriptedEngine
 from swerl.model.chat import render_messages
-from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call
 from swerl.sandbox import LocalSandboxProvider
 from swerl.trajectory import EpisodeStatus, Trajectory
 from tests.sandbox_helpers import local_provider
+from tests.tiny_models import TinyModels
 
 REPO = builtin_repo("intervals")
 BASE_LIMITS = EpisodeLimits(
@@ -56,13 +56,11 @@ def provider() -> LocalSandboxProvider:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+def tokenizer(tiny_models: TinyModels) -> PreTrainedTokenizerBase:
     source = "\n".join(p.read_text() for p in sorted(REPO.path.rglob("*.py")))
     calls = [format_tool_call("bash", {"command": TEST_COMMAND}), format_tool_call("submit", {})]
     corpus = [system_prompt(), source, *calls, "sed -i '12s/ <= / < /' a.py\n1 failed, 22 passed in 0.05s\n"]
-    out = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(corpus * 5, vocab_size=700, out_dir=out)
-    return AutoTokenizer.from_pretrained(out, local_files_only=True)
+    return AutoTokenizer.from_pretrained(tiny_models.tokenizer_dir(corpus * 5, 700), local_files_only=True)
 
 
 async def _task_from_candidate(

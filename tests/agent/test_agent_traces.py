@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from swerl.agent.tools import TOOL_SPECS, number_lines, system_prompt, truncate_middle
+from swerl.agent.tools import TOOL_SPECS, number_lines, truncate_middle
 from swerl.agent.traces import (
     load_trace_rows,
     normalize_messages,
@@ -19,16 +19,8 @@ from swerl.agent.traces import (
     xml_to_tool_style,
 )
 from swerl.model.chat import render_messages
-from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call, parse_tool_call
 from swerl.trajectory import EpisodeStatus, Trajectory
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
-    out = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer([system_prompt(), format_tool_call("bash", {"command": "ls -la"})] * 10, 400, out)
-    return AutoTokenizer.from_pretrained(out, local_files_only=True)
 
 
 def _trajectory(**overrides: object) -> Trajectory:

@@ -9,8 +9,7 @@ from swerl.agent.episode import EpisodeLimits
 from swerl.agent.oracle import generate_oracle_traces
 from swerl.data.environments import environment_order
 from swerl.data.schema import TaskInstance
-from swerl.errors import InfraError
-from swerl.sandbox.base import Environment, ImageEnvironment, Sandbox
+from tests.doubles import RefusingProvider
 
 PATCH = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 
@@ -31,21 +30,9 @@ def test_environment_order_groups_by_first_need_and_keeps_order_within() -> None
     assert environment_order([]) == []
 
 
-class _RecordingProvider:
-    """Refuses every start (so each task is an infra skip) and records which environment was asked for."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    async def start(self, env_dir: Environment, setup_patch: str | None = None) -> Sandbox:
-        self.started.append(env_dir.image if isinstance(env_dir, ImageEnvironment) else str(env_dir))
-        await asyncio.sleep(0)
-        raise InfraError("start_failed", f"refused {env_dir}")
-
-
 def test_oracle_starts_tasks_by_environment_and_reports_in_task_order() -> None:
     image_tasks = [t for t in TASKS if t.image.startswith("docker://")]
-    provider = _RecordingProvider()
+    provider = RefusingProvider()
     limits = EpisodeLimits(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
                            command_timeout_s=5, max_observation_chars=200, test_timeout_s=5, episode_timeout_s=5)  # fmt: skip
     traces, report = asyncio.run(

@@ -25,7 +25,6 @@ from swerl.model.toolcall import ToolCall, parse_tool_call
 from swerl.sandbox.process import shell_command
 from swerl.stages.runner import load_manifest
 from swerl.stages.traces import TracesStage, run_traces
-from tests.agent.test_agent_traces import tokenizer  # noqa: F401 - the module's fixture, shared
 from tests.stages.test_stages import AGENT, Env, env, stage_key_of  # noqa: F401 - the stages' fixture and config, shared
 
 Message = dict[str, Any]
@@ -197,7 +196,7 @@ def _rows(messages_of: Callable[[list[Message]], list[Message]]) -> list[dict[st
 
 
 def test_mixed_string_and_part_content_loads_and_trains_like_string_content(
-    tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
 ) -> None:
     mixed_rows, plain_rows = _rows(_with_parts), _rows(lambda m: m)

@@ -22,7 +22,8 @@ from swerl.engine.base import Engine, InvalidRequestError, WeightUpdateError
 from swerl.engine.client import EngineClient
 from swerl.errors import InfraError
 from swerl.services import free_port
-from tests.engine_helpers import base_url, greedy, launch_emulated, make_client, post
+from tests.doubles import launch_emulated
+from tests.engine_helpers import base_url, greedy, make_client, post
 
 LATENCY_S = 0.3
 

@@ -19,11 +19,11 @@ from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.factory import open_engine, server_spec
 from swerl.engine.launcher import EngineLauncher, LocalServerSpec, SGLangSpec, sglang_available
 from swerl.engine.router import Router
-from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
+from swerl.model.loading import save_model_and_tokenizer
 from swerl.rollout.groups import rollout_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
-from tests.engine_helpers import LAUNCHER_ARGS, MODEL, greedy, process_gone, prompt_of
+from tests.engine_helpers import LAUNCHER_ARGS, greedy, process_gone, prompt_of
+from tests.tiny_models import TinyModels, tiny_qwen3
 from tests.trainer_helpers import grpo_trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -91,15 +91,15 @@ CORPUS = [
 
 @pytest.mark.slow
 def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_models: TinyModels
 ) -> None:
     """The done-when: GRPO with the engines as two local server processes behind the router (through
     open_engine, as the stages get them): both serve, every token is from the latest weights, reward rises, and
     the engines stop by pid at the end."""
     started = time.perf_counter()
     steps, num_tasks, attempts = 12, 8, 8
-    tokenizer = train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=tmp_path / "tokenizer")
-    model = build_tiny_model(tokenizer, **{**MODEL, "max_position_embeddings": 128}, seed=0)
+    tokenizer = tiny_models.tokenizer(CORPUS * 20, vocab_size=300)
+    model = tiny_qwen3(tokenizer, 128)
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "init")
     letters = frozenset(
         tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghijklmnopqrstuvwxyz"
@@ -169,7 +169,7 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
 
 
 @pytest.mark.slow
-def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path) -> None:
+def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path, tiny_models: TinyModels) -> None:
     """Real agent episodes (bubblewrap sandboxes, tools, grading) against two local engine processes behind the
     router: token in, token out over HTTP; every sampled token tagged with the served version; both engines used."""
     from swerl.agent.episode import EpisodeLimits, run_episode
@@ -187,8 +187,8 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path) -> None
         patch=candidate.bug_patch, patch_kind="bug", FAIL_TO_PASS=["tests/test_core.py::test_never_exists"],
         PASS_TO_PASS=[], image=repo.image, source="test", modifier=candidate.modifier,
     )  # fmt: skip
-    tokenizer = train_tokenizer([system_prompt(), source] * 5, vocab_size=400, out_dir=tmp_path / "tokenizer")
-    model = build_tiny_model(tokenizer, **{**MODEL, "max_position_embeddings": 2048}, seed=0)
+    tokenizer = tiny_models.tokenizer([system_prompt(), source] * 5, vocab_size=400)
+    model = tiny_qwen3(tokenizer, 2048)
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "policy")
     cfg = EngineConfig(kind="http_local", num_engines=2, max_context_tokens=2048, startup_timeout_s=240)
     limits = EpisodeLimits(

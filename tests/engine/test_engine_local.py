@@ -24,9 +24,9 @@ from swerl.engine.base import (
 from swerl.engine.batching import sample_rows, sample_token
 from swerl.engine.local import LocalEngine
 from swerl.errors import InfraError
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
+from swerl.model.loading import load_model_and_tokenizer, save_model_and_tokenizer
 from swerl.train.grpo import gather_logprobs
+from tests.tiny_models import MOE, TinyModels
 
 CORPUS = [
     "def add(left, right):\n    return left + right\n",
@@ -34,15 +34,7 @@ CORPUS = [
     "sed -n 12,14p mod.py && sed -i '13s/ <= / < /' mod.py\n",
     "FAILED tests/test_mod.py::test_clamp - assert 5 == 4\n1 failed, 2 passed in 0.03s\n",
 ]
-MODEL: dict[str, Any] = dict(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=512,
-)
-CONTEXT = 512
+CONTEXT = 512  # the engine's and the tiny models' positions
 ALIGNMENT_TOLERANCE = 1e-4  # fp32: incremental decode vs one full forward differ by float rounding only
 PADDING_TOLERANCE = 1e-5  # the same request alone vs left-padded in a batch
 T = TypeVar("T")
@@ -53,16 +45,14 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def model_dirs(tiny_models: TinyModels) -> dict[str, Path]:
     """Two same-architecture tiny models (policy versions), one of another architecture and a tiny Qwen3-MoE."""
-    root = tmp_path_factory.mktemp("engine-models")
-    tokenizer = train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=root / "tokenizer")
-    dirs = {}
-    for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96)):
-        model = build_tiny_model(tokenizer, **{**MODEL, "hidden_size": hidden}, seed=seed)
-        dirs[name] = save_model_and_tokenizer(model, tokenizer, root / name)
-    moe = build_tiny_model(tokenizer, **MODEL, moe=True, num_experts=4, num_experts_per_tok=2, seed=3)
-    dirs["moe"] = save_model_and_tokenizer(moe, tokenizer, root / "moe")
+    tokenizer = tiny_models.tokenizer(CORPUS * 20, vocab_size=300)
+    dirs = {
+        name: tiny_models.saved(tokenizer, CONTEXT, seed, hidden_size=hidden)
+        for name, seed, hidden in (("v0", 0, 64), ("v1", 1, 64), ("wide", 2, 96))
+    }
+    dirs["moe"] = tiny_models.saved(tokenizer, CONTEXT, 3, **MOE)
     return dirs
 
 

@@ -20,16 +20,11 @@ from swerl.engine.launcher import EngineLauncher
 from swerl.engine.router import Router
 from swerl.errors import InfraError
 from swerl.services import free_port
-from tests.engine_helpers import greedy, launch_local, make_client, make_models, make_router, prompt_of
+from tests.engine_helpers import greedy, launch_local, make_client, make_router, prompt_of
 
 CONTEXT = 256
 T = TypeVar("T")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -24,17 +24,11 @@ from tests.engine_helpers import (
     greedy,
     launch_local,
     make_client,
-    make_models,
     post,
     prompt_of,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -49,13 +49,12 @@ from swerl.model.loading import load_model_and_tokenizer
 from swerl.rollout.staleness import StalenessPolicy, oldest_version, staleness, triage_group
 from swerl.services import Service
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.doubles import launch_emulated
 from tests.engine_helpers import (
     base_url,
     greedy,
-    launch_emulated,
     launch_local,
     make_client,
-    make_models,
     make_router,
     prompt_of,
 )
@@ -66,11 +65,6 @@ CONTEXT = 128
 TIMEOUT_S = 60.0
 BUCKET_BYTES = 64 * 1024  # the tiny model (~440 KB) travels in several buckets
 PROMPTS = [prompt_of(7, offset) for offset in range(3)]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
 
 
 def weights(model_dir: Path) -> dict[str, torch.Tensor]:

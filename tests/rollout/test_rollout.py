@@ -4,14 +4,13 @@ infrastructure failures.
 
 Everything is real except two edges: the engine (swerl.engine.emulated: no model behind it, its latencies and
 tool calls follow the recipe's profile) and, in the failure test, wrappers at the Engine and SandboxProvider
-protocol boundaries that raise an engine 503 or timeout and kill a real sandbox mid-command. The agent loop,
-bubblewrap sandboxes, grading, the store, the trainer (a tiny model) and the manager run for real.
+protocol boundaries that raise an engine 503 or timeout and kill a real sandbox mid-command (tests/doubles.py).
+The agent loop, bubblewrap sandboxes, grading, the store, the trainer (a tiny model) and the manager run for real.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,21 +24,19 @@ from swerl.agent.episode import EpisodeLimits
 from swerl.config import ConfigError, load_config
 from swerl.data.environments import task_environment
 from swerl.data.schema import TaskInstance
-from swerl.engine.base import Engine, GenerateRequest, GenerateResponse
+from swerl.engine.base import Engine
 from swerl.engine.emulated import EmulatedEngine, EpisodeProfile
-from swerl.errors import InfraError
-from swerl.model.loading import build_tiny_model
 from swerl.rollout.async_loop import AsyncSettings, Batch, BudgetSpent, collect_batch, train_async
 from swerl.rollout.journal import FinishedAttempt, JournalState, Ledger, RolloutJournal
 from swerl.rollout.longtail import longtail_stats, tail_share
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
-from swerl.sandbox.base import ExecResult, Sandbox
-from swerl.sandbox.local import LocalSandboxProvider
 from swerl.storage import Store
 from swerl.train.grpo_trainer import score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.doubles import CountingTrainer, FailingEngine, KillingProvider, VersionEngine
 from tests.sandbox_helpers import local_provider, pool_around
+from tests.tiny_models import SMALL, tiny_qwen3
 from tests.trainer_helpers import grpo_trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
@@ -331,8 +328,7 @@ def test_the_async_loop_keeps_to_its_time_budget(
         {seq: (0, finished_group(seq, [1, 0], float(seq))) for seq in range(finished_groups)},
         finished_groups - 1,
     )
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                             intermediate_size=64, max_position_embeddings=2048, seed=0)  # fmt: skip
+    model = tiny_qwen3(tokenizer, 2048, shape=SMALL)
     trainer = grpo_trainer(model, lr=1e-3, seed=0)
     step = trainer.train_step
 
@@ -428,86 +424,6 @@ def test_manager_keeps_trajectories_in_flight_and_real_grading_scores_them(
             )
             assert stored.trajectory == t  # persisted as it finished
     assert counts == {}
-
-
-CURRENT_RETRY: contextvars.ContextVar[int] = contextvars.ContextVar("current_retry", default=0)
-"""The try of the episode running in this task (set by FailingEngine from the request id)."""
-
-
-class FailingEngine:
-    """Engine boundary fault, on every try of chosen attempts: HTTP 503 (engine_http) or a timeout (engine_timeout).
-    Even groups lose attempt 1 (503 when seq % 4 == 0, else a timeout); odd groups lose attempts 0 (503) and 1
-    (timeout), leaving one valid attempt: no baseline, the group is dropped."""
-
-    @staticmethod
-    def cause(seq: int, attempt: int) -> str | None:
-        if seq % 2 == 0:
-            return ("engine_http" if seq % 4 == 0 else "engine_timeout") if attempt == 1 else None
-        return {0: "engine_http", 1: "engine_timeout"}.get(attempt)
-
-    def __init__(self, inner: EmulatedEngine) -> None:
-        self.inner = inner
-
-    async def generate(self, request: GenerateRequest) -> GenerateResponse:
-        group, attempt, retry = (request.rid or "").split("/")
-        CURRENT_RETRY.set(
-            int(retry)
-        )  # the episode's own task context: its sandbox reads it (KillableSandbox)
-        cause = self.cause(int(group[1:]), int(attempt))
-        if cause == "engine_http":
-            raise InfraError("engine_http", "HTTP 503 Service Unavailable")
-        if cause == "engine_timeout":
-            raise InfraError("engine_timeout", "no response in 60 s")
-        return await self.inner.generate(request)
-
-    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        await self.inner.update_weights_from_disk(model_path, weight_version)
-
-    async def health(self) -> bool:
-        return True
-
-
-class KillableSandbox:
-    """Sandbox boundary fault: when told to, the real sandbox is closed (its processes killed) while its first
-    command runs, which the real backend reports as InfraError(sandbox_died). A retry's sandbox is never killed
-    (which first command a retry's is depends on timing: killing it too would make the failure permanent)."""
-
-    def __init__(self, inner: Sandbox, provider: KillingProvider) -> None:
-        self.inner, self.provider, self.commands = inner, provider, 0
-
-    async def exec(self, cmd: str, timeout: float, cwd: str | None = None) -> ExecResult:
-        self.commands += 1
-        if self.commands > 1 or CURRENT_RETRY.get() > 0 or not self.provider.kill_next():
-            return await self.inner.exec(cmd, timeout, cwd)
-        running = asyncio.ensure_future(self.inner.exec("sleep 5; " + cmd, timeout, cwd))
-        # Its failure is seen even if this task is cancelled before it awaits it.
-        running.add_done_callback(lambda f: f.cancelled() or f.exception())
-        await asyncio.sleep(0.2)
-        await self.inner.close()
-        return await running
-
-    async def read_file(self, path: str) -> str:
-        return await self.inner.read_file(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        await self.inner.write_file(path, content)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-class KillingProvider:
-    """Kills the 1st, 6th, 11th, ... first try's sandbox that runs a command (a transient failure: the retry works)."""
-
-    def __init__(self, inner: LocalSandboxProvider) -> None:
-        self.inner, self.first_commands = inner, 0
-
-    def kill_next(self) -> bool:
-        self.first_commands += 1
-        return self.first_commands % 5 == 1
-
-    async def start(self, env_dir: Path, setup_patch: str | None = None) -> Sandbox:
-        return KillableSandbox(await self.inner.start(env_dir, setup_patch), self)
 
 
 def test_a_group_opened_before_its_warm_up_is_not_warmed() -> None:
@@ -606,8 +522,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
     provider = KillingProvider(local_provider(git_baseline=True))
     episode = agent_episode(provider, tokenizer, LIMITS, 1, counts)
     engine = FailingEngine(EmulatedEngine(tokenizer, PROFILE, seed=5))
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                             intermediate_size=64, max_position_embeddings=2048, seed=0)  # fmt: skip
+    model = tiny_qwen3(tokenizer, 2048, shape=SMALL)
     trainer = grpo_trainer(model, lr=1e-3, seed=0)
     trained: list[list[list[Trajectory]]] = []
     step = trainer.train_step
@@ -677,40 +592,6 @@ def test_histograms_are_written_as_an_image_and_raw_values(tmp_path: Path) -> No
 
 # ----------------------------------------------------------------------------------------------------------------
 # Batches with nothing trainable are not steps
-
-
-class CountingTrainer:
-    """A PolicyTrainer that counts its updates (what matters here is whether the loop calls it)."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.trained: list[list[list[Trajectory]]] = []
-
-    def train_step(self, groups: Any) -> dict[str, float]:
-        self.trained.append([list(group) for group in groups])
-        self.step += 1
-        return {
-            "groups_dropped": 0.0,
-            "time_update_s": 0.0,
-            "time_logprob_recompute_s": 0.0,
-            "reward_mean": 0.0,
-        }
-
-    def scored_attempts(self) -> list[tuple[str, int]]:
-        return [(t.group_id, t.attempt) for group in self.trained[-1] for t in group if t.reward is not None]
-
-    def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
-        path = Path(out_dir) / f"v{self.step}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-
-class VersionEngine:
-    def __init__(self) -> None:
-        self.versions: list[int] = []
-
-    async def update_weights_from_disk(self, path: str, version: int) -> None:
-        self.versions.append(version)
 
 
 def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_stage(tmp_path: Path) -> None:

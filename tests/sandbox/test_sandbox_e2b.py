@@ -1,4 +1,4 @@
-"""The e2b backend against a FAKE of the e2b SDK (tests/e2b_fake.py): the cloud cannot be reached from here.
+"""The e2b backend against a FAKE of the e2b SDK (tests/doubles.py): the cloud cannot be reached from here.
 
 The fake is only the SDK boundary (AsyncSandbox.create / commands.run / files / kill with the SDK's shapes and
 exception classes); swerl.sandbox.e2b, the tar upload, the setup patch, git and the commands themselves run for
@@ -19,7 +19,7 @@ pytest.importorskip("e2b")
 from swerl.errors import InfraError  # noqa: E402
 from swerl.sandbox.base import Sandbox, SandboxProvider  # noqa: E402
 from swerl.sandbox.e2b import E2BSandboxProvider  # noqa: E402
-from tests.e2b_fake import FakeAsyncSandbox  # noqa: E402
+from tests.doubles import FakeAsyncSandbox  # noqa: E402
 from tests.sandbox_helpers import e2b_provider, pool_around  # noqa: E402
 
 PATCH = (

@@ -9,19 +9,14 @@ import pytest
 
 from swerl.model_logging import MAX_NEW_TOKENS_DEFAULT, log_and_register, registered_model_name
 from swerl.tracking import Tracker
+from tests.tiny_models import SMALL, TinyModels
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
-    from swerl.model.tokenizer import train_tokenizer
-
-    root = tmp_path_factory.mktemp("ckpt")
-    tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, 300, root / "tok")
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                             intermediate_size=64, max_position_embeddings=128)  # fmt: skip
-    save_model_and_tokenizer(model, tokenizer, root / "model")
-    return root / "model"
+def checkpoint(tiny_models: TinyModels) -> Path:
+    """A tiny Qwen3 (one layer, 2 heads) saved with its tokenizer."""
+    tokenizer = tiny_models.tokenizer(["def f(x):\n    return x + 1\n"] * 20, 300)
+    return tiny_models.saved(tokenizer, 128, shape=SMALL, num_heads=2, num_kv_heads=1)
 
 
 def test_model_is_logged_with_signature_registered_and_loads(

@@ -11,27 +11,24 @@ import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from swerl.model.loading import build_tiny_model
-from swerl.model.tokenizer import train_tokenizer
 from swerl.train.packing import PACKED_SDPA, concatenate, kept_logits, sequence_bounds, use_packed_attention
+from tests.tiny_models import TinyModels, tiny_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+def tokenizer(tiny_models: TinyModels) -> PreTrainedTokenizerBase:
     corpus = [
         "def add(left, right):\n    return left + right\n",
         "the quick brown fox jumps over the lazy dog\n",
     ]
-    return train_tokenizer(corpus * 20, vocab_size=300, out_dir=tmp_path_factory.mktemp("tokenizer"))
+    return tiny_models.tokenizer(corpus * 20, vocab_size=300)
 
 
-def tiny_model(tokenizer: PreTrainedTokenizerBase, moe: bool = False) -> PreTrainedModel:
-    return build_tiny_model(
-        tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-        max_position_embeddings=256, seed=0, moe=moe,
-    ).eval()  # fmt: skip
+def eval_model(tokenizer: PreTrainedTokenizerBase, moe: bool = False) -> PreTrainedModel:
+    """The tiny model (256 positions, seed 0) in eval mode."""
+    return tiny_qwen3(tokenizer, 256, moe=moe).eval()
 
 
 def test_sequence_bounds_split_at_every_restart() -> None:
@@ -42,7 +39,7 @@ def test_sequence_bounds_split_at_every_restart() -> None:
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_a_packed_row_gives_each_sequence_its_lone_logits(tokenizer, moe: bool) -> None:
-    model = use_packed_attention(tiny_model(tokenizer, moe))
+    model = use_packed_attention(eval_model(tokenizer, moe))
     assert model.config._attn_implementation == PACKED_SDPA
     generator = torch.Generator().manual_seed(0)
     sequences = [
@@ -71,7 +68,7 @@ def test_a_packed_row_gives_each_sequence_its_lone_logits(tokenizer, moe: bool) 
 
 
 def test_a_switched_model_keeps_padding_masks_and_the_kv_cache_exact(tokenizer, tmp_path: Path) -> None:
-    plain = tiny_model(tokenizer)
+    plain = eval_model(tokenizer)
     switched = use_packed_attention(copy.deepcopy(plain))
     ids = torch.randint(0, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
     attention_mask = torch.ones_like(ids)
