@@ -48,7 +48,8 @@ from swerl.rollout.staleness import StalenessPolicy
 from swerl.sandbox.base import SandboxProvider
 from swerl.stages.common import episode_with_retries, sandbox_provider
 from swerl.stages.grpo import update_settings
-from swerl.train.grpo_trainer import GRPOTrainer, Trainer
+from swerl.train.grpo_step import Trainer
+from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.trainer_process import TrainerProcess
 from swerl.trajectory import EpisodeStatus, Trajectory
 

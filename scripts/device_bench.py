@@ -247,7 +247,8 @@ def bench_grpo(
 ) -> tuple[dict[str, Any], Any]:
     from swerl.config.grpo import GRPOAlgorithmConfig
     from swerl.model.tokenizer import train_tokenizer
-    from swerl.train.grpo_trainer import GRPOTrainer, UpdateSettings
+    from swerl.train.grpo_step import UpdateSettings
+    from swerl.train.grpo_trainer import GRPOTrainer
 
     seq_len = shape["seq_len"]
     model = build_model(shape, ctx.device)
@@ -534,10 +535,10 @@ def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str
     from swerl.config.train import DistributedConfig
     from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
     from swerl.model.tokenizer import train_tokenizer
-    from swerl.train import megatron_backend
-    from swerl.train.grpo_trainer import UpdateSettings
+    from swerl.train import megatron_backend, megatron_settings
+    from swerl.train.grpo_step import UpdateSettings
 
-    missing = megatron_backend.missing_pieces()
+    missing = megatron_settings.missing_pieces()
     if missing:
         return {"skipped": "; ".join(missing)}
     tokenizer = train_tokenizer(
@@ -564,7 +565,7 @@ def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str
     seconds = time.perf_counter() - started
     return {"build_s": build_s, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
             "loss_last": last.get("loss"), "grad_norm_last": last.get("grad_norm"),
-            "transformer_engine": megatron_backend.has_transformer_engine()}  # fmt: skip
+            "transformer_engine": megatron_settings.has_transformer_engine()}  # fmt: skip
 
 
 def rank_context_env() -> None:

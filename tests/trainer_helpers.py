@@ -10,7 +10,8 @@ from transformers import PreTrainedModel
 
 from swerl.config.grpo import GRPOAlgorithmConfig
 from swerl.stages.grpo import update_settings
-from swerl.train.grpo_trainer import GRPOTrainer, UpdateSettings
+from swerl.train.grpo_step import UpdateSettings
+from swerl.train.grpo_trainer import GRPOTrainer
 
 SETTING_NAMES = frozenset(field.name for field in dataclasses.fields(UpdateSettings))
 

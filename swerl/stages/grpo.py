@@ -59,9 +59,10 @@ from swerl.stages.common import (
 from swerl.stages.grpo_async import AsyncGRPO
 from swerl.stages.grpo_eval import CheckpointEvaluator, checkpoint_evaluator
 from swerl.stages.runner import StageContext, StageResult
-from swerl.train.checkpoint import CheckpointMirror
+from swerl.train.checkpoint import CheckpointMirror, StreamPosition
 from swerl.train.distributed import RankContext, device_of, init_rank, load_sharded_model
-from swerl.train.grpo_trainer import GRPOTrainer, Trainer, UpdateSettings
+from swerl.train.grpo_step import Trainer, UpdateSettings
+from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.ranks import DistributedTrainer
 from swerl.train.trainer_process import TrainerProcess
 from swerl.trajectory import Trajectory
@@ -641,8 +642,10 @@ def save(
         if asynchronous
         else (trainer.step + skipped_batches) * g.schedule.tasks_per_step
     )
-    path = trainer.save(durable.local_root, epoch=position // num_tasks, example_index=position % num_tasks,
-                        num_examples=num_tasks, keep_last=durable.keep)  # fmt: skip
+    stream = StreamPosition(
+        epoch=position // num_tasks, example_index=position % num_tasks, num_examples=num_tasks
+    )
+    path = trainer.save(durable.local_root, stream, keep_last=durable.keep)
     save_failure_counts(path, counts)
     (path / SCHEDULE_FILE).write_text(
         json.dumps({"elapsed_s": elapsed_s, "skipped_batches": skipped_batches})

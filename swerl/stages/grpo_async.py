@@ -21,7 +21,7 @@ from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
 from swerl.rollout.step import DistributedWeights
 from swerl.stages.runner import StageContext
-from swerl.train.grpo_trainer import Trainer
+from swerl.train.grpo_step import Trainer
 from swerl.trajectory import Trajectory
 
 

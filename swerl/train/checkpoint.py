@@ -73,8 +73,21 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
 @dataclass(frozen=True)
+class StreamPosition:
+    """What a checkpoint remembers of where the data stream is: the next example (an epoch and an index into that
+    epoch's order) and which stream it is (a resume on other data is refused). The SFT trainer keeps its own; the
+    GRPO stage hands its task-stream position to the trainer's `save`."""
+
+    epoch: int  # pass over the data the next example comes from
+    example_index: int  # index into that epoch's (shuffled) order of the next example not yet used
+    num_examples: int  # examples (tasks) in one epoch
+    data_fingerprint: str = ""  # hash of the kept examples' tokens and masks (SFT); "" where there is none
+
+
+@dataclass(frozen=True)
 class TrainerState:
-    """Where a run stands after `step` optimizer steps; the data position is the next example to pack."""
+    """Where a run stands after `step` optimizer steps; the data position is the next example to pack. Flat, as
+    it is written to trainer_state.pt/.json (`position` and `at` give its StreamPosition part)."""
 
     step: int  # optimizer steps done; also the scheduler position (the lr is a pure function of it)
     epoch: int  # pass over the data the next example comes from
@@ -82,6 +95,28 @@ class TrainerState:
     shuffle_seed: int  # the order of epoch e is a permutation drawn from (shuffle_seed, e)
     num_examples: int  # examples kept after preparation: a resume on other data is refused
     data_fingerprint: str  # hash of the kept examples' tokens and masks
+
+    @classmethod
+    def at(cls, step: int, seed: int, position: StreamPosition) -> TrainerState:
+        """The state of a trainer seeded with `seed` after `step` steps, its data stream at `position`."""
+        return cls(
+            step,
+            position.epoch,
+            position.example_index,
+            seed,
+            position.num_examples,
+            position.data_fingerprint,
+        )
+
+    @property
+    def position(self) -> StreamPosition:
+        return StreamPosition(self.epoch, self.example_index, self.num_examples, self.data_fingerprint)
+
+
+def check_seed(state: TrainerState, seed: int, path: str | Path) -> None:
+    """A checkpoint resumes only the run it was trained in: its seed (which drew every data order) must be this one's."""
+    if state.shuffle_seed != seed:
+        raise ValueError(f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {seed}")
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -177,38 +177,57 @@ def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> float:
     return float((values * mask).sum() / count)
 
 
-def _check_loss_bounds(
-    clip_eps_low: float, clip_eps_high: float, tis_cap: float, mis_low: float, mis_high: float | None
-) -> None:
+@dataclass(frozen=True)
+class LossSettings:
+    """What shapes policy_loss, as one record: built once from the resolved grpo.algorithm
+    (UpdateSettings.loss_settings), held by the trainers and passed to every call. The defaults are the corrections
+    switched off (token level, no MIS, no KL), grpo.algorithm's defaults too.
+
+    clip_eps_low, clip_eps_high: the PPO ratio's clip range [1 - low, 1 + high].
+    tis_cap: truncation of the importance weight exp(old - behaviour); tis_level token or sequence.
+    mis_low, mis_high: masked importance sampling bounds (mis_high None: off); mis_level token or sequence.
+    kl_coef: weight of the k3 KL penalty (used only where reference log-probs are given).
+    """
+
+    clip_eps_low: float
+    clip_eps_high: float
+    tis_cap: float
+    tis_level: ISLevel = "token"
+    mis_low: float = 0.0
+    mis_high: float | None = None
+    mis_level: ISLevel = "token"
+    kl_coef: float = 0.0
+
+
+def _check_loss_bounds(settings: LossSettings) -> None:
+    clip_eps_low, clip_eps_high = settings.clip_eps_low, settings.clip_eps_high
     if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
         raise ValueError(
             f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
         )
-    if tis_cap <= 0:
-        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if settings.tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {settings.tis_cap}")
+    mis_low, mis_high = settings.mis_low, settings.mis_high
     if mis_high is not None and not 0 <= mis_low <= 1 <= mis_high:
         raise ValueError(f"need 0 <= mis_low <= 1 <= mis_high, got {mis_low}, {mis_high}")
 
 
-def _importance_weights(
-    token_log_weight: Tensor,
-    tis_cap: float,
-    tis_level: ISLevel,
-    mis_low: float,
-    mis_high: float | None,
-    mis_level: ISLevel,
-) -> tuple[Tensor, Tensor, Tensor]:
+def _importance_weights(token_log_weight: Tensor, settings: LossSettings) -> tuple[Tensor, Tensor, Tensor]:
     """From log(old / behaviour) per token (B, T): the TIS log-weight, the truncated weight, and the MIS keep-mask
     (all True without MIS), each (B, T), at token or sequence level (a row is one trajectory)."""
     sequence_log_weight = token_log_weight.sum(dim=-1, keepdim=True).expand_as(token_log_weight)  # (B, T)
-    tis_log_weight = token_log_weight if tis_level == "token" else sequence_log_weight
+    tis_log_weight = token_log_weight if settings.tis_level == "token" else sequence_log_weight
     # Capped in log space: a long sequence's product of weights may overflow exp().
-    tis_weight = torch.exp(tis_log_weight.clamp(max=math.log(tis_cap)))  # (B, T)
-    if mis_high is None:
+    tis_weight = torch.exp(tis_log_weight.clamp(max=math.log(settings.tis_cap)))  # (B, T)
+    if settings.mis_high is None:
         return tis_log_weight, tis_weight, torch.ones_like(token_log_weight, dtype=torch.bool)
-    mis_log_weight = token_log_weight if mis_level == "token" else sequence_log_weight
-    low = math.log(mis_low) if mis_low > 0 else -math.inf
-    return tis_log_weight, tis_weight, (mis_log_weight >= low) & (mis_log_weight <= math.log(mis_high))
+    mis_log_weight = token_log_weight if settings.mis_level == "token" else sequence_log_weight
+    low = math.log(settings.mis_low) if settings.mis_low > 0 else -math.inf
+    return (
+        tis_log_weight,
+        tis_weight,
+        (mis_log_weight >= low) & (mis_log_weight <= math.log(settings.mis_high)),
+    )
 
 
 def policy_loss(
@@ -217,29 +236,22 @@ def policy_loss(
     behaviour_logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    clip_eps_low: float,
-    clip_eps_high: float,
-    tis_cap: float,
+    settings: LossSettings,
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
     normalizer: float | None = None,
-    *,
-    tis_level: ISLevel = "token",
-    mis_low: float = 0.0,
-    mis_high: float | None = None,
-    mis_level: ISLevel = "token",
 ) -> tuple[Tensor, PolicyLossStats]:
     """Token-level clipped GRPO loss with truncated importance sampling and an optional k3 KL penalty.
 
-    Per token t with ratio r = exp(logprobs - old_logprobs) and advantage A:
+    Per token t with ratio r = exp(logprobs - old_logprobs) and advantage A (eps_*, tis_cap, kl_coef, ... are
+    `settings`' fields):
         pg_t = -w_t * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  w_t = min(exp(old - behaviour), tis_cap)
         kl_t = exp(ref - logprobs) - (ref - logprobs) - 1   (k3, >= 0, unbiased for KL(current || ref))
         loss = sum_t mask_t (pg_t + kl_coef kl_t) / normalizer
     The weight w is detached. With tis_level="sequence", w_t = min(prod_s exp(old_s - behaviour_s), tis_cap) over
     the row's masked tokens (each row is one trajectory). With mis_high set, a token whose weight (mis_level
     "token") or whose row's weight (mis_level "sequence") is outside [mis_low, mis_high] is masked out of pg_t
-    (it still counts in the normalizer: masking is not renormalisation). A token is clipped (gets no gradient) when A > 0 and r > 1 + eps_high, or A < 0
-    and r < 1 - eps_low; exactly on a boundary it is not clipped.
+    (it still counts in the normalizer: masking is not renormalisation). A token is clipped (gets no gradient) when
+    A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low; exactly on a boundary it is not clipped.
 
     Normalisation is token-level across the whole batch (as DAPO): every masked token weighs the same, so long
     trajectories are not down-weighted per token. `normalizer` defaults to the number of masked tokens here;
@@ -250,8 +262,8 @@ def policy_loss(
     (B, T). old, behaviour and ref log-probs are treated as constants.
     """
     # Over 60 lines for its docstring, the loss's contract; the body is one pass: ratio and clip -> importance
-    # weights -> policy-gradient term -> KL -> diagnostics.
-    _check_loss_bounds(clip_eps_low, clip_eps_high, tis_cap, mis_low, mis_high)
+    # weights -> policy-gradient term -> KL (the diagnostics are _loss_stats).
+    _check_loss_bounds(settings)
     keep = loss_mask.bool()  # (B, T)
     mask = keep.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -266,17 +278,14 @@ def policy_loss(
     denominator = torch.as_tensor(normalizer if normalizer is not None else num_tokens.clamp(min=1.0))
 
     ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
-    clipped = ((advantages > 0) & (ratio > 1 + clip_eps_high)) | (
-        (advantages < 0) & (ratio < 1 - clip_eps_low)
-    )
+    eps_low, eps_high = settings.clip_eps_low, settings.clip_eps_high
+    clipped = ((advantages > 0) & (ratio > 1 + eps_high)) | ((advantages < 0) & (ratio < 1 - eps_low))
     # Value equals PPO's min(r A, clip(r) A); the clipped branch is a constant, so clipped tokens get no gradient.
-    clipped_ratio = ratio.detach().clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    clipped_ratio = ratio.detach().clamp(1 - eps_low, 1 + eps_high)
     surrogate = torch.where(clipped, clipped_ratio, ratio) * advantages  # (B, T)
 
     token_log_weight = torch.where(keep, old_logprobs - behaviour_logprobs, 0.0)  # (B, T)
-    tis_log_weight, tis_weight, mis_keep = _importance_weights(
-        token_log_weight, tis_cap, tis_level, mis_low, mis_high, mis_level
-    )
+    tis_log_weight, tis_weight, mis_keep = _importance_weights(token_log_weight, settings)
     pg_per_token = torch.where(mis_keep, -tis_weight * surrogate, 0.0)  # (B, T)
     pg_loss = (pg_per_token * mask).sum() / denominator
 
@@ -286,21 +295,40 @@ def policy_loss(
         log_ratio_ref = torch.where(keep, ref_logprobs.detach(), current) - logprobs  # (B, T)
         kl_per_token = torch.exp(log_ratio_ref) - log_ratio_ref - 1
         kl_value = (kl_per_token * mask).sum() / denominator
-        loss = loss + kl_coef * kl_value
+        loss = loss + settings.kl_coef * kl_value
 
-    with torch.no_grad():
-        count = num_tokens.clamp(min=1.0)
-        mismatch = importance_sums(old_logprobs, behaviour_logprobs, mask, tis_cap)
-        stats = PolicyLossStats(
-            num_tokens=int(num_tokens),
-            pg_loss=float(pg_loss.detach()),
-            kl=float(kl_value.detach()),
-            clip_fraction=_masked_mean(clipped.to(mask.dtype), mask, count),
-            ratio_mean=_masked_mean(ratio, mask, count),
-            tis_mean=_masked_mean(tis_weight, mask, count),
-            tis_clip_fraction=_masked_mean((tis_log_weight > math.log(tis_cap)).to(mask.dtype), mask, count),
-            logprob_diff_mean=mismatch.logprob_diff_mean,
-            ess_ratio=mismatch.ess_ratio,
-            mis_mask_fraction=_masked_mean((~mis_keep).to(mask.dtype), mask, count),
-        )
-    return loss, stats
+    per_token = (clipped, ratio, tis_log_weight, tis_weight, mis_keep)
+    return loss, _loss_stats(
+        mask, num_tokens, pg_loss, kl_value, per_token, old_logprobs, behaviour_logprobs, settings
+    )
+
+
+@torch.no_grad()
+def _loss_stats(
+    mask: Tensor,
+    num_tokens: Tensor,
+    pg_loss: Tensor,
+    kl_value: Tensor,
+    per_token: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+    old_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    settings: LossSettings,
+) -> PolicyLossStats:
+    """policy_loss's diagnostics, each a mean over the masked tokens; per_token: its (clipped, ratio, TIS log-weight,
+    TIS weight, MIS keep-mask), each (B, T)."""
+    clipped, ratio, tis_log_weight, tis_weight, mis_keep = per_token
+    tis_cap = settings.tis_cap
+    count = num_tokens.clamp(min=1.0)
+    mismatch = importance_sums(old_logprobs, behaviour_logprobs, mask, tis_cap)
+    return PolicyLossStats(
+        num_tokens=int(num_tokens),
+        pg_loss=float(pg_loss.detach()),
+        kl=float(kl_value.detach()),
+        clip_fraction=_masked_mean(clipped.to(mask.dtype), mask, count),
+        ratio_mean=_masked_mean(ratio, mask, count),
+        tis_mean=_masked_mean(tis_weight, mask, count),
+        tis_clip_fraction=_masked_mean((tis_log_weight > math.log(tis_cap)).to(mask.dtype), mask, count),
+        logprob_diff_mean=mismatch.logprob_diff_mean,
+        ess_ratio=mismatch.ess_ratio,
+        mis_mask_fraction=_masked_mean((~mis_keep).to(mask.dtype), mask, count),
+    )

@@ -6,13 +6,16 @@ WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); each rank builds a `MegatronG
 arguments and is called with the same groups. It needs the `megatron` extra (megatron-core and megatron-bridge,
 Python >= 3.12) and CUDA: megatron-core cannot run a forward on CPU (RoPE and the attention buffer call CUDA, MoE
 layers need CUDA streams). Nothing here imports megatron at module level: this module loads on any machine, and
-`require_megatron()` names what is missing (docs/gpu.md says how to make the environment).
+`require_megatron()` names what is missing (docs/gpu.md says how to make the environment). Everything that needs no
+megatron (the guard, the config mapped onto megatron's arguments, the step's layouts) is in
+swerl.train.megatron_settings; this module is the trainer that runs them.
 
-What is shared with the torch backend (swerl.train.grpo_trainer), imported, never copied: scoring
-(`score_groups`: group advantages over valid attempts), the rollout statistics, the minibatch split drawn from
-(seed, step), the micro-batch plan and right-padded collation, the sequence-mean advantage factors, and the loss
-itself (`swerl.train.grpo.policy_loss`: clipped PPO ratio, TIS/MIS, token-level normalisation by the minibatch's
-scored tokens). The statistics have the same names as GRPOTrainer's.
+What is shared with the torch backend (swerl.train.grpo_step.BaseGRPOTrainer, the step's skeleton), never copied:
+scoring (`score_groups`: group advantages over valid attempts), the rollout statistics, the minibatch split drawn
+from (seed, step), the micro-batch plan and right-padded collation, the sequence-mean advantage factors, the step's
+sums and statistics (the same names as GRPOTrainer's), and the loss itself (`swerl.train.grpo.policy_loss` with
+the trainer's LossSettings: clipped PPO ratio, TIS/MIS, token-level normalisation by the minibatch's scored
+tokens).
 
 What is Megatron's:
 - Parallelism from `distributed.megatron` (MegatronConfig): tensor, pipeline, context, expert and expert-tensor
@@ -57,412 +60,63 @@ optimizer shards (dist_checkpointing, data-parallel reshardable). Exports (`expo
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import logging
 import math
 import os
-import shutil
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from swerl.config.grpo import GRPOConfig
-from swerl.config.train import DistributedConfig, MegatronConfig
+from swerl.config.train import DistributedConfig
 from swerl.model.loading import check_model_dir, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import (
     RANK_RNG_FILE,
     STATE_FILE,
+    StreamPosition,
     TrainerState,
     capture_rng_state,
     check_checkpoint_dir,
+    check_seed,
     checkpoint_name,
     restore_rng_state,
     sharded_checkpoint,
 )
-from swerl.train.grpo import ImportanceSums, PolicyLossStats, importance_sums, policy_loss
-from swerl.train.grpo_trainer import (
-    EXPORT_PREFIX,
-    MicroBatch,
-    ScoredGroups,
-    UpdateSettings,
-    collate,
-    plan_micro_batches,
-    rollout_stats,
-    score_groups,
-    sequence_mean_scales,
+from swerl.train.grpo import importance_sums, policy_loss
+from swerl.train.grpo_step import EXPORT_PREFIX, BaseGRPOTrainer, MicroBatch, StepSums, UpdateSettings
+from swerl.train.megatron_settings import (
+    TokenArrays,
+    check_supported,
+    data_parallel_share,
+    ddp_config_kwargs,
+    has_transformer_engine,
+    optimizer_config_kwargs,
+    parallel_sizes,
+    parallel_state_kwargs,
+    provider_overrides,
+    require_megatron,
+    sequence_multiple,
+    set_lr_and_weight_decay,
+    token_arrays,
+    vocab_parallel_entropy,
 )
 from swerl.train.sft import seed_everything
-from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
 MEGATRON_DIR = "megatron"
 """Folder of a checkpoint holding megatron's distributed checkpoint (model and optimizer shards)."""
 
-MIN_PYTHON = (3, 12)
-"""megatron-core >= 0.17 and megatron-bridge >= 0.4 require it (their Requires-Python)."""
-
-INSTALL_HINT = (
-    "in a Python 3.12 virtualenv on a CUDA machine, torch==2.13.0 (the CUDA wheel) first, then "
-    "uv pip install -e '.[megatron]' --override overrides.txt, the file holding transformers==5.23.0 "
-    "(megatron-bridge 0.6.2 pins transformers<=5.12.1; docs/gpu.md gives the exact versions and steps)"
-)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class MegatronUnavailable(RuntimeError):
-    """The megatron backend was selected where it cannot run; the message names every missing piece."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# What the backend needs, and the config mapped onto megatron's arguments: pure functions (tested on CPU)
-
-
-def missing_pieces(
-    python: tuple[int, int] | None = None,
-    has_module: Callable[[str], bool] | None = None,
-    cuda_available: Callable[[], bool] | None = None,
-) -> list[str]:
-    """What keeps the megatron backend from running here, each said plainly; [] when nothing does."""
-    python = python if python is not None else (sys.version_info.major, sys.version_info.minor)
-    has_module = has_module if has_module is not None else _has_module
-    cuda_available = cuda_available if cuda_available is not None else torch.cuda.is_available
-    missing = []
-    if python < MIN_PYTHON:
-        missing.append(
-            f"Python {python[0]}.{python[1]}: megatron-core >= 0.17 and megatron-bridge >= 0.4 need Python >= 3.12"
-        )
-    if not has_module("megatron.core"):
-        missing.append("megatron-core is not installed (module megatron.core)")
-    if not has_module("megatron.bridge"):
-        missing.append("megatron-bridge is not installed (module megatron.bridge)")
-    if not cuda_available():
-        missing.append("no CUDA device: megatron-core runs its forward on GPUs only")
-    return missing
-
-
-def require_megatron(**probes: Any) -> None:
-    """Raise MegatronUnavailable naming what is missing (Python version, megatron-core, megatron-bridge, CUDA) and
-    how to install it; return quietly where the backend can run. `probes` replace the checks (tests)."""
-    missing = missing_pieces(**probes)
-    if missing:
-        raise MegatronUnavailable(
-            "grpo/sft.distributed.backend megatron cannot run here: "
-            + "; ".join(missing)
-            + f". Install: {INSTALL_HINT}."
-        )
-
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # the parent package is missing or broken
-        return False
-
-
-def has_transformer_engine() -> bool:
-    return _has_module("transformer_engine")
-
-
-@dataclass(frozen=True)
-class ParallelSizes:
-    """How `ranks` GPUs split under a MegatronConfig (megatron-core's rules, checked before it runs)."""
-
-    tensor: int
-    pipeline: int
-    context: int
-    expert: int
-    expert_tensor: int
-    data: int  # ranks / (tensor x pipeline x context)
-    expert_data: int  # ranks / (expert_tensor x expert x pipeline)
-
-
-def parallel_sizes(ranks: int, megatron: MegatronConfig) -> ParallelSizes:
-    """The data-parallel sizes that remain; ValueError with megatron-core's divisibility rule that fails."""
-    model = megatron.tensor_parallel * megatron.pipeline_parallel * megatron.context_parallel
-    if ranks % model:
-        raise ValueError(
-            f"megatron: ranks {ranks} is not divisible by tensor x pipeline x context parallel ({model})"
-        )
-    expert_grid = megatron.expert_tensor_parallel * megatron.expert_parallel * megatron.pipeline_parallel
-    if ranks % expert_grid:
-        raise ValueError(
-            f"megatron: ranks {ranks} is not divisible by expert_tensor x expert x pipeline parallel ({expert_grid})"
-        )
-    return ParallelSizes(
-        megatron.tensor_parallel, megatron.pipeline_parallel, megatron.context_parallel, megatron.expert_parallel,
-        megatron.expert_tensor_parallel, ranks // model, ranks // expert_grid,
-    )  # fmt: skip
-
-
-def parallel_state_kwargs(megatron: MegatronConfig) -> dict[str, Any]:
-    """Arguments of megatron.core.parallel_state.initialize_model_parallel."""
-    return {
-        "tensor_model_parallel_size": megatron.tensor_parallel,
-        "pipeline_model_parallel_size": megatron.pipeline_parallel,
-        "context_parallel_size": megatron.context_parallel,
-        "expert_model_parallel_size": megatron.expert_parallel,
-        "expert_tensor_parallel_size": megatron.expert_tensor_parallel,
-    }
-
-
-def recompute_fields(recompute: str) -> dict[str, Any]:
-    """MegatronConfig.recompute as TransformerConfig's recompute fields (full: every layer, uniformly)."""
-    if recompute == "none":
-        return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
-    if recompute == "selective":
-        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
-    if recompute == "full":
-        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-    raise ValueError(f"megatron.recompute must be none, selective or full, not {recompute!r}")
-
-
-def provider_overrides(config: DistributedConfig, *, transformer_engine: bool) -> dict[str, Any]:
-    """Fields set on megatron-bridge's GPTModelProvider (a megatron-core TransformerConfig) before it builds the
-    model: the parallel sizes, the dtype, recomputation, and what keeps the objective the torch backend's (no
-    dropout, no MoE auxiliary loss). Without transformer-engine: the fusions that need it (or apex) off, and the
-    MoE experts as a sequential list (the local layers have no grouped GEMM)."""
-    m = config.megatron
-    bf16 = config.param_dtype == "bfloat16"
-    fields: dict[str, Any] = {
-        "tensor_model_parallel_size": m.tensor_parallel,
-        "pipeline_model_parallel_size": m.pipeline_parallel,
-        "context_parallel_size": m.context_parallel,
-        "expert_model_parallel_size": m.expert_parallel,
-        "expert_tensor_parallel_size": m.expert_tensor_parallel,
-        "sequence_parallel": m.sequence_parallel,
-        "bf16": bf16,
-        "fp16": False,
-        "params_dtype": _DTYPES[config.param_dtype],
-        "pipeline_dtype": _DTYPES[config.param_dtype],
-        "autocast_dtype": _DTYPES[config.param_dtype],
-        "attention_dropout": 0.0,
-        "hidden_dropout": 0.0,
-        "calculate_per_token_loss": False,  # the loss arrives normalised (policy_loss's normalizer)
-        "variable_seq_lengths": m.pipeline_parallel
-        > 1,  # micro-batches differ in shape: sent before each send
-        "moe_aux_loss_coeff": 0.0,
-        "moe_router_load_balancing_type": "none",
-        **recompute_fields(m.recompute),
-    }
-    if not transformer_engine:
-        fields.update(
-            moe_grouped_gemm=False,
-            moe_permute_fusion=False,
-            gradient_accumulation_fusion=False,
-            masked_softmax_fusion=False,
-            apply_rope_fusion=False,
-            persist_layer_norm=False,
-            cross_entropy_loss_fusion=False,
-        )
-    return fields
-
-
-def ddp_config_kwargs(config: DistributedConfig) -> dict[str, Any]:
-    """Arguments of megatron.core.distributed.DistributedDataParallelConfig (no overlap: the step is synchronous
-    and every rank's gradients are summed once, after its last micro-batch)."""
-    return {
-        "grad_reduce_in_fp32": config.reduce_dtype == "float32",
-        "overlap_grad_reduce": False,
-        "overlap_param_gather": False,
-        "use_distributed_optimizer": config.megatron.distributed_optimizer,
-        "check_for_nan_in_grad": True,
-        "average_in_collective": False,
-    }
-
-
-def optimizer_config_kwargs(
-    settings: UpdateSettings, config: DistributedConfig, betas: tuple[float, float], eps: float
-) -> dict[str, Any]:
-    """Arguments of megatron.core.optimizer.OptimizerConfig: AdamW (decoupled decay) at the step's constant lr,
-    clipped at grad_clip (0: measured, not clipped), fp32 master weights under bf16."""
-    return {
-        "optimizer": "adam",
-        "lr": settings.lr,
-        "min_lr": settings.lr,
-        "weight_decay": settings.weight_decay,
-        "adam_beta1": betas[0],
-        "adam_beta2": betas[1],
-        "adam_eps": eps,
-        "decoupled_weight_decay": True,
-        "clip_grad": settings.grad_clip or 0.0,
-        "bf16": config.param_dtype == "bfloat16",
-        "fp16": False,
-        "params_dtype": _DTYPES[config.param_dtype],
-        "use_distributed_optimizer": config.megatron.distributed_optimizer,
-    }
-
-
-def check_supported(config: DistributedConfig, settings: UpdateSettings, *, transformer_engine: bool) -> None:
-    """Refuse, with the reason, what this backend does not do (yet)."""
-    m = config.megatron
-    if config.backend != "megatron":
-        raise ValueError(f"MegatronGRPOTrainer needs distributed.backend megatron, not {config.backend!r}")
-    if settings.kl_coef > 0:
-        raise NotImplementedError(
-            "megatron backend: kl_coef > 0 needs a reference model, which this backend does not build; "
-            "use kl_coef 0 (the recipe's default) or backend fsdp2"
-        )
-    if m.context_parallel > 1 and not transformer_engine:
-        raise NotImplementedError(
-            "megatron backend: context_parallel > 1 needs transformer-engine (megatron-core's local attention has "
-            "no context parallelism); install it (docs/gpu.md) or set context_parallel 1"
-        )
-    sequence_level = settings.tis_level == "sequence" or (
-        settings.mis_high is not None and settings.mis_level == "sequence"
-    )
-    if m.context_parallel > 1 and sequence_level:
-        raise NotImplementedError(
-            "megatron backend: sequence-level TIS/MIS with context_parallel > 1 (a trajectory's weight would span "
-            "ranks); use token level or context_parallel 1"
-        )
-    parallel_sizes(config.ranks, m)
-
-
-def data_parallel_share(count: int, data_parallel: int, rank: int) -> tuple[list[int], int]:
-    """(indices of a data-parallel rank's items among `count`, extra zero-loss passes): item i goes to rank
-    i mod DP, and every rank makes ceil(count / DP) passes (RankContext.share's rule)."""
-    mine = list(range(rank, count, data_parallel))
-    return mine, -(-count // data_parallel) - len(mine)
-
-
-def sequence_multiple(megatron: MegatronConfig) -> int:
-    """Sequence lengths megatron accepts are multiples of this: 2 x CP (each CP rank holds two chunks) and TP with
-    sequence parallelism (the sequence is split over TP ranks between layers)."""
-    multiple = 2 * megatron.context_parallel if megatron.context_parallel > 1 else 1
-    if megatron.sequence_parallel:
-        multiple = math.lcm(multiple, megatron.tensor_parallel)
-    return multiple
-
-
-def context_parallel_positions(length: int, context_parallel: int, rank: int) -> list[int]:
-    """The token positions a context-parallel rank holds: the sequence in 2 x CP chunks, rank r taking chunks r and
-    2 CP - 1 - r (megatron's load balance for causal attention). length must be a multiple of 2 x CP."""
-    if context_parallel == 1:
-        return list(range(length))
-    chunks = 2 * context_parallel
-    if length % chunks:
-        raise ValueError(f"sequence length {length} is not a multiple of 2 x context_parallel ({chunks})")
-    size = length // chunks
-    first, second = rank, chunks - 1 - rank
-    return list(range(first * size, (first + 1) * size)) + list(range(second * size, (second + 1) * size))
-
-
-@dataclass(frozen=True)
-class TokenArrays:
-    """A micro-batch laid out for a megatron forward: every (B, L) tensor is indexed by the input position t, and
-    its per-token arrays describe the prediction made there, of token t + 1 (targets[:, t] = input_ids[:, t + 1]):
-    the shift the torch backend does with [:, 1:]. The last position predicts nothing (mask 0)."""
-
-    input_ids: Tensor  # (B, L) int64
-    position_ids: Tensor  # (B, L) int64
-    targets: Tensor  # (B, L) int64; pad_token_id where nothing is predicted
-    loss_mask: Tensor  # (B, L) float32
-    behaviour_logprobs: Tensor  # (B, L) float32
-    advantages: Tensor  # (B, L) float32
-
-    def to(self, device: torch.device) -> TokenArrays:
-        return TokenArrays(*(tensor.to(device) for tensor in vars(self).values()))
-
-
-def token_arrays(
-    micro: MicroBatch, pad_token_id: int, multiple: int = 1, context_parallel: int = 1, cp_rank: int = 0
-) -> TokenArrays:
-    """The micro-batch shifted so each position carries its next token's target, mask, behaviour log-prob and
-    advantage; padded (mask 0) to a multiple of `multiple`; this context-parallel rank's positions only."""
-    rows, length = micro.input_ids.shape
-    padded = -(-length // multiple) * multiple
-    grow = padded - length
-
-    def shifted(values: Tensor, fill: float | int) -> Tensor:
-        tail = torch.full((rows, 1 + grow), fill, dtype=values.dtype)
-        return torch.cat([values[:, 1:], tail], dim=1)  # (B, padded)
-
-    input_ids = torch.cat([micro.input_ids, torch.full((rows, grow), pad_token_id, dtype=torch.long)], dim=1)
-    arrays = TokenArrays(
-        input_ids=input_ids,
-        position_ids=torch.arange(padded, dtype=torch.long).expand(rows, padded).contiguous(),
-        targets=shifted(micro.input_ids, pad_token_id),
-        loss_mask=shifted(micro.loss_mask, 0.0),
-        behaviour_logprobs=shifted(micro.behaviour_logprobs, 0.0),
-        advantages=shifted(micro.advantages, 0.0),
-    )
-    if context_parallel == 1:
-        return arrays
-    index = torch.tensor(context_parallel_positions(padded, context_parallel, cp_rank))
-    return TokenArrays(*(tensor[:, index].contiguous() for tensor in vars(arrays).values()))
-
-
-def vocab_parallel_entropy(logits: Tensor, group: Any = None) -> Tensor:
-    """Entropy of the next-token distribution per position from logits split over the vocabulary across `group`
-    (each rank holds (..., V / TP)); every rank gets the full entropy (..., ). No gradient: a metric. With no
-    group (or one rank) it is swerl.train.grpo.token_entropy.
-        H = log Z - sum_v p_v (x_v - max),  Z = sum_v exp(x_v - max)"""
-    import torch.distributed as dist
-
-    reduce = (
-        group is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-    )
-    with torch.no_grad():
-        scores = logits.detach().to(torch.promote_types(logits.dtype, torch.float32))
-        top = scores.max(dim=-1, keepdim=True).values
-        if reduce:
-            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        shifted = scores - top
-        exp = shifted.exp()
-        total = exp.sum(dim=-1)
-        weighted = (exp * shifted).sum(dim=-1)
-        if reduce:
-            both = torch.stack([total, weighted])
-            dist.all_reduce(both, group=group)
-            total, weighted = both[0], both[1]
-        return torch.log(total) - weighted / total
-
-
-def set_lr_and_weight_decay(param_groups: Sequence[dict[str, Any]], lr: float, weight_decay: float) -> None:
-    """The step's lr and weight decay on megatron's optimizer parameter groups, as its scheduler would set them
-    (lr x lr_mult; weight decay x wd_mult, which megatron makes 0 for 1-D parameters and biases)."""
-    for group in param_groups:
-        group["lr"] = lr * float(group.get("lr_mult", 1.0))
-        group["weight_decay"] = weight_decay * float(group.get("wd_mult", 1.0))
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # The trainer
-
-
-@dataclass
-class _StepSums:
-    """A rank's sums over the scored tokens it computed in one step (reduced over ranks at the end)."""
-
-    entropy: float = 0.0
-    tokens: float = 0.0
-    clipped: float = 0.0
-    mis_masked: float = 0.0
-    pg_loss: float = 0.0
-    kl: float = 0.0
-    loss: float = 0.0
-
-    def add_loss(self, stats: PolicyLossStats) -> None:
-        self.tokens += stats.num_tokens
-        self.clipped += stats.clip_fraction * stats.num_tokens
-        self.mis_masked += stats.mis_mask_fraction * stats.num_tokens
-        self.pg_loss += stats.pg_loss
-        self.kl += stats.kl
-
-
-_MISMATCH_FIELDS = ("tokens", "abs_log_weight", "weight", "weight_square", "over_cap")
 
 
 @dataclass
@@ -476,8 +130,10 @@ class _Pass:
     normalizer: float
 
 
-class MegatronGRPOTrainer:
-    """GRPO on megatron-core; the trainer protocol of swerl.train.grpo_trainer.Trainer, run on every rank.
+class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
+    """GRPO on megatron-core; the trainer protocol of swerl.train.grpo_step.Trainer, run on every rank. The step is
+    BaseGRPOTrainer's; the old log-probs it fixes are a dict of this rank's micro-batches' (empty with a single
+    update, whose forward records them).
 
     Args:
         model_dir: the start model, a local Hugging Face folder (config, safetensors weights, tokenizer).
@@ -511,6 +167,7 @@ class MegatronGRPOTrainer:
         self.model_dir = Path(model_dir)
         check_model_dir(self.model_dir)
         self.config, self.settings, self.seed = config, settings, seed
+        self.loss_settings = settings.loss_settings(reference=False)  # check_supported refused kl_coef > 0
         self.logprob_temperature = logprob_temperature
         self.keep_exports = keep_exports
         self.sizes = parallel_sizes(config.ranks, config.megatron)
@@ -592,99 +249,7 @@ class MegatronGRPOTrainer:
             chunk.train()
         return bridge, model
 
-    # -- one step ---------------------------------------------------------------------------------------------
-
-    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-        """One GRPO step on groups of attempts (as GRPOTrainer.train_step: the same scoring, split and loss, the
-        same statistics); every rank is called with the same groups and returns the same statistics."""
-        started = time.perf_counter()
-        scored = score_groups(groups, self.settings.scale_adv_by_std)
-        self._scored = [(trajectory.group_id, trajectory.attempt) for trajectory in scored.trajectories]
-        stats = rollout_stats(groups, scored)
-        minibatches = self._minibatches(scored)
-        count = sum(len(minibatch) for minibatch in minibatches)
-        sums, mismatch = _StepSums(), ImportanceSums()
-        single_update = self.settings.ppo_epochs * self.settings.num_minibatches == 1
-
-        recompute_started = time.perf_counter()
-        old: dict[int, Tensor] = {}
-        if not single_update:
-            old = self._old_logprobs(minibatches, sums, mismatch)
-        recompute_seconds = time.perf_counter() - recompute_started
-
-        update_started = time.perf_counter()
-        norms: list[float] = []
-        updates = 0
-        for _ in range(self.settings.ppo_epochs):
-            first = 0
-            for minibatch in minibatches:
-                norms.append(self._update(minibatch, first, old, sums, mismatch, record_old=single_update))
-                updates += 1
-                first += len(minibatch)
-        update_seconds = time.perf_counter() - update_started
-
-        self.step += 1
-        totals = self._reduce(sums, mismatch)
-        updates_ = max(1, updates)
-        stats.update(
-            entropy_mean=totals["entropy"] / max(1.0, totals["m_tokens"]),
-            logprob_diff_mean=totals["m_abs_log_weight"] / max(1.0, totals["m_tokens"]),
-            ess_ratio=(
-                totals["m_weight"] ** 2 / (totals["m_tokens"] * totals["m_weight_square"])
-                if totals["m_weight_square"] > 0
-                else 1.0
-            ),
-            tis_clip_fraction=totals["m_over_cap"] / max(1.0, totals["m_tokens"]),
-            clip_fraction=totals["clipped"] / max(1.0, totals["tokens"]),
-            mis_mask_fraction=totals["mis_masked"] / max(1.0, totals["tokens"]),
-            pg_loss=totals["pg_loss"] / updates_,
-            kl=totals["kl"] / updates_,
-            loss=totals["loss"] / updates_,
-            grad_norm=sum(norms) / updates_,
-            optimizer_updates=float(updates),
-            micro_batches=float(count),
-            loss_tokens=float(sum(micro.num_loss_tokens for minibatch in minibatches for micro in minibatch)),
-            step=float(self.step),
-            time_logprob_recompute_s=recompute_seconds,
-            time_update_s=update_seconds,
-            time_step_s=time.perf_counter() - started,
-        )
-        return stats
-
-    def scored_attempts(self) -> list[tuple[str, int]]:
-        """(group_id, attempt) of every trajectory the last train_step scored (GRPOTrainer's account)."""
-        return list(self._scored)
-
-    def _minibatches(self, scored: ScoredGroups) -> list[list[MicroBatch]]:
-        """GRPOTrainer's split: num_minibatches parts drawn from (seed, step), each planned into micro-batches of
-        at most micro_batch_tokens padded tokens, sequence-mean factors on the advantages where asked."""
-        count = len(scored.trajectories)
-        if count == 0:
-            return []
-        parts_wanted = self.settings.num_minibatches
-        order = np.random.default_rng([self.seed, self.step]).permutation(count).tolist()
-        parts = [order[part::parts_wanted] for part in range(parts_wanted)]
-        minibatches = []
-        for part in parts:
-            if not part:
-                continue
-            lengths = [len(scored.trajectories[index].token_ids) for index in part]
-            plan = plan_micro_batches(lengths, self.settings.micro_batch_tokens)
-            advantages = [scored.advantages[index] for index in part]
-            if self.settings.loss_aggregation == "sequence_mean":
-                tokens = [sum(scored.trajectories[index].loss_mask[1:]) for index in part]
-                advantages = [a * c for a, c in zip(advantages, sequence_mean_scales(tokens), strict=True)]
-            minibatches.append(
-                [
-                    collate(
-                        [scored.trajectories[part[row]] for row in rows],
-                        [advantages[row] for row in rows],
-                        self.pad_token_id,
-                    )
-                    for rows in plan
-                ]
-            )
-        return minibatches
+    # -- one step (BaseGRPOTrainer.train_step runs it) ------------------------------------------------------
 
     def _passes(self, minibatch: Sequence[MicroBatch], first: int) -> list[_Pass]:
         """This rank's forwards over a minibatch: its data-parallel share, then zero passes to even the count."""
@@ -747,9 +312,7 @@ class MegatronGRPOTrainer:
         scores = logits.float() / self.logprob_temperature
         return -tensor_parallel.vocab_parallel_cross_entropy(scores, targets)  # (B, L)
 
-    def _record(
-        self, item: _Pass, logprobs: Tensor, logits: Tensor, sums: _StepSums, mismatch: ImportanceSums
-    ) -> None:
+    def _record(self, item: _Pass, logprobs: Tensor, logits: Tensor, sums: StepSums) -> None:
         """Entropy and the trainer-engine mismatch of a real pass, once per micro-batch (the TP rank 0 counts)."""
         from megatron.core import parallel_state
 
@@ -761,15 +324,18 @@ class MegatronGRPOTrainer:
             return
         mask = item.arrays.loss_mask
         sums.entropy += float((entropy * mask).sum())
-        mismatch += importance_sums(
-            logprobs.detach(), item.arrays.behaviour_logprobs, mask, self.settings.tis_cap
+        sums.mismatch += importance_sums(
+            logprobs.detach(), item.arrays.behaviour_logprobs, mask, self.loss_settings.tis_cap
         )
 
-    def _old_logprobs(
-        self, minibatches: Sequence[Sequence[MicroBatch]], sums: _StepSums, mismatch: ImportanceSums
+    def _fixed_logprobs(
+        self, minibatches: Sequence[Sequence[MicroBatch]], sums: StepSums
     ) -> dict[int, Tensor]:
-        """Old log-probs of every micro-batch this rank computes, fixed before the first update (no gradient)."""
+        """Old log-probs of every micro-batch this rank computes, fixed before the first update (no gradient); with
+        a single update none (its own forward records them)."""
         old: dict[int, Tensor] = {}
+        if self.settings.single_update:
+            return old
         passes: list[_Pass] = []
         first = 0
         for minibatch in minibatches:
@@ -779,7 +345,7 @@ class MegatronGRPOTrainer:
         def keep(item: _Pass, logprobs: Tensor, logits: Tensor) -> Tensor:
             if item.real:
                 old[item.index] = logprobs.detach()
-                self._record(item, logprobs, logits, sums, mismatch)
+                self._record(item, logprobs, logits, sums)
             return logprobs.sum() * 0.0
 
         with torch.no_grad():
@@ -787,20 +353,16 @@ class MegatronGRPOTrainer:
         return old
 
     def _update(
-        self,
-        minibatch: Sequence[MicroBatch],
-        first: int,
-        old: dict[int, Tensor],
-        sums: _StepSums,
-        mismatch: ImportanceSums,
-        record_old: bool,
+        self, minibatch: Sequence[MicroBatch], first: int, old: dict[int, Tensor], sums: StepSums
     ) -> float:
-        """One optimizer update on a minibatch; returns the gradient norm before clipping."""
+        """One optimizer update on a minibatch; returns the gradient norm before clipping. Its loss goes into
+        sums.loss per counted micro-batch (the last pipeline stage's TP rank 0), added over ranks by `_reduce`."""
         from megatron.core import parallel_state
 
         passes = self._passes(minibatch, first)
         scale = float(len(passes) * self.sizes.data)  # undoes the schedule's / passes and DDP's / DP
         counts = parallel_state.get_tensor_model_parallel_rank() == 0
+        record_old = self.settings.single_update
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -810,22 +372,15 @@ class MegatronGRPOTrainer:
                 return logprobs.sum() * 0.0
             if record_old:
                 old[item.index] = logprobs.detach()
-                self._record(item, logprobs, logits, sums, mismatch)
-            s = self.settings
+                self._record(item, logprobs, logits, sums)
             loss, loss_stats = policy_loss(
                 logprobs,
                 old[item.index],
                 item.arrays.behaviour_logprobs,
                 item.arrays.advantages,
                 item.arrays.loss_mask,
-                s.clip_eps_low,
-                s.clip_eps_high,
-                s.tis_cap,
+                self.loss_settings,
                 normalizer=item.normalizer,
-                tis_level=s.tis_level,
-                mis_low=s.mis_low,
-                mis_high=s.mis_high,
-                mis_level=s.mis_level,
             )
             if counts:
                 sums.loss += float(loss.detach())
@@ -838,15 +393,13 @@ class MegatronGRPOTrainer:
             raise RuntimeError("megatron optimizer step failed (non-finite gradients)")
         return float(grad_norm) if grad_norm is not None else 0.0
 
-    def _reduce(self, sums: _StepSums, mismatch: ImportanceSums) -> dict[str, float]:
+    def _reduce(self, sums: StepSums) -> None:
         """Every rank's sums added over all ranks (only the last pipeline stage's TP rank 0 holds any), float64."""
         import torch.distributed as dist
 
-        names = list(vars(sums)) + [f"m_{name}" for name in _MISMATCH_FIELDS]
-        values = list(vars(sums).values()) + [float(getattr(mismatch, name)) for name in _MISMATCH_FIELDS]
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        tensor = torch.tensor(sums.vector(with_loss=True), dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
-        return dict(zip(names, tensor.tolist(), strict=True))
+        sums.load(tensor.tolist(), with_loss=True)
 
     # -- weights out, state in and out ------------------------------------------------------------------------
 
@@ -885,12 +438,7 @@ class MegatronGRPOTrainer:
         temp = root / self._shared_name(name)  # also the barrier: the folder exists from here
         self._write_hf(temp)
         if self.is_main:
-            if final.exists():
-                shutil.rmtree(final)
-            temp.rename(final)
-            exports = sorted(path for path in root.glob(f"{EXPORT_PREFIX}*") if path.is_dir())
-            for stale in exports[: -self.keep_exports]:
-                shutil.rmtree(stale, ignore_errors=True)
+            self._publish_export(temp, final)
         return final
 
     def save_model(self, out_dir: str | Path) -> Path:
@@ -913,23 +461,14 @@ class MegatronGRPOTrainer:
         )
         return state
 
-    def save(
-        self,
-        checkpoint_dir: str | Path,
-        *,
-        epoch: int = 0,
-        example_index: int = 0,
-        num_examples: int = 0,
-        data_fingerprint: str = "",
-        keep_last: int = 2,
-    ) -> Path:
+    def save(self, checkpoint_dir: str | Path, position: StreamPosition, *, keep_last: int = 2) -> Path:
         """A checkpoint of swerl.train.checkpoint's layout plus megatron/ (model and optimizer shards, every rank
         writing its own) and each rank's RNG states; written under a temporary name rank 0 renames once every
         rank has written; the newest keep_last are kept. Collective."""
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
 
-        state = TrainerState(self.step, epoch, example_index, self.seed, num_examples, data_fingerprint)
+        state = TrainerState.at(self.step, self.seed, position)
         with sharded_checkpoint(checkpoint_dir, state, keep_last, self.is_main, self._shared_name, dist.barrier,
                                 subdirs=[MEGATRON_DIR]) as temp:  # fmt: skip
             dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(temp / MEGATRON_DIR))
@@ -968,10 +507,7 @@ class MegatronGRPOTrainer:
         set_lr_and_weight_decay(self.optimizer.param_groups, self.settings.lr, self.settings.weight_decay)
         payload = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
         state = TrainerState(**payload["trainer_state"])
-        if state.shuffle_seed != self.seed:
-            raise ValueError(
-                f"checkpoint {directory} was trained with seed {state.shuffle_seed}, this run has {self.seed}"
-            )
+        check_seed(state, self.seed, directory)
         rng_file = directory / RANK_RNG_FILE.format(rank=self.rank)
         if rng_file.is_file():
             rng = torch.load(rng_file, map_location="cpu", weights_only=False)

@@ -141,7 +141,7 @@ class RankGroup:
 
 
 class DistributedTrainer(RankGroup, RemoteTrainer):
-    """The GRPO stage's trainer (grpo_trainer.Trainer) served by FSDP2 (or Megatron) ranks."""
+    """The GRPO stage's trainer (grpo_step.Trainer) served by FSDP2 (or Megatron) ranks."""
 
     def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.call(method, *args, **kwargs)

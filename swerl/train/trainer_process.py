@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from swerl.train.checkpoint import TrainerState
+from swerl.train.checkpoint import StreamPosition, TrainerState
 from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 class RemoteTrainer(abc.ABC):
-    """The GRPO trainer's methods (grpo_trainer.Trainer) as calls to trainers elsewhere: `_invoke(method, ...)` is
+    """The GRPO trainer's methods (grpo_step.Trainer) as calls to trainers elsewhere: `_invoke(method, ...)` is
     one process's pipe (TrainerProcess) or every rank's at once (swerl.train.ranks.DistributedTrainer)."""
 
     @abc.abstractmethod
@@ -111,22 +111,8 @@ class RemoteTrainer(abc.ABC):
     def export_weights(self, out_dir: str | Path, version: int | None = None) -> Path:
         return Path(self._invoke("export_weights", Path(out_dir), version))
 
-    def save(
-        self,
-        checkpoint_dir: str | Path,
-        *,
-        epoch: int = 0,
-        example_index: int = 0,
-        num_examples: int = 0,
-        data_fingerprint: str = "",
-        keep_last: int = 2,
-    ) -> Path:
-        return Path(
-            self._invoke(
-                "save", Path(checkpoint_dir), epoch=epoch, example_index=example_index,
-                num_examples=num_examples, data_fingerprint=data_fingerprint, keep_last=keep_last,
-            )
-        )  # fmt: skip
+    def save(self, checkpoint_dir: str | Path, position: StreamPosition, *, keep_last: int = 2) -> Path:
+        return Path(self._invoke("save", Path(checkpoint_dir), position, keep_last=keep_last))
 
     def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState:
         state: TrainerState = self._invoke("load", Path(path), optimizer=optimizer)

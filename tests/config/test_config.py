@@ -381,7 +381,7 @@ def test_the_trainers_update_settings_are_exactly_grpo_algorithm() -> None:
 
     from swerl.config.grpo import GRPOAlgorithmConfig
     from swerl.stages.grpo import update_settings
-    from swerl.train.grpo_trainer import UpdateSettings
+    from swerl.train.grpo_step import UpdateSettings
 
     assert {f.name for f in dataclasses.fields(UpdateSettings)} == set(GRPOAlgorithmConfig.model_fields)
     algorithm = GRPOAlgorithmConfig(lr=3e-5, ppo_epochs=3, mis_high=4.0, tis_level="sequence")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from swerl.train.grpo import policy_loss
+from swerl.train.grpo import LossSettings, policy_loss
 
 # Two trajectories (rows); position 0 is prompt. Row 1 lags: its old/behaviour gap is large (a stale policy).
 LOGPROBS = [[-0.5, -1.2, -0.3, -2.0], [-0.1, -0.7, -1.5, -0.9]]
@@ -58,8 +58,9 @@ def test_tis_and_mis_match_float64_reference(tis_level, tis_cap, mis, mis_level)
     current = torch.tensor(LOGPROBS, dtype=torch.float64, requires_grad=True)
     loss, stats = policy_loss(
         current, torch.tensor(OLD, dtype=torch.float64), torch.tensor(BEHAVIOUR, dtype=torch.float64),
-        torch.tensor(ADVANTAGES, dtype=torch.float64), torch.tensor(MASK), 0.2, 0.2, tis_cap,
-        tis_level=tis_level, mis_low=mis[0] if mis else 0.0, mis_high=mis[1] if mis else None, mis_level=mis_level,
+        torch.tensor(ADVANTAGES, dtype=torch.float64), torch.tensor(MASK),
+        LossSettings(0.2, 0.2, tis_cap, tis_level=tis_level, mis_low=mis[0] if mis else 0.0,
+                     mis_high=mis[1] if mis else None, mis_level=mis_level),
     )  # fmt: skip
     loss.backward()
     expected_loss, expected_gradient, expected_masked = reference(tis_level, tis_cap, mis, mis_level)
@@ -86,8 +87,8 @@ def test_sequence_weights_of_long_trajectories_do_not_overflow() -> None:
     old = torch.zeros(1, length, dtype=torch.float32)
     behaviour = torch.full((1, length), -0.5)  # weight e^0.5 per token: e^1000 over the trajectory
     current = old.clone().requires_grad_(True)
-    loss, stats = policy_loss(current, old, behaviour, torch.tensor([1.0]), torch.ones(1, length), 0.2, 0.2, 2.0,
-                              tis_level="sequence")  # fmt: skip
+    loss, stats = policy_loss(current, old, behaviour, torch.tensor([1.0]), torch.ones(1, length),
+                              LossSettings(0.2, 0.2, 2.0, tis_level="sequence"))  # fmt: skip
     loss.backward()
     assert math.isfinite(float(loss.detach())) and stats.tis_mean == pytest.approx(2.0)
     assert current.grad is not None and torch.isfinite(current.grad).all()
@@ -102,9 +103,5 @@ def test_mis_bounds_must_contain_one() -> None:
             zeros,
             torch.tensor([1.0]),
             torch.ones(1, 2),
-            0.2,
-            0.2,
-            2.0,
-            mis_low=0.5,
-            mis_high=0.9,
+            LossSettings(0.2, 0.2, 2.0, mis_low=0.5, mis_high=0.9),
         )

@@ -32,7 +32,7 @@ from swerl.rollout.longtail import longtail_stats, tail_share
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness, staleness_stats, triage_group
 from swerl.storage import Store
-from swerl.train.grpo_trainer import score_groups
+from swerl.train.grpo_step import score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
 from tests.doubles import CountingTrainer, FailingEngine, KillingProvider, VersionEngine
 from tests.sandbox_helpers import local_provider, pool_around

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from swerl.config.train import DistributedConfig, SFTConfig
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
+from swerl.train.checkpoint import StreamPosition
 from swerl.train.distributed import init_rank, load_sharded_model
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.ranks import DistributedTrainer, SFTRanks
@@ -176,7 +177,9 @@ def test_a_sigkill_mid_step_resumes_exactly(
     group = DistributedTrainer(grpo_rank, model_dir, TWO_RANKS, str(trap), config=TWO_RANKS)
     try:
         group.train_step(batches[0])
-        checkpoint = group.save(tmp_path / "checkpoints", epoch=0, example_index=4, num_examples=12)
+        checkpoint = group.save(
+            tmp_path / "checkpoints", StreamPosition(epoch=0, example_index=4, num_examples=12)
+        )
         killer = threading.Thread(target=_kill_when_trapped, args=(trap, group.pids[1]), daemon=True)
         killer.start()
         with pytest.raises(TrainerProcessDied, match="trainer rank"):

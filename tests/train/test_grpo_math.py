@@ -8,8 +8,8 @@ import statistics
 import pytest
 import torch
 
-from swerl.train.grpo import gather_logprobs, group_advantages, policy_loss, token_entropy
-from swerl.train.grpo_trainer import sequence_mean_scales
+from swerl.train.grpo import LossSettings, gather_logprobs, group_advantages, policy_loss, token_entropy
+from swerl.train.grpo_step import sequence_mean_scales
 
 # --- advantages ---------------------------------------------------------------------------------------------
 
@@ -155,7 +155,17 @@ def reference_loss(
     return total / count, gradient, stats
 
 
-def run_loss(logprobs, old, behaviour, advantages, mask, reference=None, dtype=torch.float64, **kwargs):
+def run_loss(
+    logprobs,
+    old,
+    behaviour,
+    advantages,
+    mask,
+    reference=None,
+    dtype=torch.float64,
+    normalizer=None,
+    **settings,
+):
     current = torch.tensor(logprobs, dtype=dtype, requires_grad=True)
     loss, stats = policy_loss(
         current,
@@ -163,8 +173,9 @@ def run_loss(logprobs, old, behaviour, advantages, mask, reference=None, dtype=t
         torch.tensor(behaviour, dtype=dtype),
         torch.tensor(advantages, dtype=dtype),
         torch.tensor(mask),
+        LossSettings(**settings),
         ref_logprobs=None if reference is None else torch.tensor(reference, dtype=dtype),
-        **kwargs,
+        normalizer=normalizer,
     )
     loss.backward()
     assert current.grad is not None

@@ -20,8 +20,10 @@ from swerl.engine.local import LocalEngine
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.rollout.groups import EpisodeFn, rollout_groups
+from swerl.train.checkpoint import StreamPosition
 from swerl.train.grpo import gather_logprobs, token_entropy
-from swerl.train.grpo_trainer import GRPOTrainer, collate, plan_micro_batches, score_groups
+from swerl.train.grpo_step import collate, plan_micro_batches, score_groups
+from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.trajectory import EpisodeStatus, Trajectory
 from tests.trainer_helpers import grpo_trainer, settings
 
@@ -329,7 +331,9 @@ def test_resume_continues_exactly(tokenizer: PreTrainedTokenizerBase, tmp_path: 
     first = grpo_trainer(tiny_model(tokenizer), **options)
     for batch in batches[:resume_at]:
         first.train_step(batch)
-    checkpoint = first.save(tmp_path / "checkpoints", epoch=1, example_index=7, num_examples=12)
+    checkpoint = first.save(
+        tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=7, num_examples=12)
+    )
     torch.manual_seed(1234)  # the resumed process starts from another global RNG state
     resumed = grpo_trainer(tiny_model(tokenizer, seed=1), **options)  # other initial weights too
     state = resumed.load(checkpoint)

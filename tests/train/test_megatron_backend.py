@@ -1,4 +1,4 @@
-"""The megatron trainer backend (swerl.train.megatron_backend).
+"""The megatron trainer backend (swerl.train.megatron_backend, its pure parts in swerl.train.megatron_settings).
 
 On a CPU machine (and on Python 3.11): the import guard names every missing piece and the install command, for the
 backend selected directly, through the GRPO config and through the stage's rank factory; the module loads without
@@ -32,8 +32,9 @@ from swerl.config.train import DistributedConfig, MegatronConfig
 from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
 from swerl.model.tokenizer import train_tokenizer
 from swerl.train import megatron_backend as mb
-from swerl.train.grpo import policy_loss, token_entropy
-from swerl.train.grpo_trainer import UpdateSettings, collate, score_groups
+from swerl.train import megatron_settings as ms
+from swerl.train.grpo import LossSettings, policy_loss, token_entropy
+from swerl.train.grpo_step import UpdateSettings, collate, score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,8 +112,8 @@ def megatron_config(**megatron: Any) -> DistributedConfig:
 
 
 def test_guard_names_every_missing_piece_and_the_install_command() -> None:
-    with pytest.raises(mb.MegatronUnavailable) as caught:
-        mb.require_megatron(python=(3, 11), has_module=lambda name: False, cuda_available=lambda: False)
+    with pytest.raises(ms.MegatronUnavailable) as caught:
+        ms.require_megatron(python=(3, 11), has_module=lambda name: False, cuda_available=lambda: False)
     message = str(caught.value)
     for piece in ("Python 3.11", "Python >= 3.12", "megatron-core is not installed",
                   "megatron-bridge is not installed", "no CUDA device", "uv pip install -e '.[megatron]'",
@@ -121,9 +122,9 @@ def test_guard_names_every_missing_piece_and_the_install_command() -> None:
 
 
 def test_guard_names_only_what_is_missing() -> None:
-    mb.require_megatron(python=(3, 12), has_module=lambda name: True, cuda_available=lambda: True)
-    with pytest.raises(mb.MegatronUnavailable) as caught:
-        mb.require_megatron(
+    ms.require_megatron(python=(3, 12), has_module=lambda name: True, cuda_available=lambda: True)
+    with pytest.raises(ms.MegatronUnavailable) as caught:
+        ms.require_megatron(
             python=(3, 12), has_module=lambda name: name != "megatron.bridge", cuda_available=lambda: True
         )
     message = str(caught.value)
@@ -134,7 +135,7 @@ def test_guard_names_only_what_is_missing() -> None:
 
 def test_guard_on_this_machine_matches_what_it_has() -> None:
     """Here (CPU, Python 3.11, no extra): the real probes fail and say why."""
-    missing = mb.missing_pieces()
+    missing = ms.missing_pieces()
     if not missing:
         pytest.skip("this machine can run the megatron backend")
     if sys.version_info < (3, 12):
@@ -143,21 +144,21 @@ def test_guard_on_this_machine_matches_what_it_has() -> None:
         assert any("CUDA" in piece for piece in missing)
 
 
-@pytest.mark.skipif(not mb.missing_pieces(), reason="this machine can run the megatron backend")
+@pytest.mark.skipif(not ms.missing_pieces(), reason="this machine can run the megatron backend")
 def test_selecting_megatron_without_the_extra_fails_clearly(tmp_path: Path) -> None:
     """The trainer itself, the GRPO config's builder and the stage's rank factory all stop at the guard, before
     touching the model folder (which does not exist here)."""
     config = megatron_config()
-    with pytest.raises(mb.MegatronUnavailable, match="cannot run here"):
+    with pytest.raises(ms.MegatronUnavailable, match="cannot run here"):
         mb.MegatronGRPOTrainer(tmp_path / "absent", config, settings(), seed=0)
     grpo = GRPOConfig(distributed=config)
-    with pytest.raises(mb.MegatronUnavailable, match="pip install"):
+    with pytest.raises(ms.MegatronUnavailable, match="pip install"):
         mb.build_megatron_trainer(tmp_path / "absent", grpo, 1.0, 0)
     try:  # the stages need the whole project's dependencies (absent on a lean GPU machine)
         from swerl.stages.grpo import build_rank_trainer
     except ImportError as exc:
         pytest.skip(f"swerl.stages does not import here: {exc}")
-    with pytest.raises(mb.MegatronUnavailable, match="megatron"):
+    with pytest.raises(ms.MegatronUnavailable, match="megatron"):
         build_rank_trainer(tmp_path / "absent", grpo, 1.0, 0)
 
 
@@ -188,22 +189,22 @@ def test_megatron_extra_is_pinned_for_python_312_only() -> None:
 
 
 def test_parallel_sizes_follow_megatron_rules() -> None:
-    sizes = mb.parallel_sizes(16, MegatronConfig(tensor_parallel=2, pipeline_parallel=2, expert_parallel=4))
+    sizes = ms.parallel_sizes(16, MegatronConfig(tensor_parallel=2, pipeline_parallel=2, expert_parallel=4))
     assert (sizes.data, sizes.expert_data) == (4, 2)
-    sizes = mb.parallel_sizes(
+    sizes = ms.parallel_sizes(
         8, MegatronConfig(tensor_parallel=4, expert_parallel=8, expert_tensor_parallel=1)
     )
     assert (sizes.data, sizes.expert_data) == (2, 1)
     with pytest.raises(ValueError, match="tensor x pipeline x context parallel \\(6\\)"):
-        mb.parallel_sizes(8, MegatronConfig(tensor_parallel=2, pipeline_parallel=3))
+        ms.parallel_sizes(8, MegatronConfig(tensor_parallel=2, pipeline_parallel=3))
     with pytest.raises(ValueError, match="expert_tensor x expert x pipeline parallel \\(16\\)"):
-        mb.parallel_sizes(8, MegatronConfig(expert_parallel=8, expert_tensor_parallel=2))
+        ms.parallel_sizes(8, MegatronConfig(expert_parallel=8, expert_tensor_parallel=2))
 
 
 def test_parallel_state_kwargs() -> None:
     m = MegatronConfig(tensor_parallel=2, pipeline_parallel=4, context_parallel=2, expert_parallel=8,
                        expert_tensor_parallel=1)  # fmt: skip
-    assert mb.parallel_state_kwargs(m) == {
+    assert ms.parallel_state_kwargs(m) == {
         "tensor_model_parallel_size": 2,
         "pipeline_model_parallel_size": 4,
         "context_parallel_size": 2,
@@ -218,7 +219,7 @@ def test_provider_overrides() -> None:
         megatron=MegatronConfig(tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True, expert_parallel=2,
                                 recompute="full"),
     )  # fmt: skip
-    fields = mb.provider_overrides(config, transformer_engine=False)
+    fields = ms.provider_overrides(config, transformer_engine=False)
     assert fields["tensor_model_parallel_size"] == 2 and fields["pipeline_model_parallel_size"] == 2
     assert fields["expert_model_parallel_size"] == 2 and fields["sequence_parallel"] is True
     assert fields["bf16"] is True and fields["params_dtype"] is torch.bfloat16
@@ -232,72 +233,72 @@ def test_provider_overrides() -> None:
     # without transformer-engine: the local layers (sequential experts, no TE/apex fusions)
     assert fields["moe_grouped_gemm"] is False and fields["moe_permute_fusion"] is False
     assert fields["gradient_accumulation_fusion"] is False
-    with_te = mb.provider_overrides(config, transformer_engine=True)
+    with_te = ms.provider_overrides(config, transformer_engine=True)
     assert "moe_grouped_gemm" not in with_te and "gradient_accumulation_fusion" not in with_te
-    fp32 = mb.provider_overrides(
+    fp32 = ms.provider_overrides(
         DistributedConfig(backend="megatron", device="cuda"), transformer_engine=False
     )
     assert fp32["bf16"] is False and fp32["params_dtype"] is torch.float32
     assert fp32["recompute_granularity"] is None and fp32["variable_seq_lengths"] is False
-    assert mb.recompute_fields("selective")["recompute_granularity"] == "selective"
+    assert ms.recompute_fields("selective")["recompute_granularity"] == "selective"
 
 
 def test_ddp_and_optimizer_configs() -> None:
     config = DistributedConfig(backend="megatron", device="cuda", ranks=2, param_dtype="bfloat16",
                                reduce_dtype="bfloat16", megatron=MegatronConfig(distributed_optimizer=False))  # fmt: skip
-    ddp = mb.ddp_config_kwargs(config)
+    ddp = ms.ddp_config_kwargs(config)
     assert ddp["grad_reduce_in_fp32"] is False and ddp["use_distributed_optimizer"] is False
     assert ddp["overlap_grad_reduce"] is False and ddp["average_in_collective"] is False
     update = settings(lr=3e-6, weight_decay=0.1, grad_clip=None)
-    optimizer = mb.optimizer_config_kwargs(update, config, (0.9, 0.98), 1e-8)
+    optimizer = ms.optimizer_config_kwargs(update, config, (0.9, 0.98), 1e-8)
     assert optimizer["optimizer"] == "adam" and optimizer["decoupled_weight_decay"] is True  # AdamW
     assert optimizer["lr"] == optimizer["min_lr"] == 3e-6 and optimizer["weight_decay"] == 0.1
     assert (optimizer["adam_beta1"], optimizer["adam_beta2"], optimizer["adam_eps"]) == (0.9, 0.98, 1e-8)
     assert optimizer["clip_grad"] == 0.0  # measured, not clipped
     assert optimizer["bf16"] is True and optimizer["use_distributed_optimizer"] is False
-    assert mb.optimizer_config_kwargs(settings(grad_clip=1.0), config, (0.9, 0.999), 1e-8)["clip_grad"] == 1.0
+    assert ms.optimizer_config_kwargs(settings(grad_clip=1.0), config, (0.9, 0.999), 1e-8)["clip_grad"] == 1.0
 
 
 def test_lr_and_weight_decay_on_parameter_groups() -> None:
     """Megatron marks 1-D parameters and biases wd_mult 0: decay on matrices only, as the torch backend."""
     groups: list[dict[str, Any]] = [{"wd_mult": 1.0, "lr_mult": 1.0}, {"wd_mult": 0.0}, {}]
-    mb.set_lr_and_weight_decay(groups, 1e-5, 0.1)
+    ms.set_lr_and_weight_decay(groups, 1e-5, 0.1)
     assert [(g["lr"], g["weight_decay"]) for g in groups] == [(1e-5, 0.1), (1e-5, 0.0), (1e-5, 0.1)]
 
 
 def test_unsupported_settings_are_refused_with_the_reason() -> None:
     with pytest.raises(NotImplementedError, match="kl_coef > 0"):
-        mb.check_supported(megatron_config(), settings(kl_coef=0.1), transformer_engine=True)
+        ms.check_supported(megatron_config(), settings(kl_coef=0.1), transformer_engine=True)
     config = DistributedConfig(backend="megatron", device="cuda", ranks=2,
                                megatron=MegatronConfig(context_parallel=2))  # fmt: skip
     with pytest.raises(NotImplementedError, match="transformer-engine"):
-        mb.check_supported(config, settings(), transformer_engine=False)
+        ms.check_supported(config, settings(), transformer_engine=False)
     with pytest.raises(NotImplementedError, match="sequence-level"):
-        mb.check_supported(config, settings(tis_level="sequence"), transformer_engine=True)
-    mb.check_supported(config, settings(), transformer_engine=True)
+        ms.check_supported(config, settings(tis_level="sequence"), transformer_engine=True)
+    ms.check_supported(config, settings(), transformer_engine=True)
     with pytest.raises(ValueError, match="backend megatron"):
-        mb.check_supported(DistributedConfig(), settings(), transformer_engine=True)
+        ms.check_supported(DistributedConfig(), settings(), transformer_engine=True)
 
 
 def test_data_parallel_share_evens_the_passes() -> None:
-    assert mb.data_parallel_share(5, 2, 0) == ([0, 2, 4], 0)
-    assert mb.data_parallel_share(5, 2, 1) == ([1, 3], 1)
-    assert mb.data_parallel_share(1, 4, 3) == ([], 1)
-    assert mb.data_parallel_share(6, 1, 0) == ([0, 1, 2, 3, 4, 5], 0)
+    assert ms.data_parallel_share(5, 2, 0) == ([0, 2, 4], 0)
+    assert ms.data_parallel_share(5, 2, 1) == ([1, 3], 1)
+    assert ms.data_parallel_share(1, 4, 3) == ([], 1)
+    assert ms.data_parallel_share(6, 1, 0) == ([0, 1, 2, 3, 4, 5], 0)
 
 
 def test_context_parallel_split() -> None:
     """2 x CP chunks, rank r holds r and 2 CP - 1 - r; the ranks together hold every position once."""
-    assert mb.context_parallel_positions(8, 2, 0) == [0, 1, 6, 7]
-    assert mb.context_parallel_positions(8, 2, 1) == [2, 3, 4, 5]
-    held = sorted(p for rank in range(4) for p in mb.context_parallel_positions(24, 4, rank))
+    assert ms.context_parallel_positions(8, 2, 0) == [0, 1, 6, 7]
+    assert ms.context_parallel_positions(8, 2, 1) == [2, 3, 4, 5]
+    held = sorted(p for rank in range(4) for p in ms.context_parallel_positions(24, 4, rank))
     assert held == list(range(24))
     with pytest.raises(ValueError, match="multiple of 2 x context_parallel"):
-        mb.context_parallel_positions(10, 4, 0)
-    assert mb.sequence_multiple(MegatronConfig()) == 1
-    assert mb.sequence_multiple(MegatronConfig(context_parallel=2)) == 4
+        ms.context_parallel_positions(10, 4, 0)
+    assert ms.sequence_multiple(MegatronConfig()) == 1
+    assert ms.sequence_multiple(MegatronConfig(context_parallel=2)) == 4
     assert (
-        mb.sequence_multiple(MegatronConfig(tensor_parallel=3, sequence_parallel=True, context_parallel=2))
+        ms.sequence_multiple(MegatronConfig(tensor_parallel=3, sequence_parallel=True, context_parallel=2))
         == 12
     )
 
@@ -321,8 +322,8 @@ def test_token_arrays_give_the_torch_backends_loss(
     torch.manual_seed(0)
     model = build_tiny_model(tokenizer, **MODEL, seed=0)
     micro = _first_micro(tokenizer)
-    knobs = dict(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, normalizer=float(micro.num_loss_tokens),
-                 tis_level=tis_level)  # fmt: skip
+    knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, tis_level=tis_level),
+                 normalizer=float(micro.num_loss_tokens))  # fmt: skip
 
     from swerl.train.grpo import gather_logprobs
 
@@ -332,7 +333,7 @@ def test_token_arrays_give_the_torch_backends_loss(
                                           micro.advantages[:, 1:], micro.loss_mask[:, 1:], **knobs)  # fmt: skip
     torch_grad = torch.autograd.grad(torch_loss, model.model.embed_tokens.weight)[0]
 
-    arrays = mb.token_arrays(micro, tokenizer.pad_token_id, multiple=8)
+    arrays = ms.token_arrays(micro, tokenizer.pad_token_id, multiple=8)
     assert arrays.input_ids.shape[1] % 8 == 0 and arrays.input_ids.shape[1] >= micro.input_ids.shape[1]
     assert torch.equal(arrays.targets[:, : micro.input_ids.shape[1] - 1], micro.input_ids[:, 1:])
     assert float(arrays.loss_mask[:, micro.input_ids.shape[1] - 1 :].sum()) == 0.0  # nothing predicted there
@@ -355,9 +356,10 @@ def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedToken
     normalises by the minibatch's token count, megatron's DDP sums their gradients."""
     model = build_tiny_model(tokenizer, **MODEL, seed=1)
     micro = _first_micro(tokenizer)
-    multiple = mb.sequence_multiple(MegatronConfig(context_parallel=2))
-    knobs = dict(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, normalizer=float(micro.num_loss_tokens))
-    whole = mb.token_arrays(micro, tokenizer.pad_token_id, multiple)
+    multiple = ms.sequence_multiple(MegatronConfig(context_parallel=2))
+    knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0),
+                 normalizer=float(micro.num_loss_tokens))  # fmt: skip
+    whole = ms.token_arrays(micro, tokenizer.pad_token_id, multiple)
     with torch.no_grad():
         logits = model(input_ids=whole.input_ids, use_cache=False).logits
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, whole.targets.unsqueeze(-1)).squeeze(-1)
@@ -365,8 +367,8 @@ def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedToken
                               **knobs)[0])  # fmt: skip
     parts = 0.0
     for rank in range(2):
-        local = mb.token_arrays(micro, tokenizer.pad_token_id, multiple, context_parallel=2, cp_rank=rank)
-        index = torch.tensor(mb.context_parallel_positions(whole.input_ids.shape[1], 2, rank))
+        local = ms.token_arrays(micro, tokenizer.pad_token_id, multiple, context_parallel=2, cp_rank=rank)
+        index = torch.tensor(ms.context_parallel_positions(whole.input_ids.shape[1], 2, rank))
         assert torch.equal(local.targets, whole.targets[:, index])
         mine = logprobs[:, index]
         parts += float(policy_loss(mine, mine, local.behaviour_logprobs, local.advantages, local.loss_mask,
@@ -376,7 +378,7 @@ def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedToken
 
 def test_vocab_parallel_entropy_without_a_group_is_token_entropy() -> None:
     logits = torch.randn(2, 5, 37) * 3
-    assert torch.allclose(mb.vocab_parallel_entropy(logits), token_entropy(logits), atol=1e-5)
+    assert torch.allclose(ms.vocab_parallel_entropy(logits), token_entropy(logits), atol=1e-5)
 
 
 def _entropy_rank(rank: int, port: int, logits: torch.Tensor, expected: torch.Tensor) -> None:
@@ -385,7 +387,7 @@ def _entropy_rank(rank: int, port: int, logits: torch.Tensor, expected: torch.Te
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         shard = logits.chunk(2, dim=-1)[rank]  # this rank's half of the vocabulary
-        got = mb.vocab_parallel_entropy(shard, dist.group.WORLD)
+        got = ms.vocab_parallel_entropy(shard, dist.group.WORLD)
         assert torch.allclose(got, expected, atol=1e-5), (got, expected)
     finally:
         dist.destroy_process_group()

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
+from swerl.train.checkpoint import StreamPosition
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.trainer_process import TrainerProcess, TrainerProcessDied
 from tests.train.test_grpo_trainer import MODEL, synthetic_groups
@@ -59,7 +60,9 @@ def test_a_trainer_process_trains_exactly_as_the_trainer_in_this_process(
             assert {key: actual[key] for key in timeless} == {key: expected[key] for key in timeless}
         exported = there.export_weights(tmp_path / "exports")
         assert exported.name.endswith(f"{here.step:08d}")
-        checkpoint = there.save(tmp_path / "checkpoints", epoch=1, example_index=3, num_examples=9)
+        checkpoint = there.save(
+            tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=3, num_examples=9)
+        )
         final = there.save_model(tmp_path / "final")
     for directory in (exported, final):
         model, _ = load_model_and_tokenizer(directory)
