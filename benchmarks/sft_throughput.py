@@ -48,6 +48,8 @@ def measure(tokenizer, examples, bf16: bool, args: argparse.Namespace) -> float:
         seq_len=args.seq_len,
         max_steps=args.steps + 1,
         rows_per_micro_batch=args.rows,
+        lr=3e-4,
+        warmup_steps=0,
         bf16=bf16,
         on_step=metrics.append,
     )

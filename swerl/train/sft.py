@@ -388,8 +388,8 @@ class SFTTrainer:
         model: PreTrainedModel,
         examples: Sequence[tuple[Sequence[int], Sequence[int]]],
         *,
-        seq_len: int, max_steps: int, rows_per_micro_batch: int = 1, grad_accum_steps: int = 1,
-        lr: float = 3e-4, min_lr_ratio: float = 0.1, warmup_steps: int = 0, weight_decay: float = 0.1,
+        seq_len: int, max_steps: int, rows_per_micro_batch: int, grad_accum_steps: int = 1,
+        lr: float, min_lr_ratio: float = 0.1, warmup_steps: int, weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
         bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
@@ -505,8 +505,8 @@ def train_sft(
     model: PreTrainedModel,
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
-    seq_len: int, max_steps: int, rows_per_micro_batch: int = 1, grad_accum_steps: int = 1,
-    lr: float = 3e-4, min_lr_ratio: float = 0.1, warmup_steps: int = 0, weight_decay: float = 0.1,
+    seq_len: int, max_steps: int, rows_per_micro_batch: int, grad_accum_steps: int = 1,
+    lr: float, min_lr_ratio: float = 0.1, warmup_steps: int, weight_decay: float = 0.1,
     betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
     bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, keep_last: int = 2,
@@ -523,6 +523,8 @@ def train_sft(
     checkpoint_dir every checkpoint_every steps (0: only at the end) and at the end, keeping the newest
     keep_last; tokenizer, when given, is saved with each. resume_from is a checkpoint directory of a run with the
     same data and seed (checkpoint.latest_checkpoint finds the newest); the run continues from its step.
+    rows_per_micro_batch, lr and warmup_steps have no default here: sft.* (swerl/config/train.py) holds them, and
+    the stage passes what it resolved (swerl.stages.sft.sft_arguments).
 
     stop, when given, is called with the number of steps done before every step; True ends the run there (the
     final checkpoint is still written). It is the stage's wall-clock guard: the step count, and so the schedule

@@ -385,8 +385,9 @@ def test_stop_ends_the_run_early_on_the_schedule_of_max_steps(tokenizer, example
         return step == 4
 
     metrics: list[StepMetrics] = []
-    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, warmup_steps=2, lr=1e-3,
-                       min_lr_ratio=0.1, on_step=metrics.append, stop=stop, checkpoint_dir=tmp_path)  # fmt: skip
+    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, rows_per_micro_batch=1,
+                       warmup_steps=2, lr=1e-3, min_lr_ratio=0.1, on_step=metrics.append, stop=stop,
+                       checkpoint_dir=tmp_path)  # fmt: skip
     assert asked == [0, 1, 2, 3, 4] and result.state.step == 4 and [m.step for m in metrics] == [1, 2, 3, 4]
     assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 1e-3, 2, 1000, 0.1) for s in range(4)])
     assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004"]
@@ -433,7 +434,17 @@ def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, example
     for bf16 in (False, True):
         model = tiny_model(tokenizer)
         metrics: list[StepMetrics] = []
-        train_sft(model, examples, seq_len=96, max_steps=2, bf16=bf16, on_step=metrics.append)
+        train_sft(
+            model,
+            examples,
+            seq_len=96,
+            max_steps=2,
+            rows_per_micro_batch=1,
+            lr=3e-4,
+            warmup_steps=0,
+            bf16=bf16,
+            on_step=metrics.append,
+        )
         losses[bf16] = [m.loss for m in metrics]
         assert all(parameter.dtype == torch.float32 for parameter in model.parameters())
     assert losses[True] == pytest.approx(losses[False], rel=2e-2)
@@ -443,7 +454,17 @@ def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, example
 def test_grad_norm_is_reported_before_clipping(tokenizer, examples) -> None:
     model = tiny_model(tokenizer)
     metrics: list[StepMetrics] = []
-    train_sft(model, examples, seq_len=96, max_steps=1, max_grad_norm=1e-3, on_step=metrics.append)
+    train_sft(
+        model,
+        examples,
+        seq_len=96,
+        max_steps=1,
+        rows_per_micro_batch=1,
+        lr=3e-4,
+        warmup_steps=0,
+        max_grad_norm=1e-3,
+        on_step=metrics.append,
+    )
     assert metrics[0].grad_norm > 1e-2
 
 
@@ -479,7 +500,16 @@ def test_resume_equals_uninterrupted_run(tokenizer, examples, tmp_path: Path) ->
 def test_keep_last_prunes_old_checkpoints(tokenizer, examples, tmp_path: Path) -> None:
     model = tiny_model(tokenizer)
     train_sft(
-        model, examples, seq_len=96, max_steps=5, checkpoint_dir=tmp_path, checkpoint_every=1, keep_last=2
+        model,
+        examples,
+        seq_len=96,
+        max_steps=5,
+        rows_per_micro_batch=1,
+        lr=3e-4,
+        warmup_steps=0,
+        checkpoint_dir=tmp_path,
+        checkpoint_every=1,
+        keep_last=2,
     )
     assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004", "step_00000005"]
     assert isinstance(AutoModelForCausalLM.from_pretrained(tmp_path / "step_00000005"), PreTrainedModel)
@@ -518,5 +548,12 @@ def test_checkpoint_without_model_files_is_refused(tokenizer, examples, tmp_path
         check_checkpoint_dir(tmp_path / "step_00000001")
     with pytest.raises(FileNotFoundError, match="missing"):
         train_sft(
-            tiny_model(tokenizer), examples, seq_len=96, max_steps=1, resume_from=tmp_path / "step_00000001"
+            tiny_model(tokenizer),
+            examples,
+            seq_len=96,
+            max_steps=1,
+            rows_per_micro_batch=1,
+            lr=3e-4,
+            warmup_steps=0,
+            resume_from=tmp_path / "step_00000001",
         )
