@@ -1,7 +1,8 @@
 """A chaos run of the asynchronous GRPO stage: faults injected on a seeded schedule, then the books are checked.
 
 The GRPO stage runs for real in a subprocess (as tests/stages/test_grpo_async_crash.py does): a tiny Qwen3 served by the
-real HTTP engine server (swerl.engine.server, engine kind http_local) behind a fault proxy, real local sandboxes
+real HTTP engine server (swerl.engine.server, engine kind http_local) behind a fault proxy (tests/doubles.py
+FaultProxy), real local sandboxes
 on clean micro repositories, real grading, an S3 store (a SeaweedFS server this script starts on 127.0.0.1 with
 credentials it generates; --store file for a file:// one) and a sqlite MLflow. The proxy speaks the engine's API
 and takes emulated_server's POST /fault bodies ({"status": 503}, {"drop": true}, {"delay_s": s}, "count").
@@ -28,7 +29,6 @@ final model equals an undisturbed run's with the same seed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -138,49 +138,13 @@ def make_inputs(root: Path, tasks: int) -> None:
 # The child: the GRPO stage, its engine behind a fault proxy
 
 
-class FaultProxy:
-    """Forwards the engine API to `upstream`; POST /fault queues faults for the next /generate calls."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.faults: list[dict[str, Any]] = []
-        self.session: Any = None
-
-    async def fault(self, request: Any) -> Any:
-        from aiohttp import web
-
-        body = await request.json()
-        self.faults += [dict(body)] * int(body.pop("count", 1))
-        return web.json_response({"queued": len(self.faults)})
-
-    async def forward(self, request: Any) -> Any:
-        from aiohttp import ClientTimeout, web
-
-        if request.path == "/generate" and self.faults:
-            fault = self.faults.pop(0)
-            if fault.get("drop"):
-                assert request.transport is not None
-                request.transport.close()
-                return web.Response(status=500)
-            if "status" in fault:
-                return web.json_response(
-                    {"error": {"message": "injected fault"}}, status=int(fault["status"])
-                )
-            await asyncio.sleep(float(fault.get("delay_s", 0.0)))
-        body = await request.read()
-        async with self.session.request(request.method, self.upstream + request.path_qs, data=body,
-                                        headers={"Content-Type": request.content_type},
-                                        timeout=ClientTimeout(total=None)) as answer:  # fmt: skip
-            return web.Response(body=await answer.read(), status=answer.status,
-                                content_type=answer.content_type)  # fmt: skip
-
-
 def install_fault_proxy(control_port: int) -> None:
     """Make the stage's engine the real http_local server behind a FaultProxy on `control_port` (the stage is
     swerl's; only the factory it imported is wrapped, in this process)."""
     import swerl.stages.grpo as grpo_stage
     from swerl.engine import factory
     from swerl.engine.launcher import EngineLauncher
+    from tests.doubles import FaultProxy
 
     real_open_engine = factory.open_engine
 

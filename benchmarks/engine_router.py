@@ -33,21 +33,16 @@ from swerl.config.engine import EngineConfig
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams
 from swerl.engine.client import EngineClient
 from swerl.engine.router import Router
-from swerl.services import Service, free_port
+from swerl.services import Service
+
+# The checkout's tests.doubles, whether this runs as a script or with -m:
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.doubles import launch_emulated  # noqa: E402
 
 
 def start_engines(count: int, latency_s: float, log_dir: Path) -> list[Service]:
-    services = []
-    for _ in range(count):
-        port = free_port()
-        argv = [sys.executable, "-m", "swerl.engine.emulated_server", "--port", str(port),
-                "--latency-s", str(latency_s), "--backlog", "4096"]  # fmt: skip
-        service = Service(
-            f"emulated-{port}", argv, f"http://127.0.0.1:{port}/health", log_dir / f"{port}.log"
-        )
-        service.stop_timeout_s = 5
-        services.append(service.start())
-    return services
+    """`count` emulated SGLang servers (16 tokens an answer), each listening with a backlog of 4096."""
+    return [launch_emulated(log_dir, latency_s, output_tokens=None, backlog=4096) for _ in range(count)]
 
 
 def engine_stats(url: str, reset: bool = False) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from swerl.config.agent import AgentConfig
 from swerl.config.engine import EngineConfig
 from swerl.config.grpo import GRPOConfig
 from swerl.data.taskio import tasks_to_parquet
-from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+from swerl.model.loading import save_model_and_tokenizer
 from swerl.stages import evaluate as evaluate_module
 from swerl.stages import grpo as grpo_module
 from swerl.stages import grpo_eval
@@ -38,6 +38,7 @@ from swerl.storage import Store
 from swerl.tracking import Tracker
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.tiny_models import SMALL, tiny_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
@@ -97,8 +98,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, micro_cache: Path) -> Env:
 
     def sft(cfg: Any, ctx: StageContext) -> StageResult:
         tokenizer = emulation_tokenizer(ctx.workdir / "tokenizer")
-        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=64, max_position_embeddings=512, seed=0)  # fmt: skip
+        model = tiny_qwen3(tokenizer, 512, shape=SMALL)
         put_dir(ctx, "model", save_model_and_tokenizer(model, tokenizer, ctx.workdir / "model"))
         return StageResult()
 

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from swerl.config.train import DistributedConfig, SFTConfig
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
+from swerl.model.loading import load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import StreamPosition
 from swerl.train.distributed import init_rank, load_sharded_model
@@ -29,8 +29,8 @@ from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.ranks import DistributedTrainer, SFTRanks
 from swerl.train.sft import SFTTrainer, run_sft_steps, train_sft
 from swerl.train.trainer_process import TrainerProcessDied
-from tests.train.test_grpo_trainer import MODEL, synthetic_groups
-from tests.train.test_grpo_trainer import tokenizer as tokenizer  # noqa: F401 - the module-scoped fixture
+from tests.tiny_models import MOE, tiny_qwen3
+from tests.train.test_grpo_trainer import CONTEXT, synthetic_groups
 from tests.trainer_helpers import grpo_trainer
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
@@ -82,8 +82,8 @@ def sft_rank(
                       **SFT_OPTIONS)  # fmt: skip
 
 
-def _model_dir(tokenizer: PreTrainedTokenizerBase, out: Path, moe: bool = False) -> str:  # noqa: F811
-    model = build_tiny_model(tokenizer, **MODEL, moe=moe, num_experts=4, num_experts_per_tok=2, seed=0)
+def _model_dir(tokenizer: PreTrainedTokenizerBase, out: Path, moe: bool = False) -> str:
+    model = tiny_qwen3(tokenizer, CONTEXT, **(MOE if moe else {}))
     model.save_pretrained(out)
     save_tokenizer(tokenizer, out)
     return str(out)
@@ -104,7 +104,7 @@ def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_two_gloo_ranks_make_the_one_process_grpo_steps(
-    tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
     moe: bool,
 ) -> None:
@@ -130,7 +130,7 @@ def test_two_gloo_ranks_make_the_one_process_grpo_steps(
 
 
 def test_two_gloo_ranks_make_the_one_process_sft_steps(
-    tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
 ) -> None:
     model_dir = _model_dir(tokenizer, tmp_path / "start")
@@ -160,7 +160,7 @@ def test_two_gloo_ranks_make_the_one_process_sft_steps(
 
 
 def test_a_sigkill_mid_step_resumes_exactly(
-    tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    tokenizer: PreTrainedTokenizerBase,
     tmp_path: Path,
 ) -> None:
     """Uninterrupted: 3 steps. Interrupted: 1 step, checkpoint, step 2 killed (SIGKILL of rank 1 after its

@@ -17,31 +17,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swerl.engine.base import Engine, GenerateRequest, SamplingParams, logprob_temperature
 from swerl.engine.local import LocalEngine
-from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
+from swerl.model.loading import save_model_and_tokenizer
 from swerl.rollout.groups import EpisodeFn, rollout_groups
 from swerl.train.checkpoint import StreamPosition
 from swerl.train.grpo import gather_logprobs, token_entropy
 from swerl.train.grpo_step import collate, plan_micro_batches, score_groups
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.tiny_models import TRAINER_CORPUS, tiny_qwen3
 from tests.trainer_helpers import grpo_trainer, settings
 
-CORPUS = [
-    "task 0: name a letter\n",
-    "name a digit: 0 1 2 3 4 5 6 7 8 9\n",
-    "the quick brown fox jumps over the lazy dog\n",
-    "def add(left, right):\n    return left + right\n",
-]
-MODEL: dict[str, Any] = dict(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=128,
-)
-CONTEXT = 128
+CORPUS = TRAINER_CORPUS  # what the tokenizer (tests/train/conftest.py) is trained on
+CONTEXT = 128  # the tiny model's positions and the engine's context
 # fp32, same weights: the engine's incremental decode vs the trainer's one padded forward differ by float
 # rounding only (~2e-7 measured).
 FP32_LOGPROB_TOLERANCE = 1e-4
@@ -52,13 +39,8 @@ BF16_LOGPROB_TOLERANCE = 1e-2  # ~8e-4 measured
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
-    return train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=tmp_path_factory.mktemp("tokenizer"))
-
-
 def tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> PreTrainedModel:
-    return build_tiny_model(tokenizer, **MODEL, seed=seed)
+    return tiny_qwen3(tokenizer, CONTEXT, seed)
 
 
 def synthetic_trajectory(

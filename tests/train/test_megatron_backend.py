@@ -29,13 +29,13 @@ from transformers import PreTrainedTokenizerBase
 
 from swerl.config.grpo import GRPOAlgorithmConfig, GRPOConfig
 from swerl.config.train import DistributedConfig, MegatronConfig
-from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
+from swerl.model.loading import save_model_and_tokenizer
 from swerl.train import megatron_backend as mb
 from swerl.train import megatron_settings as ms
 from swerl.train.grpo import LossSettings, policy_loss, token_entropy
 from swerl.train.grpo_step import UpdateSettings, collate, score_groups
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.tiny_models import MOE, TinyModels, tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,17 +48,17 @@ BF16_GRAD_NORM_RTOL = 0.10
 BF16_ENTROPY_ATOL = 0.05
 
 
-# Self-contained (no test helper that imports the stages): the GPU machine runs this file with swerl's trainer
-# dependencies only (scripts/device_check.sh), not prefect, mlflow or the sandboxes.
+# Self-contained (no test helper that imports the stages; tests/tiny_models.py imports only swerl.model): the GPU
+# machine runs this file with swerl's trainer dependencies only (scripts/device_check.sh), not prefect, mlflow or
+# the sandboxes.
 CORPUS = ["name a digit: 0 1 2 3 4 5 6 7 8 9\n", "the quick brown fox jumps over the lazy dog\n",
           "def add(left, right):\n    return left + right\n"]  # fmt: skip
-MODEL: dict[str, Any] = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                             max_position_embeddings=128)  # fmt: skip
+POSITIONS = 128  # the tiny model's
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
-    return train_tokenizer(CORPUS * 20, vocab_size=300, out_dir=tmp_path_factory.mktemp("tokenizer"))
+def tokenizer(tiny_models: TinyModels) -> PreTrainedTokenizerBase:
+    return tiny_models.tokenizer(CORPUS * 20, vocab_size=300)
 
 
 def settings(**overrides: Any) -> UpdateSettings:
@@ -320,7 +320,7 @@ def test_token_arrays_give_the_torch_backends_loss(
     """GRPOTrainer scores out[:, t] = log p(token t + 1) against the arrays shifted by [:, 1:]; the megatron step
     computes log p(targets[:, t]) at every position of the shifted, padded layout. Same loss, same gradient."""
     torch.manual_seed(0)
-    model = build_tiny_model(tokenizer, **MODEL, seed=0)
+    model = tiny_qwen3(tokenizer, POSITIONS)
     micro = _first_micro(tokenizer)
     knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, tis_level=tis_level),
                  normalizer=float(micro.num_loss_tokens))  # fmt: skip
@@ -354,7 +354,7 @@ def test_token_arrays_give_the_torch_backends_loss(
 def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedTokenizerBase) -> None:
     """Split over 2 context-parallel ranks (token-level TIS), the ranks' losses add up to the unsplit loss: each
     normalises by the minibatch's token count, megatron's DDP sums their gradients."""
-    model = build_tiny_model(tokenizer, **MODEL, seed=1)
+    model = tiny_qwen3(tokenizer, POSITIONS, seed=1)
     micro = _first_micro(tokenizer)
     multiple = ms.sequence_multiple(MegatronConfig(context_parallel=2))
     knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0),
@@ -439,7 +439,7 @@ def megatron_rank() -> Any:
 
 def tiny_moe_dir(tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:
     """A tiny Qwen3-MoE (4 experts, 2 active) built from config, saved as an HF folder with its tokenizer."""
-    model = build_tiny_model(tokenizer, **MODEL, moe=True, num_experts=4, num_experts_per_tok=2, seed=0)
+    model = tiny_qwen3(tokenizer, POSITIONS, **MOE)
     return save_model_and_tokenizer(model, tokenizer, out)
 
 

@@ -15,8 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from swerl.model.chat import render_messages
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer
-from swerl.model.tokenizer import train_tokenizer
+from swerl.model.loading import load_model_and_tokenizer
 from swerl.train.checkpoint import check_checkpoint_dir, latest_checkpoint, list_checkpoints
 from swerl.train.sft import (
     IGNORE_INDEX,
@@ -34,6 +33,7 @@ from swerl.train.sft import (
     summed_target_nll,
     train_sft,
 )
+from tests.tiny_models import TinyModels, tiny_qwen3
 
 CONVERSATIONS = [
     [
@@ -54,33 +54,25 @@ CONVERSATIONS = [
         {"role": "user", "content": "Done."},
     ],
 ]
-MODEL_SHAPE: dict[str, Any] = dict(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=256,
-)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+def tokenizer(tiny_models: TinyModels):
     corpus = [str(message["content"]) for conversation in CONVERSATIONS for message in conversation]
     corpus += ["user assistant system\n", "def clamp(value, low, high):\n    return min(value, high)\n"]
-    return train_tokenizer(corpus * 20, vocab_size=320, out_dir=tmp_path_factory.mktemp("tokenizer"))
+    return tiny_models.tokenizer(corpus * 20, vocab_size=320)
+
+
+def tiny_model(tokenizer, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+    return tiny_qwen3(tokenizer, 256, seed, **overrides)
 
 
 @pytest.fixture(scope="module")
 def examples(tokenizer) -> list[tuple[list[int], list[int]]]:
     return [render_messages(tokenizer, conversation) for conversation in CONVERSATIONS]
-
-
-def tiny_model(tokenizer, seed: int = 0, **overrides: Any) -> PreTrainedModel:
-    return build_tiny_model(tokenizer, **{**MODEL_SHAPE, **overrides}, seed=seed)
 
 
 def lone_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:

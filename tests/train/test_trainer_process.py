@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swerl.model.loading import build_tiny_model, load_model_and_tokenizer, load_tokenizer
+from swerl.model.loading import load_model_and_tokenizer, load_tokenizer
 from swerl.model.tokenizer import save_tokenizer
 from swerl.train.checkpoint import StreamPosition
 from swerl.train.grpo_trainer import GRPOTrainer
 from swerl.train.trainer_process import TrainerProcess, TrainerProcessDied
-from tests.train.test_grpo_trainer import MODEL, synthetic_groups
-from tests.train.test_grpo_trainer import tokenizer as tokenizer  # noqa: F401 - the module-scoped fixture
+from tests.tiny_models import tiny_qwen3
+from tests.train.test_grpo_trainer import CONTEXT, synthetic_groups
 from tests.trainer_helpers import grpo_trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -32,15 +32,15 @@ def make_trainer(tokenizer_dir: str, threads: int) -> GRPOTrainer:
     """The factory both sides use (module level: the spawned child imports it)."""
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(tokenizer_dir)
-    return grpo_trainer(build_tiny_model(tokenizer, **MODEL, seed=0), tokenizer=tokenizer, **OPTIONS)
+    return grpo_trainer(tiny_qwen3(tokenizer, CONTEXT), tokenizer=tokenizer, **OPTIONS)
 
 
 @pytest.fixture
-def tokenizer_dir(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> str:  # noqa: F811
+def tokenizer_dir(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> str:
     out = tmp_path / "tokenizer"
     save_tokenizer(tokenizer, out)
     # load_tokenizer checks for a model directory: give it the files it looks for (never loaded as weights here)
-    build_tiny_model(tokenizer, **MODEL, seed=0).save_pretrained(out)
+    tiny_qwen3(tokenizer, CONTEXT).save_pretrained(out)
     return str(out)
 
 
