@@ -12,7 +12,7 @@ Faults, drawn from a seeded RNG while the stage runs:
   sandbox_kill    SIGKILL of a random process running under a sandbox uid beneath the stage
   engine_5xx      the next /generate answers HTTP 503
   engine_drop     the next /generate has its connection dropped
-  engine_hang     the next /generate sleeps past engine.request_timeout_s (or a shorter stall)
+  engine_hang     the next /generate sleeps past engine.http.request_timeout_s (or a shorter stall)
   disk_full       a live sandbox's workspace filesystem filled to ENOSPC (a big file written into it)
   s3_restart      the S3 server (SeaweedFS on loopback, the store with --store s3, the default) stopped, left down
                   for a moment and started again on the same data; the store's retries (storage.max_attempts)
@@ -72,9 +72,9 @@ def settings(args: dict[str, Any]) -> tuple[Any, Any, Any]:
         "sandbox": {"runtime": args["runtime"]},
     })  # fmt: skip
     engine = EngineConfig.model_validate({
-        "kind": "http_local", "max_batch_size": 4, "max_context_tokens": 512, "threads": 1,
-        "request_timeout_s": args["request_timeout_s"], "retries": 2, "retry_backoff_s": 0.2,
-        "health_interval_s": args["health_interval_s"],
+        "kind": "http_local", "max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1},
+        "http": {"request_timeout_s": args["request_timeout_s"], "retries": 2, "retry_backoff_s": 0.2},
+        "router": {"health_interval_s": args["health_interval_s"]},
     })  # fmt: skip
     return grpo, agent, engine
 
@@ -154,7 +154,7 @@ def install_fault_proxy(control_port: int) -> None:
 
         spec = factory.server_spec(cfg, model_dir, kw.get("seed", 0), kw.get("weight_version", 0))
         launcher = EngineLauncher(spec, 1, kw.get("log_dir") or Path("engines"), host="127.0.0.1",
-                                  base_port=free_port(), startup_timeout_s=cfg.startup_timeout_s)  # fmt: skip
+                                  base_port=free_port(), startup_timeout_s=cfg.launch.startup_timeout_s)  # fmt: skip
         [upstream] = await launcher.start()
         print(f"chaos: engine server pids {launcher.pids} at {upstream}", file=sys.stderr, flush=True)
         proxy = FaultProxy(upstream)
@@ -167,8 +167,10 @@ def install_fault_proxy(control_port: int) -> None:
                 proxy.session = session
                 await runner.setup()
                 await web.TCPSite(runner, "127.0.0.1", control_port).start()
-                urls = [f"http://127.0.0.1:{control_port}"]
-                async with real_open_engine(cfg.model_copy(update={"urls": urls}), model_dir, **kw) as engine:
+                launch = cfg.launch.model_copy(update={"urls": [f"http://127.0.0.1:{control_port}"]})
+                async with real_open_engine(
+                    cfg.model_copy(update={"launch": launch}), model_dir, **kw
+                ) as engine:
                     yield engine
         finally:
             await runner.cleanup()
@@ -495,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "--health-interval-s",
         type=float,
         default=0.5,
-        help="engine.health_interval_s: how soon an engine taken out of rotation is probed back",
+        help="engine.router.health_interval_s: how soon an engine taken out of rotation is probed back",
     )
     parser.add_argument("--runtime", default="bubblewrap", choices=["auto", "supervisor", "bubblewrap"])
     parser.add_argument("--store", default="s3", choices=["s3", "file"],

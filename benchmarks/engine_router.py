@@ -112,7 +112,7 @@ async def main(args: argparse.Namespace) -> None:
     needed = 2 * args.concurrency + 256
     if soft < needed:
         raise SystemExit(f"open-file limit {soft} < {needed} needed for {args.concurrency} connections")
-    config = EngineConfig(kind="http_local", num_engines=args.engines)
+    config = EngineConfig.model_validate({"kind": "http_local", "launch": {"num_engines": args.engines}})
     pool_size = config.pool_size(args.concurrency)
     with tempfile.TemporaryDirectory() as logs:
         services = start_engines(args.engines, args.latency, Path(logs))
@@ -127,7 +127,7 @@ async def main(args: argparse.Namespace) -> None:
                 clients = [EngineClient(url, pool_size=pool_size, **CLIENT_ARGS) for url in urls]
                 for url in urls:
                     engine_stats(url, reset=True)
-                router = Router(clients, health_interval_s=0, retries=config.retries, **ROUTER_ARGS)
+                router = Router(clients, health_interval_s=0, retries=config.http.retries, **ROUTER_ARGS)
                 engines: list[Engine] = [router] if mode == "router" else list(clients)
                 rounds = 1 if mode == "warm-up" else args.rounds
                 extra, cpu_s, calls = await drive(engines, args.concurrency, rounds, args.latency)

@@ -284,7 +284,9 @@ def demand(cfg: PipelineConfig) -> dict[str, Any]:
     e = cfg.engine
     episodes = max(c for c, _ in stage_concurrency(cfg).values())
     connections = (
-        0 if e.kind == "local" else e.num_engines * ((e.max_connections or episodes) + e.control_connections)
+        0
+        if e.kind == "local"
+        else e.launch.num_engines * ((e.http.max_connections or episodes) + e.http.control_connections)
     )
     peak["fds"] += connections + cfg.storage.max_pool_connections + FDS_BASE
     peak["processes"] += PROCESSES_BASE
@@ -319,9 +321,9 @@ def _pool_checks(cfg: PipelineConfig) -> list[Check]:
 def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
     out: list[Check] = []
     e = cfg.engine
-    if e.kind != "local" and e.max_connections is not None:
-        out.append(Check("engine.max_connections", e.max_connections >= need["episodes"],
-                         f"{e.max_connections} connections per engine vs {need['episodes']} episodes at once"))  # fmt: skip
+    if e.kind != "local" and e.http.max_connections is not None:
+        out.append(Check("engine.http.max_connections", e.http.max_connections >= need["episodes"],
+                         f"{e.http.max_connections} connections per engine vs {need['episodes']} episodes at once"))  # fmt: skip
     available = machine.get("mem_available_mb")
     if available is not None:
         out.append(Check("memory", need["memory_mb"] <= available,

@@ -31,48 +31,50 @@ async def open_engine(
 ) -> AsyncIterator[Engine]:
     """An engine serving `model_dir` at `weight_version` for a stage running `concurrency` episodes at once.
 
-    local: LocalEngine in this process. http_local / sglang: `cfg.num_engines` servers launched on loopback (or
-    `cfg.urls`), behind an in-process Router; the servers are stopped (by pid) on exit. Local engines run on
-    cfg.device in cfg.dtype (http_local with cuda: engine i on GPU i).
+    local: LocalEngine in this process. http_local / sglang: `cfg.launch.num_engines` servers launched on loopback
+    (or `cfg.launch.urls`), behind an in-process Router; the servers are stopped (by pid) on exit. Local engines run
+    on cfg.local.device in cfg.local.dtype (http_local with cuda: engine i on GPU i).
     """
-    if cfg.kind in ("local", "http_local") and cfg.device == "cuda" and not cfg.urls:
-        check_cuda(cfg.num_engines if cfg.kind == "http_local" else 1)
+    launch, local, http, router = cfg.launch, cfg.local, cfg.http, cfg.router
+    if cfg.kind in ("local", "http_local") and local.device == "cuda" and not launch.urls:
+        check_cuda(launch.num_engines if cfg.kind == "http_local" else 1)
     if cfg.kind == "local":
         async with LocalEngine(
             model_dir, max_batch_size=cfg.max_batch_size, max_context_tokens=cfg.max_context_tokens, seed=seed,
-            weight_version=weight_version, intra_op_threads=cfg.threads, prefix_cache_size=cfg.prefix_cache_size,
-            device=cfg.device, dtype=DTYPES[cfg.dtype], weight_sync_timeout_s=cfg.weight_sync.timeout_s,
-            prefill_tokens_per_step=cfg.prefill_tokens_per_step,
+            weight_version=weight_version, intra_op_threads=local.threads, prefix_cache_size=local.prefix_cache_size,
+            device=local.device, dtype=DTYPES[local.dtype], weight_sync_timeout_s=cfg.weight_sync.timeout_s,
+            prefill_tokens_per_step=local.prefill_tokens_per_step,
         ) as engine:  # fmt: skip
             yield engine
         return
     launcher: EngineLauncher | None = None
-    urls = list(cfg.urls)
+    urls = list(launch.urls)
     if not urls:
         spec = server_spec(cfg, model_dir, seed, weight_version)
-        launcher = EngineLauncher(spec, cfg.num_engines, log_dir or Path("runs/engines"), host=cfg.host,
-                                  base_port=cfg.base_port, startup_timeout_s=cfg.startup_timeout_s)  # fmt: skip
+        launcher = EngineLauncher(spec, launch.num_engines, log_dir or Path("runs/engines"), host=launch.host,
+                                  base_port=launch.base_port, startup_timeout_s=launch.startup_timeout_s)  # fmt: skip
     pool_size = cfg.pool_size(concurrency)
     try:
         if launcher is not None:
             urls = await launcher.start()
             log.info("engines %s up (logs %s)", urls, launcher.logs())
         clients = [
-            EngineClient(url, pool_size=pool_size, connect_timeout_s=cfg.connect_timeout_s,
-                         request_timeout_s=cfg.request_timeout_s, control_timeout_s=cfg.control_timeout_s,
-                         health_timeout_s=cfg.health_timeout_s, retries=0, control_retries=cfg.retries,
-                         retry_backoff_s=cfg.retry_backoff_s, weight_version=weight_version,
-                         tp_size=cfg.tp_size if cfg.kind == "sglang" else 1)
+            EngineClient(url, pool_size=pool_size, connect_timeout_s=http.connect_timeout_s,
+                         request_timeout_s=http.request_timeout_s, control_timeout_s=http.control_timeout_s,
+                         health_timeout_s=router.health_timeout_s, retries=0, control_retries=http.retries,
+                         retry_backoff_s=http.retry_backoff_s, weight_version=weight_version,
+                         tp_size=cfg.sglang.tp_size if cfg.kind == "sglang" else 1)
             for url in urls
         ]  # fmt: skip
         log.info("engine limits: %d engines, %d connections each, request timeout %.0f s, retries %d, context %d",
-                 len(urls), pool_size, cfg.request_timeout_s, cfg.retries, cfg.max_context_tokens)  # fmt: skip
+                 len(urls), pool_size, http.request_timeout_s, http.retries, cfg.max_context_tokens)  # fmt: skip
         async with Router(
-            clients, retries=cfg.retries, health_interval_s=cfg.health_interval_s,
-            sticky_capacity=cfg.sticky_capacity, sticky_max_excess=cfg.sticky_max_excess,
-            weight_update_mode=cfg.weight_update_mode, pause_mode=cfg.pause_mode, weight_version=weight_version,
-        ) as router:  # fmt: skip
-            yield router
+            clients, retries=http.retries, health_interval_s=router.health_interval_s,
+            sticky_capacity=router.sticky_capacity, sticky_max_excess=router.sticky_max_excess,
+            weight_update_mode=cfg.weight_sync.update_mode, pause_mode=cfg.weight_sync.pause_mode,
+            weight_version=weight_version,
+        ) as engine_router:  # fmt: skip
+            yield engine_router
     finally:
         if launcher is not None:
             launcher.stop()
@@ -82,14 +84,14 @@ def server_spec(
     cfg: EngineConfig, model_dir: str | Path, seed: int, weight_version: int
 ) -> LocalServerSpec | SGLangSpec:
     """What each launched engine process is started with (kind http_local or sglang)."""
-    sync = cfg.weight_sync
+    sync, local, sglang = cfg.weight_sync, cfg.local, cfg.sglang
     if cfg.kind == "http_local":
-        return LocalServerSpec(str(model_dir), cfg.max_batch_size, cfg.max_context_tokens, cfg.threads, seed,
-                               weight_version, cfg.prefix_cache_size, cfg.device, cfg.dtype, sync.timeout_s,
-                               sync.socket_ifname, cfg.prefill_tokens_per_step)  # fmt: skip
+        return LocalServerSpec(str(model_dir), cfg.max_batch_size, cfg.max_context_tokens, local.threads, seed,
+                               weight_version, local.prefix_cache_size, local.device, local.dtype, sync.timeout_s,
+                               sync.socket_ifname, local.prefill_tokens_per_step)  # fmt: skip
     if cfg.kind == "sglang":
-        return SGLangSpec(str(model_dir), cfg.tp_size, cfg.max_context_tokens, cfg.mem_fraction_static,
-                          cfg.max_batch_size, seed, weight_version, tuple(cfg.sglang_args),
+        return SGLangSpec(str(model_dir), sglang.tp_size, cfg.max_context_tokens, sglang.mem_fraction_static,
+                          cfg.max_batch_size, seed, weight_version, tuple(sglang.sglang_args),
                           sync.socket_ifname)  # fmt: skip
     raise ValueError(f"engine kind {cfg.kind!r} runs in process: no server to launch")
 
@@ -98,13 +100,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def check_cuda(gpus: int) -> None:
-    """engine.device cuda needs `gpus` GPUs visible to torch here; a clear error otherwise."""
+    """engine.local.device cuda needs `gpus` GPUs visible to torch here; a clear error otherwise."""
     if not torch.cuda.is_available():
         raise ValueError(
-            f"engine.device is cuda but torch.cuda.is_available() is False (no GPU visible, or a CPU build of "
-            f"torch {torch.__version__}): set engine.device cpu"
+            f"engine.local.device is cuda but torch.cuda.is_available() is False (no GPU visible, or a CPU build "
+            f"of torch {torch.__version__}): set engine.local.device cpu"
         )
     if torch.cuda.device_count() < gpus:
         raise ValueError(
-            f"engine.device cuda needs {gpus} GPUs (one per engine), {torch.cuda.device_count()} visible"
+            f"engine.local.device cuda needs {gpus} GPUs (one per engine), {torch.cuda.device_count()} visible"
         )

@@ -154,7 +154,8 @@ class LocalEngine:
         device: where the model and its KV cache live ("cpu", "cuda", "cuda:1"); sampling runs on CPU (the
             requests' seeded generators), a step's logits moved there at once.
         weight_sync_timeout_s: how long joining a weight group, or one bucket's broadcast, may take.
-        prefill_tokens_per_step: most prompt tokens prefilled in one model step (engine.prefill_tokens_per_step).
+        prefill_tokens_per_step: most prompt tokens prefilled in one model step
+            (engine.local.prefill_tokens_per_step).
         return_original_logprob: report log-probs of the unscaled (T = 1) distribution for all requests.
         weight_version: version of the weights loaded from model_path.
         intra_op_threads: torch threads of the engine's worker thread; None keeps torch's default. Small models

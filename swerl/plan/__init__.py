@@ -41,7 +41,7 @@ def make_plan(cfg: PipelineConfig, source: str = "the config") -> Plan:
         )
         + f"; host {host_gib:,.1f} GiB per node ({host_source}); usable fraction {c.usable_memory_fraction:g}",
     )
-    kv_dtype = "bfloat16" if e.kind == "sglang" else e.dtype
+    kv_dtype = "bfloat16" if e.kind == "sglang" else e.local.dtype
     kv_token = arch.kv_bytes_per_token(DTYPE_BYTES[kv_dtype])
     plan.model_lines = [
         f"{arch.describe()}",

@@ -20,10 +20,10 @@ def model_checks(
             f"max_position_embeddings {arch.max_positions:,}",
         ))  # fmt: skip
     if e.kind == "sglang":
-        ok = arch.num_heads % e.tp_size == 0
+        ok = arch.num_heads % e.sglang.tp_size == 0
         checks.append(PlanCheck(
-            "engine.tp_size", ok, f"tp_size {e.tp_size} {'divides' if ok else 'does not divide'} the model's "
-            f"{arch.num_heads} attention heads (SGLang splits heads over its GPUs)",
+            "engine.sglang.tp_size", ok, f"tp_size {e.sglang.tp_size} {'divides' if ok else 'does not divide'} the "
+            f"model's {arch.num_heads} attention heads (SGLang splits heads over its GPUs)",
         ))  # fmt: skip
     for name, d in stages.items():
         if d.backend != "megatron":
@@ -60,26 +60,26 @@ def port_checks(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer
     used: list[tuple[int, int, str]] = []  # (node, port, owner)
     if e.kind == "local":
         plan.processes.append("engine: in swerl's process (no port)")
-    elif e.urls:
-        plan.processes.append(f"engines: {', '.join(e.urls)} (engine.urls)")
+    elif e.launch.urls:
+        plan.processes.append(f"engines: {', '.join(e.launch.urls)} (engine.launch.urls)")
     else:
         count = 2 + each if e.kind == "sglang" else 1
         ports = (
-            f"ports {e.base_port}-{e.base_port + engines - 1}"
-            if e.base_port
+            f"ports {e.launch.base_port}-{e.launch.base_port + engines - 1}"
+            if e.launch.base_port
             else "free ports picked at launch"
         )
         plan.processes.append(
-            f"engines: {engines} x {count} process{'es' if count > 1 else ''} ({e.kind}), host {e.host}, {ports}"
+            f"engines: {engines} x {count} process{'es' if count > 1 else ''} ({e.kind}), host {e.launch.host}, {ports}"
         )
-        if e.base_port:
-            last = e.base_port + engines - 1
+        if e.launch.base_port:
+            last = e.launch.base_port + engines - 1
             ok = last <= 65535
-            plan.checks.append(PlanCheck("ports.engines", ok, f"engine ports {e.base_port}-{last}"
+            plan.checks.append(PlanCheck("ports.engines", ok, f"engine ports {e.launch.base_port}-{last}"
                                          + ("" if ok else ": past 65535")))  # fmt: skip
             for i in range(engines):
                 node = (i * each) // per_node if engine_gpus else driver
-                used.append((node, e.base_port + i, f"engine {i}"))
+                used.append((node, e.launch.base_port + i, f"engine {i}"))
     plan.processes.append(f"swerl run (stages, router, rollouts): node {driver}")
     for name, d in trainer_stages(cfg).items():
         if d.backend == "torch":
@@ -124,16 +124,16 @@ def launch_notes(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], traine
     engine_nodes = sorted({g // per_node for g in engine_gpus})
     trainer_nodes = sorted({g // per_node for g in trainer_gpus})
     elsewhere = [n for n in engine_nodes if n != driver]
-    if elsewhere and e.urls:
+    if elsewhere and e.launch.urls:
         plan.notes.append(
-            "engines at engine.urls are planned as engine.* describes them (max_batch_size, max_context_tokens, "
-            "mem_fraction_static, tp_size): start them with those values"
+            "engines at engine.launch.urls are planned as engine.* describes them (max_batch_size, "
+            "max_context_tokens, sglang.mem_fraction_static, sglang.tp_size): start them with those values"
         )
     elif elsewhere:
         plan.notes.append(
             f"swerl launches engines on the machine it runs on (node {driver} here): the engines of node"
             f"{'s' if len(elsewhere) > 1 else ''} {', '.join(map(str, elsewhere))} are started there with the same "
-            "arguments and listed in engine.urls (engine.host must then be reachable, not loopback)"
+            "arguments and listed in engine.launch.urls (engine.launch.host must then be reachable, not loopback)"
         )
     if len(trainer_nodes) > 1:
         plan.notes.append(
@@ -146,7 +146,7 @@ def launch_notes(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], traine
             "the local engine runs in swerl's own process on its first visible GPU, as does a one-process trainer: "
             "they share that GPU whatever the placement says (engine.kind http_local or sglang keeps them apart)"
         )
-    elif shared and not e.urls:
+    elif shared and not e.launch.urls:
         local = [g % per_node for g in trainer_gpus if g // per_node == shared[0]]
         plan.notes.append(
             f"engines and trainer share node {shared[0]}: swerl starts trainer rank r on cuda:r and engine i on GPUs "

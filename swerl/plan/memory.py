@@ -2,14 +2,14 @@
 
 Engines (per GPU of an engine):
 - SGLang: weights P x 2 (bf16) / tp_size + KV max_batch_size x max_context_tokens x KV per token (bf16, KV heads
-  split over tp_size, at least one head per GPU), checked against gpu_memory x engine.mem_fraction_static: SGLang's
-  static budget (weights plus its KV pool) is that fraction of the GPU's whole memory (None: SGLang chooses at
-  start; the plan assumes SGLANG_ASSUMED_MEM_FRACTION and says so). SGLang fills the rest of the budget with KV
+  split over tp_size, at least one head per GPU), checked against gpu_memory x engine.sglang.mem_fraction_static:
+  SGLang's static budget (weights plus its KV pool) is that fraction of the GPU's whole memory (None: SGLang chooses
+  at start; the plan assumes SGLANG_ASSUMED_MEM_FRACTION and says so). SGLang fills the rest of the budget with KV
   pool, so the plan also reports the pool's tokens. With grpo.eval.every (async) a second engine set is opened on
   the same GPUs for evaluation: the engines' fractions must then sum to at most 1.
-- local engines on cuda (local: one in the stage's process; http_local: one per engine): weights P x engine.dtype
-  + KV (max_batch_size + prefix_cache_size) x max_context_tokens x KV per token in engine.dtype, checked against
-  gpu_memory x cluster.usable_memory_fraction. On cpu the same bytes count in the host's memory.
+- local engines on cuda (local: one in the stage's process; http_local: one per engine): weights P x
+  engine.local.dtype + KV (max_batch_size + local.prefix_cache_size) x max_context_tokens x KV per token in
+  engine.local.dtype, checked against gpu_memory x cluster.usable_memory_fraction. On cpu the same bytes count in the host's memory.
 
 Trainer (per rank; N ranks; b = bytes of distributed.param_dtype; U = the largest FSDP unit: a decoder layer, the
 embedding or the lm_head; T = tokens in one micro-batch: sft.seq_len x rows_per_micro_batch for SFT,
@@ -55,8 +55,8 @@ from swerl.plan.report import GIB, MemoryLine, Plan, PlanCheck, each_gpu, size_t
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SGLANG_ASSUMED_MEM_FRACTION = 0.85
-"""The static memory fraction planned for SGLang engines when engine.mem_fraction_static is None (SGLang then
-chooses its own at start, from the GPU; set the field to plan with the fraction SGLang will really use)."""
+"""The static memory fraction planned for SGLang engines when engine.sglang.mem_fraction_static is None (SGLang
+then chooses its own at start, from the GPU; set the field to plan with the fraction SGLang will really use)."""
 PROCESS_HOST_GIB = 4.0
 """Host memory of one GPU process (Python, torch, the CUDA runtime and its pinned buffers): rough."""
 PROCESS_HOST_GIB_CPU = 0.5
@@ -133,16 +133,16 @@ def engine_memory(arch: Architecture, cfg: PipelineConfig) -> tuple[dict[str, in
     """Bytes on one GPU of an engine (or in the host for a cpu engine), by item, and the KV line's wording."""
     e = cfg.engine
     if e.kind == "sglang":
-        tp = e.tp_size
+        tp = e.sglang.tp_size
         kv_heads = max(1, math.ceil(arch.num_kv_heads / tp))
         per_token = arch.num_layers * kv_heads * arch.head_dim * 2 * 2
         weights = math.ceil(arch.params().total * 2 / tp)
         kv = e.max_batch_size * e.max_context_tokens * per_token
         return {"weights": weights, "KV": kv}, f"{e.max_batch_size} x {e.max_context_tokens:,} tokens"
-    dtype = DTYPE_BYTES[e.dtype]
-    slots = e.max_batch_size + e.prefix_cache_size
+    dtype = DTYPE_BYTES[e.local.dtype]
+    slots = e.max_batch_size + e.local.prefix_cache_size
     kv = slots * e.max_context_tokens * arch.kv_bytes_per_token(dtype)
-    words = f"({e.max_batch_size} + {e.prefix_cache_size} cached) x {e.max_context_tokens:,} tokens"
+    words = f"({e.max_batch_size} + {e.local.prefix_cache_size} cached) x {e.max_context_tokens:,} tokens"
     return {"weights": arch.params().total * dtype, "KV": kv}, words
 
 
@@ -177,16 +177,16 @@ def gpu_memory_lines(
         items, kv_words = engine_memory(arch, cfg)
         items = {"weights": items["weights"], f"KV ({kv_words})": items["KV"]}
         if e.kind == "sglang":
-            fraction = e.mem_fraction_static
+            fraction = e.sglang.mem_fraction_static
             said = (
-                "engine.mem_fraction_static"
+                "engine.sglang.mem_fraction_static"
                 if fraction is not None
                 else "assumed: mem_fraction_static is None"
             )
             fraction = fraction if fraction is not None else SGLANG_ASSUMED_MEM_FRACTION
             budget = gpu_bytes * fraction
             budget_text = f"{size_text(budget)} ({c.gpu_memory_gib:g} GiB x {fraction:g}, {said})"
-            kv_head_share = max(1, math.ceil(arch.num_kv_heads / e.tp_size))
+            kv_head_share = max(1, math.ceil(arch.num_kv_heads / e.sglang.tp_size))
             per_token = arch.num_layers * kv_head_share * arch.head_dim * 2 * 2
             pool = max(0, int((budget - items["weights"]) // per_token))
             extra = f"SGLang's KV pool: the rest of the budget, ~{pool:,} tokens"
@@ -263,7 +263,10 @@ def host_memory_lines(
         add(stage, driver, "swerl's process", proc_gpu if c.gpus_per_node else proc_cpu)
     engines = engine_count(cfg)
     each = engine_gpus_each(cfg)
-    for stage in ("grpo", "evaluate"):  # engines at engine.urls are planned where engine.* says they run
+    for stage in (
+        "grpo",
+        "evaluate",
+    ):  # engines at engine.launch.urls are planned where engine.* says they run
         if engine_gpus and e.kind != "local":  # a local engine runs in swerl's own process
             for i in range(engines):
                 processes = 2 + each if e.kind == "sglang" else 1

@@ -25,17 +25,17 @@ def engine_gpus_each(cfg: PipelineConfig) -> int:
     """GPUs of one engine (0: the engine runs on cpu)."""
     e = cfg.engine
     if e.kind == "sglang":
-        return e.tp_size
-    return 1 if e.device == "cuda" else 0
+        return e.sglang.tp_size
+    return 1 if e.local.device == "cuda" else 0
 
 
 def engine_count(cfg: PipelineConfig) -> int:
-    """Engines: one in process (local), the servers at engine.urls (planned as engine.* describes them, started
-    by someone else), or num_engines launched by swerl."""
+    """Engines: one in process (local), the servers at engine.launch.urls (planned as engine.* describes them,
+    started by someone else), or launch.num_engines launched by swerl."""
     e = cfg.engine
     if e.kind == "local":
         return 1
-    return len(e.urls) if e.urls else e.num_engines
+    return len(e.launch.urls) if e.launch.urls else e.launch.num_engines
 
 
 def place(
@@ -148,7 +148,7 @@ def placement_lines(
     per_node = c.gpus_per_node
     each = engine_gpus_each(cfg)
     engines = engine_count(cfg)
-    started = "; at engine.urls, started by you" if e.urls and e.kind != "local" else ""
+    started = "; at engine.launch.urls, started by you" if e.launch.urls and e.kind != "local" else ""
     if engine_gpus:
         for node in sorted({g // per_node for g in engine_gpus}):
             mine = [

@@ -198,7 +198,7 @@ def distributed_weights(engine: EngineConfig, g: GRPOConfig) -> DistributedWeigh
         else ("nccl" if g.distributed.device == "cuda" else "gloo")
     )
     return DistributedWeights(master_addr=w.master_addr, master_port=w.master_port, backend=backend,
-                              group_name=w.group_name, bucket_bytes=w.bucket_mb << 20, dtype=engine.dtype,
+                              group_name=w.group_name, bucket_bytes=w.bucket_mb << 20, dtype=engine.local.dtype,
                               timeout_s=w.timeout_s, socket_ifname=w.socket_ifname)  # fmt: skip
 
 

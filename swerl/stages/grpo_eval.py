@@ -61,10 +61,10 @@ def checkpoint_evaluator(
     """The evaluator of an async GRPO stage (None when grpo.eval.every is 0); checks its inputs before training."""
     if g.eval.every == 0:
         return None
-    if engine.urls:
+    if engine.launch.urls:
         raise ValueError(
-            "grpo.eval.every needs an engine of its own, but engine.urls points at running engines (the rollouts'); "
-            "leave engine.urls empty or set grpo.eval.every to 0"
+            "grpo.eval.every needs an engine of its own, but engine.launch.urls points at running engines (the "
+            "rollouts'); leave engine.launch.urls empty or set grpo.eval.every to 0"
         )
     curate = input_manifest(ctx, "curate")
     held_out = load_tasks(ctx.store, curate, "eval.parquet")
@@ -80,7 +80,8 @@ def checkpoint_evaluator(
         evaluate=EvaluateConfig(max_tasks=g.eval.tasks, attempts=g.eval.attempts, temperature=g.eval.temperature,
                                 concurrency=g.eval.concurrency, grader=g.eval.grader),
         agent=agent.model_copy(update={"sandbox": agent.sandbox.model_copy(update={"pool": pool})}),
-        engine=engine.model_copy(update={"base_port": 0}),  # its own servers never take the rollouts' ports
+        # its own servers never take the rollouts' ports
+        engine=engine.model_copy(update={"launch": engine.launch.model_copy(update={"base_port": 0})}),
     )  # fmt: skip
     subset, subset_uri = load_or_draw_subset(ctx.store, held_out, cfg.evaluate, ctx.seed)
     return CheckpointEvaluator(ctx, g.eval.every, cfg, subset.select(held_out), subset, subset_uri)

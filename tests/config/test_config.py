@@ -374,6 +374,56 @@ def test_every_moved_grpo_key_points_at_an_existing_field() -> None:
         assert key in type(getattr(GRPOConfig(), section)).model_fields, (old, new)
 
 
+ENGINE_RENAMES = [
+    ("request_timeout_s", "http.request_timeout_s"),
+    ("num_engines", "launch.num_engines"),
+    ("threads", "local.threads"),
+    ("health_interval_s", "router.health_interval_s"),
+    ("tp_size", "sglang.tp_size"),
+    ("weight_update_mode", "weight_sync.update_mode"),
+    ("pause_mode", "weight_sync.pause_mode"),
+]
+
+
+@pytest.mark.parametrize("old, new", ENGINE_RENAMES)
+def test_a_renamed_engine_key_in_a_file_or_override_is_an_error_naming_its_new_key(
+    tmp_path: Path, old: str, new: str
+) -> None:
+    """The engine section's flat keys moved into sub-sections (launch, local, http, router, sglang, weight_sync): an
+    old key in a file or a --set override is refused with the key it is now, never silently ignored."""
+    message = f"engine.{old} was renamed to engine.{new}"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"engine.{old}=5"])
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"engine": {"kind": "local", old: 5}}))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+@pytest.mark.parametrize("old, new", ENGINE_RENAMES)
+def test_a_renamed_engine_key_in_a_grpo_phase_is_an_error_naming_its_new_key(
+    tmp_path: Path, old: str, new: str
+) -> None:
+    """A GRPO phase's engine changes are checked against the same table: the phase and the new key are named."""
+    phases = f"grpo.phases=[{{name: a, steps: 1}}, {{name: b, steps: 1, engine: {{{old}: 5}}}}]"
+    renamed = f"engine.{old} was renamed to engine.{new}"
+    with pytest.raises(ConfigError, match=rf"grpo.phases\[1\] \(b\): .*{renamed}"):
+        load_config(None, [phases])
+    path = tmp_path / "phases.yaml"
+    path.write_text(yaml.safe_dump({"grpo": {"phases": [{"name": "a", "steps": 1, "engine": {old: 5}}]}}))
+    with pytest.raises(ConfigError, match=rf"grpo.phases\[0\] \(a\): .*{renamed}"):
+        load_config(path)
+
+
+def test_every_renamed_engine_key_points_at_an_existing_field() -> None:
+    from swerl.config.engine import ENGINE_RENAMED_KEYS, EngineConfig
+
+    for old, new in ENGINE_RENAMED_KEYS.items():
+        _, section, key = new.split(".")
+        assert old.split(".")[1] not in EngineConfig.model_fields, old
+        assert key in type(getattr(EngineConfig(), section)).model_fields, (old, new)
+
+
 def test_the_trainers_update_settings_are_exactly_grpo_algorithm() -> None:
     """One mapping, no field by hand: grpo.algorithm's fields are UpdateSettings' fields (a field added to one and
     not the other fails here), and the builder carries every value over."""

@@ -314,7 +314,9 @@ def test_the_pipeline_runs_on_image_tasks(
     limits = SandboxLimits(backend=backend, memory_mb=1024, start_timeout_s=180, timeout_s=120)
     agent = AgentConfig(max_turns=3, max_trajectory_tokens=1024, max_new_tokens_per_turn=16, command_timeout_s=60,
                         test_timeout_s=120, episode_timeout_s=300, infra_retries=1, sandbox=limits)  # fmt: skip
-    engine = EngineConfig(max_batch_size=4, max_context_tokens=1024, threads=1)
+    engine = EngineConfig.model_validate(
+        {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
+    )
     tiny = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
                            max_positions=4096)  # fmt: skip
     env = Env(

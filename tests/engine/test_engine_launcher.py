@@ -30,12 +30,23 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_sglang_commands_come_from_the_config(tmp_path: Path) -> None:
-    cfg = EngineConfig(kind="sglang", num_engines=2, tp_size=2, max_context_tokens=65536, max_batch_size=16,
-                       mem_fraction_static=0.8, base_port=30000, sglang_args=["--attention-backend", "fa3"])  # fmt: skip
+    cfg = EngineConfig.model_validate(
+        {
+            "kind": "sglang",
+            "max_context_tokens": 65536,
+            "max_batch_size": 16,
+            "launch": {"num_engines": 2, "base_port": 30000},
+            "sglang": {
+                "tp_size": 2,
+                "mem_fraction_static": 0.8,
+                "sglang_args": ["--attention-backend", "fa3"],
+            },
+        }
+    )
     spec = server_spec(cfg, "/models/qwen3", seed=7, weight_version=3)
     assert isinstance(spec, SGLangSpec)
     launcher = EngineLauncher(
-        spec, cfg.num_engines, tmp_path, **(LAUNCHER_ARGS | {"base_port": cfg.base_port})
+        spec, cfg.launch.num_engines, tmp_path, **(LAUNCHER_ARGS | {"base_port": cfg.launch.base_port})
     )
     (port0, argv0, env0), (port1, argv1, env1) = launcher.commands()
     assert (port0, port1) == (30000, 30001)
@@ -110,8 +121,15 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
     ]
     sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
     trainer = grpo_trainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
-    cfg = EngineConfig(kind="http_local", num_engines=2, max_batch_size=64, max_context_tokens=128,
-                       health_interval_s=1.0, startup_timeout_s=240)  # fmt: skip
+    cfg = EngineConfig.model_validate(
+        {
+            "kind": "http_local",
+            "max_batch_size": 64,
+            "max_context_tokens": 128,
+            "launch": {"num_engines": 2, "startup_timeout_s": 240},
+            "router": {"health_interval_s": 1.0},
+        }
+    )
 
     async def episode(engine: Engine, task: list[int], *, attempt: int, group_id: str) -> Trajectory:
         response = await engine.generate(
@@ -190,7 +208,13 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path, tiny_mo
     tokenizer = tiny_models.tokenizer([system_prompt(), source] * 5, vocab_size=400)
     model = tiny_qwen3(tokenizer, 2048)
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "policy")
-    cfg = EngineConfig(kind="http_local", num_engines=2, max_context_tokens=2048, startup_timeout_s=240)
+    cfg = EngineConfig.model_validate(
+        {
+            "kind": "http_local",
+            "max_context_tokens": 2048,
+            "launch": {"num_engines": 2, "startup_timeout_s": 240},
+        }
+    )
     limits = EpisodeLimits(
         max_turns=2, max_trajectory_tokens=2048, max_new_tokens_per_turn=24, test_timeout_s=60,
         # EpisodeLimits' former defaults, which this test was written against

@@ -524,10 +524,12 @@ def test_cuda_asked_for_without_a_gpu_is_a_clear_error(models: dict[str, Path]) 
         local_engine(models["v0"], device="cuda")
 
     async def via_config() -> None:
-        async with open_engine(EngineConfig(device="cuda"), models["v0"], concurrency=1):
+        async with open_engine(
+            EngineConfig.model_validate({"local": {"device": "cuda"}}), models["v0"], concurrency=1
+        ):
             pass
 
-    with pytest.raises(ValueError, match="engine.device is cuda"):
+    with pytest.raises(ValueError, match="engine.local.device is cuda"):
         asyncio.run(via_config())
 
 

@@ -112,8 +112,8 @@ def test_recipe_plans_cleanly_and_prints_memory_per_gpu() -> None:
     "overrides",
     [
         [],
-        ["cluster.nodes=3", "cluster.engine_nodes=2", "engine.num_engines=16"],
-        ["cluster.nodes=4", "cluster.engine_nodes=3", "engine.num_engines=24"],
+        ["cluster.nodes=3", "cluster.engine_nodes=2", "engine.launch.num_engines=16"],
+        ["cluster.nodes=4", "cluster.engine_nodes=3", "engine.launch.num_engines=24"],
         ["cluster.nodes=3", "sft.distributed.ranks=16", "grpo.distributed.ranks=16"],
         ["grpo.distributed.backend=megatron", "grpo.distributed.megatron.expert_parallel=8",
          "grpo.distributed.megatron.recompute=full"],
@@ -135,7 +135,7 @@ def test_an_oversubscribed_engine_gpu_is_refused_with_the_gpu_and_the_shortfall(
     assert code == 1
     assert re.search(
         r"FAIL memory\.engines\.node0: node 0 GPU 0-7 \(engines 0-7; each GPU\) needs 440\.9 GiB but has 64\.0 GiB "
-        r"\(80 GiB x 0\.8, engine\.mem_fraction_static\): 376\.9 GiB short",
+        r"\(80 GiB x 0\.8, engine\.sglang\.mem_fraction_static\): 376\.9 GiB short",
         out,
     ), out
     assert "memory.sft.node1: node 1 GPU 0-7" in out and "plan: refused:" in out
@@ -158,7 +158,7 @@ def test_ranks_must_equal_the_trainer_gpus() -> None:
 
 
 def test_engines_must_fit_their_nodes() -> None:
-    plan = make_plan(_recipe("engine.num_engines=12"))
+    plan = make_plan(_recipe("engine.launch.num_engines=12"))
     failed = {c.name: c.detail for c in plan.failed}
     assert (
         "12 engines x 1 GPU = 12 GPUs in cluster.engine_nodes 1 x 8 GPUs (8): 4 GPUs short"

@@ -59,7 +59,9 @@ TINY = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=4
                        max_positions=1024)  # fmt: skip
 AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=768, max_new_tokens_per_turn=16, max_malformed_calls=2,
                     command_timeout_s=20, test_timeout_s=30, episode_timeout_s=120, infra_retries=1)  # fmt: skip
-ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=1024, threads=1)
+ENGINE = EngineConfig.model_validate(
+    {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
+)
 EVALUATE = EvaluateConfig(max_tasks=2, attempts=2, concurrency=4, bootstrap_samples=200, comparison_samples=200,
                           temperature=1.0)  # fmt: skip
 

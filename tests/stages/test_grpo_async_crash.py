@@ -46,7 +46,9 @@ GRPO = GRPOConfig.model_validate({
 })  # fmt: skip
 AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
                     command_timeout_s=20, test_timeout_s=30, infra_retries=1)  # fmt: skip
-ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=512, threads=1)
+ENGINE = EngineConfig.model_validate(
+    {"max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1}}
+)
 
 
 def stores(root: Path) -> tuple[Store, Tracker]:

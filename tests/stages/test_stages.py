@@ -79,7 +79,9 @@ AGENT = AgentConfig(
     episode_timeout_s=120,
     infra_retries=1,
 )
-ENGINE = EngineConfig(max_batch_size=4, max_context_tokens=1024, threads=1)
+ENGINE = EngineConfig.model_validate(
+    {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
+)
 TINY = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
                        max_positions=CONTEXT)  # fmt: skip
 SFT = SFTConfig(tiny=TINY, seq_len=CONTEXT, rows_per_micro_batch=2, max_steps=6, lr=5e-3, warmup_steps=1,
