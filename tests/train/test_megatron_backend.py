@@ -357,8 +357,10 @@ def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedToken
     model = tiny_qwen3(tokenizer, POSITIONS, seed=1)
     micro = _first_micro(tokenizer)
     multiple = ms.sequence_multiple(MegatronConfig(context_parallel=2))
-    knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0),
-                 normalizer=float(micro.num_loss_tokens))  # fmt: skip
+    knobs = dict(
+        settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0),
+        normalizer=float(micro.num_loss_tokens),
+    )
     whole = ms.token_arrays(micro, tokenizer.pad_token_id, multiple)
     with torch.no_grad():
         logits = model(input_ids=whole.input_ids, use_cache=False).logits
