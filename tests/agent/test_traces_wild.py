@@ -25,7 +25,7 @@ from swerl.model.toolcall import ToolCall, parse_tool_call
 from swerl.sandbox.process import shell_command
 from swerl.stages.runner import load_manifest
 from swerl.stages.traces import TracesStage, run_traces
-from tests.stages.test_stages import AGENT, Env, env, stage_key_of  # noqa: F401 - the stages' fixture and config, shared
+from tests.stage_helpers import AGENT, Env, stage_key_of
 
 Message = dict[str, Any]
 
@@ -438,7 +438,7 @@ def test_a_trace_row_loaded_as_a_task_is_named_as_an_agent_trace(schema: Any, tm
 
 
 def test_traces_stage_writes_mixed_rows_the_sft_loader_reads_back_and_names_a_bad_row(
-    env: Env,  # noqa: F811
+    env: Env,
     tmp_path: Path,
 ) -> None:
     rows = _rows(_with_parts)

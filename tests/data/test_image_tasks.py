@@ -292,7 +292,7 @@ def test_the_pipeline_runs_on_image_tasks(
     from swerl.stages.traces import TracesStage, run_traces
     from swerl.storage import Store
     from swerl.tracking import Tracker
-    from tests.stages.test_stages import Env
+    from tests.stage_helpers import Env
 
     smith = tmp_path / "swesmith.jsonl"
     smith.write_text(

@@ -25,7 +25,7 @@ from swerl.storage import Store
 from swerl.tracking import Tracker
 from tests.sandbox_backends import docker_unavailable
 from tests.sandbox_helpers import docker_provider
-from tests.stages.test_stages import Env
+from tests.stage_helpers import Env
 from tests.swebench_instances import TOOLZ, new_file_patch, toolz_instances
 
 

@@ -15,11 +15,7 @@ from swerl.stages.common import get_dir
 from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import Manifest
 from swerl.stages.sft import SFTStage, run_sft
-from tests.stages.test_stages import AGENT, ENGINE, GRPO, SFT, Env, crash_after_sync, state_dict
-from tests.stages.test_stages import curate as curate  # noqa: F401 - module-scoped fixtures
-from tests.stages.test_stages import env as env  # noqa: F401
-from tests.stages.test_stages import sft as sft  # noqa: F401
-from tests.stages.test_stages import traces as traces  # noqa: F401
+from tests.stage_helpers import AGENT, ENGINE, GRPO, SFT, Env, crash_after_sync, state_dict
 from tests.train.test_distributed import ATOL, RTOL
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
@@ -34,10 +30,10 @@ def _close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -
 
 
 def test_the_sft_stage_on_two_ranks_trains_the_one_process_model(
-    env: Env,  # noqa: F811
-    curate: Manifest,  # noqa: F811
-    traces: Manifest,  # noqa: F811
-    sft: Manifest,  # noqa: F811
+    env: Env,
+    curate: Manifest,
+    traces: Manifest,
+    sft: Manifest,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -95,9 +91,9 @@ def _same_step(actual: dict[str, float], expected: dict[str, float]) -> None:
 
 
 def test_the_grpo_stage_on_two_ranks_with_the_weights_over_a_process_group(
-    env: Env,  # noqa: F811
-    curate: Manifest,  # noqa: F811
-    sft: Manifest,  # noqa: F811
+    env: Env,
+    curate: Manifest,
+    sft: Manifest,
     tmp_path: Path,
 ) -> None:
     """1 process through disk into the in-process engine (the default), 2 ranks through disk, 2 ranks over a gloo
@@ -130,9 +126,9 @@ def test_the_grpo_stage_on_two_ranks_with_the_weights_over_a_process_group(
 
 
 def test_a_distributed_weight_sync_with_evaluation_beside_training_is_refused(
-    env: Env,  # noqa: F811
-    curate: Manifest,  # noqa: F811
-    sft: Manifest,  # noqa: F811
+    env: Env,
+    curate: Manifest,
+    sft: Manifest,
 ) -> None:
     cfg = _grpo(method="distributed")
     cfg = cfg.model_copy(

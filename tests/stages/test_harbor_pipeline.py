@@ -88,7 +88,7 @@ def test_curate_keeps_the_gold_checked_task_and_the_stages_run_on_it(tmp_path: P
     from swerl.storage import Store
     from swerl.tracking import Tracker
     from tests.sandbox_backends import docker_unavailable
-    from tests.stages.test_stages import Env
+    from tests.stage_helpers import Env
 
     if reason := docker_unavailable():
         pytest.skip(reason)

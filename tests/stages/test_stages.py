@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,12 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from swerl.agent.tools import TOOL_SPECS
 from swerl.agent.traces import load_trace_rows, write_traces
-from swerl.config.agent import AgentConfig
-from swerl.config.data import CurateConfig, MicroSource, TracesConfig
-from swerl.config.engine import EngineConfig
+from swerl.config.data import CurateConfig, TracesConfig
 from swerl.config.evaluate import EvaluateConfig
-from swerl.config.grpo import GRPOConfig
-from swerl.config.train import SFTConfig, TinyModelConfig
 from swerl.data.schema import TaskInstance
 from swerl.data.taskio import tasks_from_parquet, tasks_to_parquet
 from swerl.model.loading import load_model_and_tokenizer
@@ -36,7 +31,6 @@ from swerl.model.toolcall import ToolCall, parse_tool_call
 from swerl.stages import grpo as grpo_module
 from swerl.stages import sft as sft_module
 from swerl.stages.common import DurableCheckpoints, get_dir
-from swerl.stages.curate import run_curate
 from swerl.stages.evaluate import (
     EvaluateStage,
     TooManyMissingError,
@@ -49,106 +43,38 @@ from swerl.stages.grpo import GRPOStage, run_grpo
 from swerl.stages.runner import (
     Manifest,
     StageContext,
-    StageOutcome,
     StageResult,
     load_manifest,
-    run_stage,
-    stage_key,
 )
 from swerl.stages.sft import SFTStage, run_sft
 from swerl.stages.traces import TracesStage, run_traces
 from swerl.storage import Store
-from swerl.tracking import Tracker
 from swerl.train import sft as train_sft_module
 from swerl.train.checkpoint import COMPLETE_MARKER
 from swerl.trajectory import EpisodeStatus, Trajectory
+from tests.stage_helpers import (
+    AGENT,
+    CONTEXT,
+    ENGINE,
+    GRPO,
+    SFT,
+    TEST_COMMAND,
+    TINY,
+    Env,
+    crash_after_sync,
+    stage_key_of,
+    state_dict,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "micro_cache")]
 
-TEST_COMMAND = "python run_tests.py -q"
-MODIFIERS = ["flip_comparison", "swap_binop", "negate_condition", "off_by_one", "swap_call_args"]
-CONTEXT = 1536  # the tiny model's positions: every oracle trace of these tasks fits (the longest is ~1400)
-
-AGENT = AgentConfig(
-    max_turns=4,
-    max_trajectory_tokens=1024,
-    max_new_tokens_per_turn=16,
-    max_malformed_calls=2,
-    command_timeout_s=20,
-    test_timeout_s=30,
-    episode_timeout_s=120,
-    infra_retries=1,
-)
-ENGINE = EngineConfig.model_validate(
-    {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
-)
-TINY = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
-                       max_positions=CONTEXT)  # fmt: skip
-SFT = SFTConfig(tiny=TINY, seq_len=CONTEXT, rows_per_micro_batch=2, max_steps=6, lr=5e-3, warmup_steps=1,
-                checkpoint_every=2, keep_checkpoints=2, threads=1)  # fmt: skip
-GRPO = GRPOConfig.model_validate({"threads": 1, "schedule": {"steps": 2, "tasks_per_step": 2, "checkpoint_every": 1},
-                                  "rollout": {"attempts_per_task": 2, "concurrency": 4}})  # fmt: skip
 EVALUATE = EvaluateConfig(max_tasks=2, attempts=1, concurrency=4, bootstrap_samples=200, temperature=0.7)
-
-
-@dataclass
-class Env:
-    store: Store
-    tracker: Tracker
-
-    def run(
-        self, stage: str, fn: Any, cfg: Any, inputs: list[Manifest] | None = None, force: bool = False
-    ) -> StageOutcome:
-        return run_stage(stage, fn, cfg, store=self.store, tracker=self.tracker, parent=None, inputs=inputs,
-                         seed=0, log=logging.getLogger(f"swerl.test.{stage}"), force=force)  # fmt: skip
-
-    def artifact(self, manifest: Manifest, name: str) -> bytes:
-        return self.store.read_bytes(self.store.rel_of(manifest.artifact(name).uri))
-
-    def json(self, manifest: Manifest, name: str) -> Any:
-        return json.loads(self.artifact(manifest, name))
-
-    def metric_history(self, manifest: Manifest, key: str) -> list[tuple[int, float]]:
-        assert manifest.mlflow_run_id
-        history = self.tracker.client.get_metric_history(manifest.mlflow_run_id, key)
-        return sorted((m.step, m.value) for m in history)
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    root = tmp_path_factory.mktemp("stages")
-    return Env(Store(f"file://{root}/store"), Tracker(f"sqlite:///{root}/mlflow.db", "stages-test"))
 
 
 @pytest.fixture
 def scratch_env(env: Env, tmp_path: Path) -> Env:
     """A store of the test's own (the module's MLflow database): for literal input manifests."""
     return Env(Store(f"file://{tmp_path}/store"), env.tracker)
-
-
-@pytest.fixture(scope="module")
-def curate(env: Env) -> Manifest:
-    cfg = CurateConfig(repos=[], micro=MicroSource(train_repos=3, eval_repos=2), modifiers=MODIFIERS,
-                       max_candidates_per_repo=2, clean_runs=1, validation_workers=2)  # fmt: skip
-    manifest = env.run("curate", run_curate, cfg).manifest
-    assert tasks_from_parquet(env.artifact(manifest, "train.parquet"))
-    assert len(tasks_from_parquet(env.artifact(manifest, "eval.parquet"))) >= 2
-    return manifest
-
-
-@pytest.fixture(scope="module")
-def traces(env: Env, curate: Manifest) -> Manifest:
-    cfg = TracesStage(traces=TracesConfig(test_command=TEST_COMMAND, view_whole_file_lines=40, view_function_lines=7),
-                      agent=AGENT)  # fmt: skip
-    return env.run("traces", run_traces, cfg, [curate]).manifest
-
-
-@pytest.fixture(scope="module")
-def sft(env: Env, curate: Manifest, traces: Manifest) -> Manifest:
-    """The uninterrupted SFT run (the resume test trains the same config under another stage name)."""
-    return env.run(
-        "sft", run_sft, SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]
-    ).manifest
 
 
 @pytest.fixture(scope="module")
@@ -161,15 +87,6 @@ def empty_curate(cfg: Any, ctx: StageContext) -> StageResult:
     ctx.write_artifact("train.parquet", tasks_to_parquet([]))
     ctx.write_artifact("eval.parquet", tasks_to_parquet([]))
     return StageResult()
-
-
-def stage_key_of(stage: str, cfg: Any, inputs: list[Manifest] | None = None) -> str:
-    return stage_key(stage, cfg, inputs or [], 0)
-
-
-def state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    model, _ = load_model_and_tokenizer(directory)
-    return model.state_dict()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -404,19 +321,6 @@ def test_sft_refuses_token_caps_beyond_the_model_context(
     message = str(caught.value)
     assert "agent.max_trajectory_tokens" in message and "engine.max_context_tokens" in message
     assert "sft.seq_len" not in message
-
-
-def crash_after_sync(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
-    """DurableCheckpoints.sync raises once `step`'s checkpoint has reached the store (undo: monkeypatch.undo())."""
-    original = DurableCheckpoints.sync
-
-    def crashing_sync(self: DurableCheckpoints) -> list[str]:
-        done = original(self)
-        if step in done:
-            raise RuntimeError(f"injected crash after {step} was synced")
-        return done
-
-    monkeypatch.setattr(DurableCheckpoints, "sync", crashing_sync)
 
 
 def test_sft_resumes_exactly_from_the_store_after_a_crash(
