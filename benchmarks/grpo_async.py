@@ -40,7 +40,7 @@ from swerl.engine.emulated import EmulatedEngine, EpisodeProfile
 from swerl.model.loading import build_tiny_model
 from swerl.model.tokenizer import train_tokenizer
 from swerl.model.toolcall import format_tool_call
-from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
+from swerl.rollout.async_loop import AsyncSettings, train_async
 from swerl.rollout.groups import EpisodeFn, rollout_groups
 from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.manager import RolloutManager
@@ -165,12 +165,8 @@ async def async_steps(trainer: Trainer, engine: EmulatedEngine, episode: Episode
                              staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=False,
                              max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None,
                              max_empty_steps=3)  # fmt: skip
-
-    def on_step(stats: dict[str, float], batch: Batch) -> None:
-        history.append(stats)
-
-    await train_async(trainer, engine, manager, settings, Ledger(), export_dir=export, on_step=on_step,
-                      save=lambda ledger: None)  # fmt: skip
+    async for step in train_async(trainer, engine, manager, settings, Ledger(), export_dir=export):
+        history.append(step.stats)
     return history
 
 

@@ -1,14 +1,14 @@
 """The fully asynchronous GRPO loop: rollouts never stop; the trainer takes B finished groups and steps.
 
     manager.start()                                   # max_in_flight attempts, refilled as they finish
-    while steps remain:
+    while steps remain and the time budget lasts:
         batch = await collect_batch(...)              # B usable groups: staleness policy, dynamic sampling
         ledger += batch
         stats = await train_and_sync(...)             # update in a thread: rollouts continue on the event loop;
                                                       # export, engine.update_weights_from_disk(version): in-flight
                                                       # attempts continue
-        on_export(export, step)                       # e.g. start an evaluation of it beside training
-        metrics; checkpoint (model, optimizer, RNG, ledger) when due
+        yield StepOutcome(...)                        # the stage logs, evaluates the export, checkpoints (the
+                                                      # ledger with it) when due
 
 Time per step is split into waiting for rollouts, the actor update, log-prob recomputation and weight sync.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,14 @@ from swerl.rollout.journal import FinishedGroup, Ledger
 from swerl.rollout.longtail import longtail_stats
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
-from swerl.rollout.step import DistributedWeights, PolicyTrainer, train_and_sync
-from swerl.rollout.sync_loop import NothingTrainable, nothing_trainable_reason, trainable
+from swerl.rollout.step import (
+    DistributedWeights,
+    PolicyTrainer,
+    StepGuard,
+    StepOutcome,
+    step_outcome,
+    train_and_sync,
+)
 from swerl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -164,80 +170,59 @@ async def train_async(
     ledger: Ledger,
     *,
     export_dir: Path,
-    on_step: Callable[[dict[str, float], Batch], None],
-    save: Callable[[Ledger], None],
     infra_counts: dict[str, int] | None = None,
-    on_export: Callable[[Path, int], None] | None = None,
     weights: DistributedWeights | None = None,
-) -> bool:
-    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent); returns
-    whether the time budget ended it (said as a warning).
+) -> AsyncGenerator[StepOutcome]:
+    """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent), yielding each
+    step's outcome (with failures/CAUSE from infra_counts); the rollouts are closed when it ends.
 
     A batch whose groups were all dropped is not a step (discard_untrainable); settings.max_empty_steps of them
-    in a row raise NothingTrainable.
-
-    on_export(path, step) sees every exported checkpoint once the engine has loaded it; it must not block (it
-    runs on the event loop; an evaluation it starts runs as its own task). With `weights` (the weights go over a
-    process group) nothing is exported and on_export is not called.
+    in a row raise NothingTrainable. A step's export is loaded by the engine before it is yielded; with `weights`
+    (the weights go over a process group) nothing is exported.
     """
     started = time.monotonic()
     deadline = None if settings.time_budget_s is None else started + settings.time_budget_s
+    guard = StepGuard("grpo async", settings.steps, settings.max_empty_steps, deadline)
     last_update_s: float | None = None  # the previous step's update: what the next one is expected to take
     totals: collections.Counter[str] = collections.Counter()
-    empty_in_a_row = 0
-    of = f"of {settings.steps}"
     manager.start()
     try:
-        while trainer.step < settings.steps:
-            if deadline is not None and time.monotonic() >= deadline:
-                logger.warning("grpo async: the time budget ended the stage at step %d %s", trainer.step, of)
-                return True
-            step_started = time.monotonic()
-            version = trainer.step
+        while trainer.step < settings.steps and not guard.budget_spent(trainer.step):
+            step_started, version = time.monotonic(), trainer.step
             try:
                 batch = await collect_batch(manager, version, settings, ledger, deadline)
             except BudgetSpent as spent:
-                logger.warning("grpo async: the time budget ended the stage at step %d %s, waiting for the next "
-                               "batch (%s; given back untrained)", trainer.step, of, spent)  # fmt: skip
-                return True
-            if not any(trainable(group) for group in batch.groups):
-                reason = nothing_trainable_reason(batch.groups)
+                why = f", waiting for the next batch ({spent}; given back untrained)"
+                _budget_ended(trainer.step, settings.steps, why)
+                return
+            if guard.nothing_trainable(batch.groups, version, f"for step {version + 1}") is not None:
                 discard_untrainable(batch, ledger, version + 1)
-                empty_in_a_row += 1
-                logger.warning("grpo async: nothing trainable in the batch for step %d (%s): not a step (%d in a "
-                               "row, at most %d)", version + 1, reason, empty_in_a_row,
-                               settings.max_empty_steps)  # fmt: skip
-                if empty_in_a_row >= settings.max_empty_steps:
-                    raise NothingTrainable(
-                        f"grpo async: {empty_in_a_row} batches in a row had nothing to train on (grpo.schedule."
-                        f"max_empty_steps = {settings.max_empty_steps}) at step {trainer.step} {of}; the last: "
-                        f"{reason}"
-                    )
                 continue
-            empty_in_a_row = 0
-            if _update_would_overrun(deadline, last_update_s):
+            if last_update_s is not None and _update_would_overrun(deadline, last_update_s):
                 returned = give_back(batch, manager, ledger, version + 1)
-                logger.warning("grpo async: the time budget ended the stage at step %d %s: an update (~%.0f s) "
-                               "would end past it; %d groups given back untrained", trainer.step, of, last_update_s,
-                               returned)  # fmt: skip
-                return True
+                why = f": an update (~{last_update_s:.0f} s) would end past it; {returned} groups given back untrained"
+                _budget_ended(trainer.step, settings.steps, why)
+                return
             waited = time.monotonic() - step_started
-            outcome = await train_and_sync(trainer, engine, batch.groups, export_dir, weights)
-            ledger.record_scored(trainer.step, outcome.scored)
-            last_update_s = outcome.update_s
-            if on_export is not None and outcome.export is not None:
-                on_export(outcome.export, trainer.step)
-            timings = {"time_wait_rollouts_s": waited, "time_weight_sync_s": outcome.sync_s,
-                       "time_total_s": time.monotonic() - step_started}  # fmt: skip
-            stats = outcome.stats | step_stats(outcome.stats, timings, batch, manager, totals, version)
-            stats |= {f"failures/{k}": float(v) for k, v in (infra_counts or {}).items()}
-            on_step(stats, batch)
-            due = settings.checkpoint_every > 0 and trainer.step % settings.checkpoint_every == 0
-            if due and trainer.step < settings.steps:
-                save(ledger)
+            update = await train_and_sync(trainer, engine, batch.groups, export_dir, weights)
+            ledger.record_scored(trainer.step, update.scored)
+            last_update_s = update.update_s
+            total_s = time.monotonic() - step_started
+            timings = dict(
+                time_wait_rollouts_s=waited, time_weight_sync_s=update.sync_s, time_total_s=total_s
+            )
+            stats = update.stats | step_stats(update.stats, timings, batch, manager, totals, version)
+            discarded = sum(batch.discarded.values())
+            yield step_outcome(
+                trainer.step, batch.groups, stats, update, settings, infra_counts, batch.taken, discarded
+            )
     finally:
         await manager.close()
-    return False
+
+
+def _budget_ended(step: int, steps: int, how: str) -> None:
+    """Say that the time budget ended the loop at `step`, and how."""
+    logger.warning("grpo async: the time budget ended the stage at step %d of %d%s", step, steps, how)
 
 
 def _update_would_overrun(deadline: float | None, last_update_s: float | None) -> bool:

@@ -1,6 +1,6 @@
 """One GRPO step after sampling, the same in both loops: the update on finished groups, then the new weights to
 the engine under the step's version (the synchronous loop between rollouts, the asynchronous one while rollouts
-continue)."""
+continue); the rule both loops stop or skip a batch by (StepGuard); what each loop yields per step (StepOutcome)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
 
 from swerl.engine.base import Engine
 from swerl.engine.weight_sync import SyncStats, TensorSpec, plan_buckets, update_engine_from_distributed
+from swerl.rollout.journal import FinishedGroup
 from swerl.services import free_port
 from swerl.trajectory import Trajectory
 
@@ -107,7 +108,7 @@ class DistributedWeights:
 
 
 @dataclass(frozen=True)
-class StepOutcome:
+class UpdateOutcome:
     """The trainer's statistics of one update, where its weights went, and how long the two parts took."""
 
     stats: dict[str, float]
@@ -134,7 +135,7 @@ async def train_and_sync(
     groups: Sequence[Sequence[Trajectory]],
     export_dir: Path,
     weights: DistributedWeights | None = None,
-) -> StepOutcome:
+) -> UpdateOutcome:
     """Update on `groups` in a thread (the event loop keeps serving episodes), then the new weights to the engine:
     exported and loaded from disk, or over the weight group when `weights` is given. The step's stats gain
     weight_sync/seconds and weight_sync/bytes (and buckets, tensors, GB/s over a group)."""
@@ -154,4 +155,115 @@ async def train_and_sync(
     else:
         synced = await weights.sync(cast(BroadcastingTrainer, trainer), engine, trainer.step)
         stats = stats | synced.metrics()
-    return StepOutcome(stats, scored, export, update_s, time.monotonic() - sync_started)
+    return UpdateOutcome(stats, scored, export, update_s, time.monotonic() - sync_started)
+
+
+class NothingTrainable(RuntimeError):
+    """Batch after batch had no group to train on (fewer than two valid attempts in every group)."""
+
+
+def trainable(group: Sequence[Trajectory]) -> bool:
+    """Whether a group gives the trainer anything: at least two valid (scored) attempts, its GRPO baseline."""
+    return sum(trajectory.reward is not None for trajectory in group) >= 2
+
+
+def nothing_trainable_reason(groups: Sequence[Sequence[Trajectory]]) -> str:
+    """Why a batch had no trainable group: the attempts' statuses and infrastructure causes, counted."""
+    counts: dict[str, int] = {}
+    for group in groups:
+        for trajectory in group:
+            cause = trajectory.infra_cause
+            name = trajectory.status.value + (f"({cause})" if cause else "")
+            counts[name] = counts.get(name, 0) + 1
+    return f"{len(groups)} groups, every one with fewer than two valid attempts: statuses {counts}"
+
+
+@dataclass
+class StepGuard:
+    """The one rule both loops stop and skip by: no step starts once the time budget is spent, and a batch with
+    nothing trainable is not a step (max_empty_steps of them in a row raise NothingTrainable)."""
+
+    name: str
+    """How the loop names itself in what it logs and raises: grpo (sync) or grpo async."""
+    steps: int
+    max_empty_steps: int
+    deadline: float | None
+    """time.monotonic() from which no new step starts; None: no time budget."""
+    empty_in_a_row: int = 0
+
+    def budget_spent(self, step: int) -> bool:
+        """Whether the time budget is spent (said as a warning): the loop ends at `step`."""
+        if self.deadline is None or time.monotonic() < self.deadline:
+            return False
+        logger.warning("%s: the time budget ended the stage at step %d of %d", self.name, step, self.steps)
+        return True
+
+    def nothing_trainable(self, groups: Sequence[Sequence[Trajectory]], step: int, where: str) -> str | None:
+        """None when some group of the batch is trainable (the count of empty batches starts again); else why
+        not (a warning naming the batch by `where`), and NothingTrainable once max_empty_steps are in a row."""
+        if any(trainable(group) for group in groups):
+            self.empty_in_a_row = 0
+            return None
+        reason = nothing_trainable_reason(groups)
+        self.empty_in_a_row += 1
+        logger.warning(
+            "%s: nothing trainable in the batch %s (%s): not a step (%d in a row, at most %d)",
+            self.name,
+            where,
+            reason,
+            self.empty_in_a_row,
+            self.max_empty_steps,
+        )
+        if self.empty_in_a_row >= self.max_empty_steps:
+            raise NothingTrainable(
+                f"{self.name}: {self.empty_in_a_row} batches in a row had nothing to train on (grpo.schedule."
+                f"max_empty_steps = {self.max_empty_steps}) at step {step} of {self.steps}; the last: {reason}"
+            )
+        return reason
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One trained step, as both loops yield it to the stage (which logs it, evaluates and checkpoints)."""
+
+    step: int
+    """trainer.step after the update: the version of the weights it produced."""
+    groups: list[list[Trajectory]]
+    """The groups the update was given."""
+    stats: dict[str, float]
+    """The trainer's statistics, the loop's (timings, weight sync, ...) and the infrastructure failures so far."""
+    export: Path | None
+    """The exported weights the engine loaded (None when they went over a process group)."""
+    checkpoint_due: bool
+    """Every checkpoint_every steps, the last step excepted (the stage saves its final state at its end)."""
+    taken: list[FinishedGroup] = field(default_factory=list)
+    """Async: every group the step took from the buffer, the discarded ones included."""
+    discarded: int = 0
+    """Async: how many of the taken groups were discarded (stale, no signal, probe-stopped)."""
+
+
+class LoopSettings(Protocol):
+    """What step_outcome needs of a loop's settings (SyncSettings, AsyncSettings)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def checkpoint_every(self) -> int: ...
+
+
+def step_outcome(
+    step: int,
+    groups: list[list[Trajectory]],
+    stats: dict[str, float],
+    update: UpdateOutcome,
+    settings: LoopSettings,
+    infra_counts: dict[str, int] | None,
+    taken: list[FinishedGroup] | None = None,
+    discarded: int = 0,
+) -> StepOutcome:
+    """A loop's StepOutcome: its stats with the infrastructure-failure counts so far (failures/CAUSE)."""
+    stats = stats | {f"failures/{k}": float(v) for k, v in (infra_counts or {}).items()}
+    every = settings.checkpoint_every
+    due = every > 0 and step % every == 0 and step < settings.steps
+    return StepOutcome(step, groups, stats, update.export, due, taken or [], discarded)

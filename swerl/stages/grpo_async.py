@@ -1,28 +1,26 @@
 """The asynchronous mode of the GRPO stage: the stage builds the engine, trainer and episode function and hands
-them here; this wires the rollout manager, the journal under the stage key, the ledger in every checkpoint, and
-the per-step metrics (MLflow) and log line."""
+them here; this wires the rollout manager, the journal under the stage key and the ledger in every checkpoint, and
+keeps what the stage reports of the rollouts (their durations and turns, the resume counts)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from swerl.config.grpo import GRPOConfig, GRPORolloutConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
-from swerl.rollout.async_loop import AsyncSettings, Batch, train_async
+from swerl.rollout.async_loop import AsyncSettings, train_async
 from swerl.rollout.curriculum import Curriculum, CurriculumSettings, GroupPlan
 from swerl.rollout.groups import EpisodeFn
 from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.longtail import write_histograms
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
-from swerl.rollout.step import DistributedWeights
+from swerl.rollout.step import DistributedWeights, StepOutcome
 from swerl.stages.runner import StageContext
 from swerl.train.grpo_step import Trainer
-from swerl.trajectory import Trajectory
 
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:
@@ -85,11 +83,21 @@ class AsyncGRPO:
         self.journal = RolloutJournal(ctx.store, ctx.durable("rollouts"), earlier_journals)
         self.start_position = start_position
         self.eligible = eligible
-        self.next_seq = 0
-        self.skipped_positions = 0  # data positions this attempt skipped for the phase's task filter
+        self.manager: RolloutManager[TaskInstance] | None = None
+        self.started = 0.0  # time.monotonic() when the loop started
         self.durations: list[float] = []
         self.turns: list[int] = []
         self.resumed: dict[str, int] = {}
+
+    @property
+    def next_seq(self) -> int:
+        """The data position: groups opened so far (0 before the loop starts)."""
+        return self.manager.next_seq if self.manager is not None else 0
+
+    @property
+    def skipped_positions(self) -> int:
+        """Data positions this attempt skipped for the phase's task filter."""
+        return self.manager.skipped_positions if self.manager is not None else 0
 
     def task_at(self, seq: int) -> TaskInstance:
         return self.order[seq % len(self.order)]
@@ -115,22 +123,18 @@ class AsyncGRPO:
         stage's save adds the infrastructure-failure counts, in both modes)."""
         self.ledger.save(checkpoint_dir)
 
-    async def run(
+    def steps(
         self,
         trainer: Trainer,
         engine: Engine,
         episode: EpisodeFn[TaskInstance],
         infra_counts: dict[str, int],
-        history: list[dict[str, float]],
-        save: Callable[[], Any],
-        step_metrics: Callable[[list[list[Trajectory]]], dict[str, float]] | None = None,
-        on_export: Callable[[Path, int], None] | None = None,
+        export_dir: Path,
         prewarm: Callable[[TaskInstance], Awaitable[Callable[[], None]]] | None = None,
         weights: DistributedWeights | None = None,
-    ) -> None:
-        """Run the async loop; step_metrics(trained groups) adds the stage's own per-step metrics; on_export(path,
-        step) sees each exported checkpoint (the stage's evaluation beside training); prewarm(task) starts the
-        sandboxes of a group grpo.rollout.prewarm_groups ahead of its opening."""
+    ) -> AsyncGenerator[StepOutcome]:
+        """The rollout manager restored from the journal and the ledger, and the async loop over it (each step's
+        outcome); prewarm(task) starts the sandboxes of a group grpo.rollout.prewarm_groups ahead of its opening."""
         g, ctx = self.g, self.ctx
         curriculum, plans = self.curriculum()
         manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.rollout.attempts_per_task,
@@ -140,36 +144,18 @@ class AsyncGRPO:
                                  eligible=self.eligible)  # fmt: skip
         self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans,
                                        self.start_position)  # fmt: skip
+        self.manager = manager
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
-        started = time.monotonic()
+        self.started = time.monotonic()
+        return train_async(trainer, engine, manager, settings_from_config(g), self.ledger, export_dir=export_dir,
+                           infra_counts=infra_counts, weights=weights)  # fmt: skip
 
-        def on_step(stats: dict[str, float], batch: Batch) -> None:
-            self.next_seq = manager.next_seq
-            for group in batch.taken:
-                for attempt in group.attempts:
-                    self.durations.append(attempt.duration_s)
-                    self.turns.append(attempt.trajectory.num_turns)
-            if step_metrics is not None:
-                stats |= step_metrics(batch.groups)
-            history.append(stats)
-            ctx.log_metrics({f"train/{k}": v for k, v in stats.items()}, step=trainer.step)
-            ctx.progress(trainer.step, g.schedule.steps, f"GRPO step {trainer.step} of {g.schedule.steps}")
-            ctx.log.info(
-                "grpo async step %d/%d: reward %.3f, %d groups trained, %d discarded, wait %.0f%%, %.0f s "
-                "(%.0f s since start)", trainer.step, g.schedule.steps, stats["reward_mean"], len(batch.groups),
-                sum(batch.discarded.values()), 100 * stats["share_wait_rollouts"], stats["time_total_s"],
-                time.monotonic() - started,
-            )  # fmt: skip
-
-        def checkpoint(ledger: Ledger) -> None:
-            self.next_seq = manager.next_seq
-            save()
-
-        await train_async(trainer, engine, manager, settings_from_config(g), self.ledger,
-                          export_dir=ctx.workdir / "exports", on_step=on_step, save=checkpoint,
-                          infra_counts=infra_counts, on_export=on_export, weights=weights)  # fmt: skip
-        self.next_seq = manager.next_seq
-        self.skipped_positions = manager.skipped_positions
+    def record(self, outcome: StepOutcome) -> None:
+        """A step's rollouts for the stage's histograms: the duration and turns of every attempt it took."""
+        for group in outcome.taken:
+            for attempt in group.attempts:
+                self.durations.append(attempt.duration_s)
+                self.turns.append(attempt.trajectory.num_turns)
 
     def log_histograms(self) -> None:
         """Trajectory durations and turns of the whole stage as MLflow artifacts."""

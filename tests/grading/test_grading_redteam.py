@@ -566,7 +566,7 @@ def test_the_runner_holds_the_patch_responsible_for_binary_and_renamed_files() -
 
 
 def test_a_grpo_step_counts_what_the_grader_refused() -> None:
-    from swerl.stages.grpo import episode_stats
+    from swerl.stages.grpo_report import episode_stats
     from swerl.trajectory import EpisodeStatus, Trajectory
 
     def traj(**update: object) -> Trajectory:

@@ -346,8 +346,10 @@ def test_the_async_loop_keeps_to_its_time_budget(
         manager.restore(state, Ledger())
         settings = async_settings(steps=10, tasks_per_step=1, max_staleness=10, time_budget_s=1.2)
         started = time.monotonic()
-        await train_async(trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports",
-                          on_step=lambda stats, batch: None, save=lambda ledger: None)  # fmt: skip
+        async for _ in train_async(
+            trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports"
+        ):
+            pass
         return time.monotonic() - started, [group.seq for group in manager.buffer]
 
     elapsed, buffered = asyncio.run(run())
@@ -541,9 +543,10 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
         # each batch holds an even and an odd group. (With three in flight, an odd group's instant failures let
         # the next group overtake it, and a batch of two odd groups, untrainable, was no step: a flaky test.)
         settings = async_settings(steps=2, tasks_per_step=2, max_staleness=100, dynamic_sampling=False)
-        await train_async(trainer, engine, manager, settings, Ledger(), export_dir=tmp_path / "exports",
-                          on_step=lambda stats, batch: history.append(stats), save=lambda ledger: None,
-                          infra_counts=counts)  # fmt: skip
+        async for step in train_async(
+            trainer, engine, manager, settings, Ledger(), export_dir=tmp_path / "exports", infra_counts=counts
+        ):
+            history.append(step.stats)
 
     asyncio.run(run())
     groups = [group for step_groups in trained for group in step_groups]
@@ -598,7 +601,7 @@ def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_s
     """Groups with fewer than two valid attempts fill the slots once dynamic sampling's extras are spent: such a
     batch is never trained and never counts as a step (the ledger says few_valid); max_empty_steps of them in a
     row fail the stage, saying why."""
-    from swerl.rollout.sync_loop import NothingTrainable
+    from swerl.rollout.step import NothingTrainable
 
     rewards: list[list[float | None]] = [[1, 0], [0, None], [None, None], [0, None], [None, 1], [1, 0]]
     state = JournalState(
@@ -613,8 +616,11 @@ def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_s
         manager.restore(state, Ledger())
         settings = async_settings(steps=steps, tasks_per_step=1, max_staleness=10, max_extra_groups_per_step=0,
                                   max_empty_steps=max_empty_steps)  # fmt: skip
-        await train_async(trainer, VersionEngine(), manager, settings, ledger, export_dir=tmp_path / "exports",  # type: ignore[arg-type]
-                          on_step=lambda stats, batch: None, save=lambda ledger: None)  # fmt: skip
+        engine: Any = VersionEngine()
+        async for _ in train_async(
+            trainer, engine, manager, settings, ledger, export_dir=tmp_path / "exports"
+        ):
+            pass
 
     asyncio.run(run(steps=2, max_empty_steps=5))
     # seq 0 trains step 1; 1, 2, 3, 4 have under two valid attempts each: not steps; seq 5 trains step 2
@@ -631,7 +637,8 @@ def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_s
 
 
 def test_sync_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_stage(tmp_path: Path) -> None:
-    from swerl.rollout.sync_loop import NothingTrainable, SyncProgress, SyncSettings, train_sync
+    from swerl.rollout.step import NothingTrainable
+    from swerl.rollout.sync_loop import SyncProgress, SyncSettings, train_sync
 
     # Task t's attempts: valid unless t is in `broken` (every attempt an infrastructure error).
     broken = {1, 2}
@@ -644,8 +651,11 @@ def test_sync_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_st
         trainer = CountingTrainer()
         settings = SyncSettings(steps=steps, tasks_per_step=1, attempts_per_task=2, concurrency=2,
                                 checkpoint_every=0, deadline=None, max_empty_steps=max_empty)  # fmt: skip
-        await train_sync(trainer, VersionEngine(), list(range(6)), episode, settings, export_dir=tmp_path,  # type: ignore[arg-type]
-                         on_step=lambda stats, groups: None, save=lambda: None, progress=progress)  # fmt: skip
+        engine: Any = VersionEngine()
+        async for _ in train_sync(
+            trainer, engine, list(range(6)), episode, settings, export_dir=tmp_path, progress=progress
+        ):
+            pass
         return trainer
 
     progress = SyncProgress()

@@ -32,7 +32,8 @@ from swerl.stages import evaluate as evaluate_module
 from swerl.stages import grpo as grpo_module
 from swerl.stages import grpo_eval
 from swerl.stages.common import put_dir
-from swerl.stages.grpo import FAILURES_FILE, GRPOStage, run_grpo
+from swerl.stages.grpo import GRPOStage, run_grpo
+from swerl.stages.grpo_state import FAILURES_FILE
 from swerl.stages.runner import Manifest, StageContext, StageOutcome, StageResult, run_stage, stage_key
 from swerl.storage import Store
 from swerl.tracking import Tracker
