@@ -117,12 +117,12 @@ def by_phase(problems: dict[str, dict[str, str]]) -> list[str]:
     return out
 
 
-def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
-    """`swerl doctor` before a run: the refusal (failed checks named, with their numbers) that stops it, or None
-    (it passed, or --ignore-doctor was given: then it is only a warning)."""
+def doctor_refusal(variants: list[tuple[str, PipelineConfig]], ignore: bool) -> str | None:
+    """`swerl doctor` before a run, on every GRPO phase as it runs (its caps, concurrency: the config's
+    phase_variants): the refusal (failed checks named, with their numbers) that stops it, or None (it passed, or
+    --ignore-doctor was given: then it is only a warning)."""
     from swerl.doctor import diagnose
 
-    variants = cfg.phase_variants()  # every GRPO phase as it runs (its caps, concurrency)
     found = by_phase(
         {
             stage: {c.name: f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok}
@@ -138,12 +138,13 @@ def doctor_refusal(cfg: PipelineConfig, ignore: bool) -> str | None:
     return message + "\nfix the config (see `swerl doctor`) or pass --ignore-doctor to run anyway"
 
 
-def plan_refusal(cfg: PipelineConfig) -> str | None:
-    """`swerl plan` before a run: the refusal (the failed checks, with their numbers), or None when it passes.
-    A plan cannot be ignored (--ignore-doctor does not skip it): what does not fit in memory fails later anyway."""
+def plan_refusal(variants: list[tuple[str, PipelineConfig]]) -> str | None:
+    """`swerl plan` before a run, on every GRPO phase as it runs (the config's phase_variants): the refusal (the
+    failed checks, with their numbers), or None when it passes. A plan cannot be ignored (--ignore-doctor does not
+    skip it): what does not fit in memory fails later anyway."""
     from swerl.plan import make_plan
 
-    plans = {stage: make_plan(v) for stage, v in cfg.phase_variants()}  # every GRPO phase as it runs
+    plans = {stage: make_plan(v) for stage, v in variants}
     refusals = by_phase(
         {stage: {} if plan.ok else {plan.refusal(): plan.refusal()} for stage, plan in plans.items()}
     )
@@ -159,12 +160,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from swerl.pipeline import stages_to_force
 
-    stages_to_force(args.force or [], cfg)  # an unknown stage is a ConfigError before anything starts
-    refusal = plan_refusal(cfg)
+    variants = cfg.phase_variants()  # the GRPO phases, resolved once for the checks before the run
+    # an unknown stage is a ConfigError before anything starts
+    stages_to_force(args.force or [], grpo_stages=[stage for stage, _ in variants])
+    refusal = plan_refusal(variants)
     if refusal is not None:
         print(f"swerl run: {refusal}", file=sys.stderr)
         return 1
-    refusal = doctor_refusal(cfg, args.ignore_doctor)
+    refusal = doctor_refusal(variants, args.ignore_doctor)
     if refusal is not None:
         print(f"swerl run: {refusal}", file=sys.stderr)
         return 1

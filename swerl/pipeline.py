@@ -1,4 +1,4 @@
-"""A pipeline run: its store, its MLflow parent run, its resolved config; and which stages to force.
+"""A pipeline run: its store, its MLflow parent run, its resolved config and GRPO phases; which stages to force.
 
 The Prefect flow (flows/pipeline.py) opens a PipelineSession and hands it to each stage task; this module holds
 the logic so that it is testable without Prefect.
@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from swerl.config import ConfigError, PipelineConfig
 from swerl.config.load import config_hash, dump_config
+from swerl.config.phases import ResolvedPhase
 from swerl.config.pipeline import STAGES
 from swerl.model_logging import registered_model_name
 from swerl.stages.runner import Manifest, ProgressFn, StageFn, StageOutcome, run_stage
@@ -29,15 +30,19 @@ from swerl.tracking import CONFIG_HASH_TAG, KIND_TAG, StageRun, Tracker, get_tra
 log = logging.getLogger("swerl.pipeline")
 
 
-def pipeline_stages(cfg: PipelineConfig | None = None) -> list[str]:
-    """The pipeline's stages in order, each GRPO phase its own (grpo, or grpo-NAME per phase of grpo.phases)."""
-    phases = [p.stage for p in cfg.grpo_phases()] if cfg is not None else ["grpo"]
-    return [s for stage in STAGES for s in (phases if stage == "grpo" else [stage])]
+def pipeline_stages(cfg: PipelineConfig | None = None, grpo_stages: Sequence[str] | None = None) -> list[str]:
+    """The pipeline's stages in order, each GRPO phase its own (grpo, or grpo-NAME per phase of grpo.phases).
+    grpo_stages: the phases' stages where the caller has resolved them (else cfg's phases are resolved)."""
+    if grpo_stages is None:
+        grpo_stages = [p.stage for p in cfg.grpo_phases()] if cfg is not None else ["grpo"]
+    return [s for stage in STAGES for s in (grpo_stages if stage == "grpo" else [stage])]
 
 
-def stages_to_force(force: list[str], cfg: PipelineConfig | None = None) -> set[str]:
+def stages_to_force(
+    force: list[str], cfg: PipelineConfig | None = None, grpo_stages: Sequence[str] | None = None
+) -> set[str]:
     """`--force STAGE` reruns that stage and every stage after it; `grpo` names the first GRPO phase."""
-    order = pipeline_stages(cfg)
+    order = pipeline_stages(cfg, grpo_stages)
     names = {s: s for s in order} | {"grpo": next(s for s in order if s.startswith("grpo"))}
     unknown = [s for s in force if s not in names]
     if unknown:
@@ -88,6 +93,8 @@ class PipelineSession:
     """State shared by the stages of one pipeline run."""
 
     cfg: PipelineConfig
+    phases: list[ResolvedPhase]
+    """cfg's GRPO phases, resolved once when the run opens (each phase's grpo, agent and engine settings)."""
     store: Store
     tracker: Tracker
     parent: StageRun
@@ -158,7 +165,8 @@ def open_session(
     its Prefect flow-run id (the tag names the latest) and bumps `swerl.resumes`; a parent still RUNNING (a live concurrent run) is never
     shared: then a new parent starts.
     """
-    forced = stages_to_force(force or [], cfg)
+    phases = cfg.grpo_phases()  # the one resolution of the run's GRPO phases: its stages and tasks use these
+    forced = stages_to_force(force or [], grpo_stages=[p.stage for p in phases])
     store = store_for(cfg)
     tracker = get_tracker(cfg.tracking.uri, cfg.tracking.experiment)
     # The random suffix keeps two runs started in the same second (a scheduler, --limit 2) apart.
@@ -188,7 +196,7 @@ def open_session(
             {"swerl.forced_stages": json.dumps(sorted(forced))}
         )  # this invocation's (a param keeps the first)
         log_machine_limits(cfg, parent)
-        session = PipelineSession(cfg, store, tracker, parent, run_id, forced)
+        session = PipelineSession(cfg, phases, store, tracker, parent, run_id, forced)
         yield session
         parent.log_metrics({"pipeline_duration_s": time.monotonic() - t0})
         store.write_json(f"pipelines/{run_id}/summary.json", session.summary())

@@ -216,16 +216,15 @@ def grpo_task(
     """One GRPO phase on the training tasks: from the SFT checkpoint (the first) or the previous phase's."""
     from swerl.stages.grpo import phase_stage, run_grpo
 
-    resolved = session.cfg.grpo_phases()[phase]
-    cfg = phase_stage(session.cfg, phase)
+    cfg = phase_stage(session.cfg, phase, session.phases)
     inputs = [curate, sft] + ([previous] if previous is not None else [])
-    return run_and_publish(session, resolved.stage, run_grpo, cfg, inputs=inputs)
+    return run_and_publish(session, session.phases[phase].stage, run_grpo, cfg, inputs=inputs)
 
 
 def grpo_phase_tasks(session: PipelineSession, curate: Manifest, sft: Manifest) -> list[Manifest]:
     """Every GRPO phase in order, each its own Prefect task (named by its stage: grpo, or grpo-NAME)."""
     manifests: list[Manifest] = []
-    for phase in session.cfg.grpo_phases():
+    for phase in session.phases:
         previous = manifests[-1] if manifests else None
         run = grpo_task.with_options(name=phase.stage, task_run_name=phase.stage)
         manifests.append(run(session, curate, sft, phase.index, previous))
