@@ -45,6 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy swerl flows tasks
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_rooms.py
 	$${CC:-cc} -fsyntax-only -Wall -Wextra -Werror swerl/sandbox/nsinit.c
 
 format: $(STAMP)
