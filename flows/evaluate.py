@@ -59,7 +59,5 @@ def _evaluate(config: PipelineConfig, run_id: str | None) -> dict[str, Any]:
     report = schedule_report(done, problems, store.root_uri)
     create_markdown_artifact(key="scheduled-evaluation", markdown=report, description="scheduled evaluation")
     if failed:
-        raise RuntimeError(
-            f"evaluation failed for {failed}; see the run's logs and the scheduled-evaluation report"
-        )
+        raise RuntimeError(f"evaluation failed for {failed}; see the run's logs and the scheduled-evaluation report")
     return {"store": store.root_uri, "evaluated": [p.checkpoint.uri for p, _ in done], "problems": problems}

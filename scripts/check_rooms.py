@@ -32,9 +32,7 @@ def _body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     """First line of the body after the docstring (1-based)."""
     first = node.body[0]
     docstring = (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
     )
     if docstring and first.end_lineno is not None:
         return first.end_lineno + 1

@@ -58,10 +58,26 @@ import torch  # noqa: E402
 
 H200_BF16_DENSE_TFLOPS = 989.0
 
-FULL = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
-            vocab_size=151936, seq_len=2048)  # fmt: skip
-TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-            vocab_size=512, seq_len=128)  # fmt: skip
+FULL = dict(
+    hidden_size=1024,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151936,
+    seq_len=2048,
+)
+TINY = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=512,
+    seq_len=128,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,18 +89,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/device_bench.json)")
-    parser.add_argument(
-        "--syncs", type=int, default=3, help="timed syncs over the process group (after a warm-up)"
-    )
+    parser.add_argument("--syncs", type=int, default=3, help="timed syncs over the process group (after a warm-up)")
     parser.add_argument(
         "--sync-backend",
         choices=("auto", "nccl", "gloo"),
         default="auto",
         help="the process group's backend (auto: gloo on CPU; nccl on GPUs, see group_placement)",
     )
-    parser.add_argument(
-        "--nccl-probe", action="store_true", help=argparse.SUPPRESS
-    )  # the child of probe_nccl_one_gpu
+    parser.add_argument("--nccl-probe", action="store_true", help=argparse.SUPPRESS)  # the child of probe_nccl_one_gpu
     return parser.parse_args(argv)
 
 
@@ -96,12 +108,19 @@ def qwen3_config(shape: dict[str, int], pad_token_id: int) -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"], num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
-        head_dim=shape["head_dim"], intermediate_size=shape["intermediate_size"],
-        max_position_embeddings=max(4096, shape["seq_len"]), tie_word_embeddings=True, pad_token_id=pad_token_id,
-        eos_token_id=pad_token_id, bos_token_id=None,
-    )  # fmt: skip
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_heads"],
+        num_key_value_heads=shape["num_kv_heads"],
+        head_dim=shape["head_dim"],
+        intermediate_size=shape["intermediate_size"],
+        max_position_embeddings=max(4096, shape["seq_len"]),
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=pad_token_id,
+        bos_token_id=None,
+    )
 
 
 def build_model(shape: dict[str, int], device: torch.device, seed: int = 0) -> Any:
@@ -127,10 +146,7 @@ def flops_per_token(model: Any, seq_len: int) -> float:
     """Training FLOPs per token: 6 N + 12 L H D S (forward + backward; PaLM, appendix B)."""
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return (
-        6.0 * matmul_parameters(model)
-        + 12.0 * c.num_hidden_layers * c.num_attention_heads * head_dim * seq_len
-    )
+    return 6.0 * matmul_parameters(model) + 12.0 * c.num_hidden_layers * c.num_attention_heads * head_dim * seq_len
 
 
 def sft_examples(vocab: int, count: int, seq_len: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -163,12 +179,21 @@ def grpo_groups(vocab: int, groups: int, attempts: int, seq_len: int, seed: int)
             mask = mask[:length]
             behaviour = [-rng.uniform(0.1, 4.0) if m else 0.0 for m in mask]
             reward = float(rng.random() < 0.5)
-            rows.append(Trajectory(
-                task_id=f"g{group}", attempt=attempt, group_id=f"g{group}",
-                status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED, reward=reward,
-                prompt_tokens=prompt, token_ids=ids, loss_mask=mask, behaviour_logprobs=behaviour,
-                token_weight_versions=[0 if m else -1 for m in mask], num_turns=1,
-            ))  # fmt: skip
+            rows.append(
+                Trajectory(
+                    task_id=f"g{group}",
+                    attempt=attempt,
+                    group_id=f"g{group}",
+                    status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED,
+                    reward=reward,
+                    prompt_tokens=prompt,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=behaviour,
+                    token_weight_versions=[0 if m else -1 for m in mask],
+                    num_turns=1,
+                )
+            )
         rows[0] = rows[0].model_copy(update={"reward": 1.0, "status": EpisodeStatus.RESOLVED})  # a signal
         rows[1] = rows[1].model_copy(update={"reward": 0.0, "status": EpisodeStatus.UNRESOLVED})
         out.append(rows)
@@ -207,9 +232,13 @@ def rank_context(cpu: bool) -> Any:
     for name, value in rank_env(0, 1, "127.0.0.1", port).items():
         os.environ.setdefault(name, value)  # torchrun's, when it set them
     config = DistributedConfig(
-        backend="fsdp2", device="cpu" if cpu else "cuda", ranks=1, param_dtype="bfloat16", reduce_dtype="float32",
+        backend="fsdp2",
+        device="cpu" if cpu else "cuda",
+        ranks=1,
+        param_dtype="bfloat16",
+        reduce_dtype="float32",
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     return init_rank(config)
 
 
@@ -222,9 +251,19 @@ def bench_sft(args: argparse.Namespace, shape: dict[str, int], ctx: Any, steps: 
     parameters = sum(parameter.numel() for parameter in model.parameters())
     rows, accum = (2, 2) if args.tiny else (4, 2)
     examples = sft_examples(shape["vocab_size"], 8 * rows * accum * (steps + 1), seq_len)
-    trainer = SFTTrainer(model, examples, seq_len=seq_len, max_steps=steps + 1, rows_per_micro_batch=rows,
-                         grad_accum_steps=accum, lr=1e-5, warmup_steps=0, seed=0, pad_token_id=0,
-                         ranks=ctx)  # fmt: skip
+    trainer = SFTTrainer(
+        model,
+        examples,
+        seq_len=seq_len,
+        max_steps=steps + 1,
+        rows_per_micro_batch=rows,
+        grad_accum_steps=accum,
+        lr=1e-5,
+        warmup_steps=0,
+        seed=0,
+        pad_token_id=0,
+        ranks=ctx,
+    )
     trainer.train_step()  # warm-up: allocation, kernels
     sync_cuda(ctx.device)
     started, tokens, losses = time.perf_counter(), 0, []
@@ -235,8 +274,15 @@ def bench_sft(args: argparse.Namespace, shape: dict[str, int], ctx: Any, steps: 
     sync_cuda(ctx.device)
     seconds = time.perf_counter() - started
     result = rate(tokens, seconds, flops, None if args.cpu else args.peak_tflops)
-    result.update(parameters=parameters, seq_len=seq_len, rows_per_micro_batch=rows, grad_accum_steps=accum,
-                  steps=steps, loss_last=losses[-1], peak_memory_gb=peak_memory_gb(ctx.device))  # fmt: skip
+    result.update(
+        parameters=parameters,
+        seq_len=seq_len,
+        rows_per_micro_batch=rows,
+        grad_accum_steps=accum,
+        steps=steps,
+        loss_last=losses[-1],
+        peak_memory_gb=peak_memory_gb(ctx.device),
+    )
     del trainer, model
     free_memory(ctx.device)
     return result
@@ -253,12 +299,8 @@ def bench_grpo(
     seq_len = shape["seq_len"]
     model = build_model(shape, ctx.device)
     flops = flops_per_token(model, seq_len)
-    tokenizer = train_tokenizer(
-        ["def add(a, b):\n    return a + b\n"] * 50, vocab_size=300, out_dir=work / "tok"
-    )
-    settings = UpdateSettings(
-        **GRPOAlgorithmConfig(micro_batch_tokens=4 * seq_len, grad_clip=1.0).model_dump()
-    )
+    tokenizer = train_tokenizer(["def add(a, b):\n    return a + b\n"] * 50, vocab_size=300, out_dir=work / "tok")
+    settings = UpdateSettings(**GRPOAlgorithmConfig(micro_batch_tokens=4 * seq_len, grad_clip=1.0).model_dump())
     trainer = GRPOTrainer(model, settings, seed=0, tokenizer=tokenizer, pad_token_id=0, ranks=ctx)
     groups, attempts = (2, 4) if args.tiny else (4, 8)
     batches = [grpo_groups(shape["vocab_size"], groups, attempts, seq_len, seed) for seed in range(steps + 1)]
@@ -271,8 +313,15 @@ def bench_grpo(
     sync_cuda(ctx.device)
     seconds = time.perf_counter() - started
     result = rate(tokens, seconds, flops, None if args.cpu else args.peak_tflops)
-    result.update(seq_len=seq_len, groups=groups, attempts=attempts, steps=steps, loss_last=last.get("loss"),
-                  grad_norm_last=last.get("grad_norm"), peak_memory_gb=peak_memory_gb(ctx.device))  # fmt: skip
+    result.update(
+        seq_len=seq_len,
+        groups=groups,
+        attempts=attempts,
+        steps=steps,
+        loss_last=last.get("loss"),
+        grad_norm_last=last.get("grad_norm"),
+        peak_memory_gb=peak_memory_gb(ctx.device),
+    )
     return result, trainer
 
 
@@ -282,8 +331,14 @@ def engine_options(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from swerl.config.engine import WeightSyncConfig
     from swerl.engine.factory import DTYPES
 
-    return dict(max_batch_size=1, max_context_tokens=64, prefix_cache_size=0, device=device,
-                dtype=DTYPES[engine_dtype(args)], weight_sync_timeout_s=min(WeightSyncConfig().timeout_s, 120.0))  # fmt: skip
+    return dict(
+        max_batch_size=1,
+        max_context_tokens=64,
+        prefix_cache_size=0,
+        device=device,
+        dtype=DTYPES[engine_dtype(args)],
+        weight_sync_timeout_s=min(WeightSyncConfig().timeout_s, 120.0),
+    )
 
 
 def engine_dtype(args: argparse.Namespace) -> str:
@@ -324,9 +379,7 @@ def bench_sync(args: argparse.Namespace, trainer: Any, work: Path) -> tuple[dict
     }, second
 
 
-def group_placement(
-    args: argparse.Namespace, trainer_device: torch.device
-) -> tuple[str, str, dict[str, Any]]:
+def group_placement(args: argparse.Namespace, trainer_device: torch.device) -> tuple[str, str, dict[str, Any]]:
     """Where the engine of the process-group sync runs and over which backend: (engine device, backend, notes).
 
     CPU: gloo. GPUs: with two visible the engine takes the second and NCCL carries the weights; with one, the
@@ -358,14 +411,16 @@ def probe_nccl_one_gpu(timeout_s: float = 60.0) -> dict[str, Any]:
     """Run `device_bench.py --nccl-probe` in a child process (an NCCL failure must not take this one down)."""
     began = time.perf_counter()
     try:
-        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--nccl-probe"], capture_output=True,
-                             text=True, timeout=timeout_s)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--nccl-probe"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"no answer within {timeout_s:g} s", "seconds": timeout_s}
     answer = next((line for line in reversed(run.stdout.splitlines()) if line.startswith("{")), None)
-    result = (
-        json.loads(answer) if answer else {"ok": False, "error": (run.stderr.strip() or "no output")[-600:]}
-    )
+    result = json.loads(answer) if answer else {"ok": False, "error": (run.stderr.strip() or "no output")[-600:]}
     result.update(exit=run.returncode, seconds=time.perf_counter() - began)
     return result
 
@@ -422,9 +477,15 @@ def bench_group_sync(
         export = trainer.export_weights(work / "exports", version=2)
     engine_device, backend, notes = group_placement(args, trainer.device)
     defaults = WeightSyncConfig()
-    weights = DistributedWeights(master_addr=defaults.master_addr, master_port=0, backend=backend,
-                                 group_name=defaults.group_name, bucket_bytes=defaults.bucket_mb << 20,
-                                 dtype=engine_dtype(args), timeout_s=min(defaults.timeout_s, 120.0))  # fmt: skip
+    weights = DistributedWeights(
+        master_addr=defaults.master_addr,
+        master_port=0,
+        backend=backend,
+        group_name=defaults.group_name,
+        bucket_bytes=defaults.bucket_mb << 20,
+        dtype=engine_dtype(args),
+        timeout_s=min(defaults.timeout_s, 120.0),
+    )
     options = engine_options(args, engine_device)
 
     async def run() -> dict[str, Any]:
@@ -458,9 +519,11 @@ def bench_group_sync(
             "expected_version": syncs + 1,
         }
         check["ok"] = bool(
-            check["state_dict_equal"] and check["differed_before"] and check["greedy_equal"]
+            check["state_dict_equal"]
+            and check["differed_before"]
+            and check["greedy_equal"]
             and served_version == syncs + 1
-        )  # fmt: skip
+        )
         result = {
             "backend": backend,
             "engine_device": engine_device,
@@ -506,17 +569,20 @@ def compare_weights(trainer: Any, engine: Any) -> dict[str, Any]:
         if name not in own:
             continue
         full = getattr(own[name], "full_tensor", None)
-        expected = (
-            (full() if full is not None else own[name]).detach().to(device=tensor.device, dtype=tensor.dtype)
-        )
+        expected = (full() if full is not None else own[name]).detach().to(device=tensor.device, dtype=tensor.dtype)
         if expected.shape != tensor.shape:
             differing.append(name)
         elif not torch.equal(expected, tensor):
             differing.append(name)
             max_abs = max(max_abs, (expected.float() - tensor.float()).abs().max().item())
-    return {"tensors": len(served), "unmatched": unmatched[:8], "differing": differing[:8],
-            "differing_count": len(differing), "max_abs_diff": max_abs,
-            "equal": not unmatched and not differing}  # fmt: skip
+    return {
+        "tensors": len(served),
+        "unmatched": unmatched[:8],
+        "differing": differing[:8],
+        "differing_count": len(differing),
+        "max_abs_diff": max_abs,
+        "equal": not unmatched and not differing,
+    }
 
 
 async def greedy(engine: Any, prompt: list[int], tokens: int) -> list[int]:
@@ -541,12 +607,19 @@ def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str
     missing = megatron_settings.missing_pieces()
     if missing:
         return {"skipped": "; ".join(missing)}
-    tokenizer = train_tokenizer(
-        ["def add(a, b):\n    return a + b\n"] * 50, vocab_size=300, out_dir=work / "mtok"
+    tokenizer = train_tokenizer(["def add(a, b):\n    return a + b\n"] * 50, vocab_size=300, out_dir=work / "mtok")
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+        moe=True,
+        num_experts=8,
+        num_experts_per_tok=2,
     )
-    model = build_tiny_model(tokenizer, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                             intermediate_size=256, max_position_embeddings=1024, moe=True, num_experts=8,
-                             num_experts_per_tok=2)  # fmt: skip
     model_dir = save_model_and_tokenizer(model, tokenizer, work / "moe")
     rank_context_env()
     config = DistributedConfig(backend="megatron", device="cuda", ranks=1, param_dtype="bfloat16")
@@ -563,9 +636,15 @@ def bench_megatron(args: argparse.Namespace, work: Path, steps: int) -> dict[str
         tokens += sum(len(t.token_ids) for group in batch for t in group)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    return {"build_s": build_s, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "loss_last": last.get("loss"), "grad_norm_last": last.get("grad_norm"),
-            "transformer_engine": megatron_settings.has_transformer_engine()}  # fmt: skip
+    return {
+        "build_s": build_s,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "loss_last": last.get("loss"),
+        "grad_norm_last": last.get("grad_norm"),
+        "transformer_engine": megatron_settings.has_transformer_engine(),
+    }
 
 
 def rank_context_env() -> None:
@@ -619,9 +698,7 @@ def summary(results: dict[str, Any]) -> str:
         if entry is None:
             continue
         if "skipped" in entry or "error" in entry:
-            lines.append(
-                f"{part:<10} {'-':>12} {'-':>9} {'-':>7}  {entry.get('skipped') or entry.get('error')}"
-            )
+            lines.append(f"{part:<10} {'-':>12} {'-':>9} {'-':>7}  {entry.get('skipped') or entry.get('error')}")
             continue
         mfu = entry.get("mfu")
         notes = f"loss {fmt(entry.get('loss_last'), '{:.4f}')}"
@@ -646,7 +723,8 @@ def sync_table(results: dict[str, Any], fmt: Any) -> list[str]:
             lines.append(f"{'disk':<16} error: {disk['error']}")
         else:
             lines.append(
-                f"{'disk':<16} {fmt(disk.get('weights_gb'), '{:.4f}'):>9} {fmt(disk.get('seconds_per_sync'), '{:.3f}'):>8} "
+                f"{'disk':<16} {fmt(disk.get('weights_gb'), '{:.4f}'):>9} "
+                f"{fmt(disk.get('seconds_per_sync'), '{:.3f}'):>8} "
                 f"{fmt(disk.get('s_per_gb'), '{:.2f}'):>8} {fmt(disk.get('gb_per_s'), '{:.3f}'):>8}  export "
                 f"{fmt(disk.get('export_s'), '{:.3f}')} s + load {fmt(disk.get('load_s'), '{:.3f}')} s (trainer's "
                 f"dtype on disk; engine on {disk.get('engine_device')})"
@@ -691,9 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     work = Path(tempfile.mkdtemp(prefix="swerl-device-bench-"))
     out = args.out or (Path(os.environ["OUT"]) / "device_bench.json" if os.environ.get("OUT") else None)
-    results: dict[str, Any] = {"environment": environment(args.cpu), "shape": shape, "steps": steps,
-                               "peak_tflops": None if args.cpu else args.peak_tflops,
-                               "flops_formula": "6 N + 12 L H D S per token"}  # fmt: skip
+    results: dict[str, Any] = {
+        "environment": environment(args.cpu),
+        "shape": shape,
+        "steps": steps,
+        "peak_tflops": None if args.cpu else args.peak_tflops,
+        "flops_formula": "6 N + 12 L H D S per token",
+    }
     started = time.perf_counter()
     ctx = rank_context(args.cpu) if {"sft", "grpo", "sync"} & set(parts) else None
     trainer = None

@@ -7,8 +7,8 @@
 The fields (name, annotation source, required) of the request classes swerl's engine client sends are read with
 `ast` from sglang/srt/managers/io_struct.py and sglang/srt/sampling/sampling_params.py inside the wheel, and so
 are the keys of a meta_info.weight_versions span (sglang/srt/utils/weight_versions.py:
-add_weight_versions_to_meta_info); the wheel's version and sha256 are recorded. tests/engine/test_engine_contract.py validates the client's payloads against
-the JSON, and re-extracts from the wheel when it is in the local cache.
+add_weight_versions_to_meta_info); the wheel's version and sha256 are recorded. tests/engine/test_engine_contract.py
+validates the client's payloads against the JSON, and re-extracts from the wheel when it is in the local cache.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ SOURCES = {
 }
 
 
-RESPONSE_SOURCES = {
-    "weight_version_span": ("sglang/srt/utils/weight_versions.py", "add_weight_versions_to_meta_info")
-}
+RESPONSE_SOURCES = {"weight_version_span": ("sglang/srt/utils/weight_versions.py", "add_weight_versions_to_meta_info")}
 """Response shapes: the string keys of the dict literals a function builds."""
 
 
@@ -75,9 +73,7 @@ def class_fields(tree: ast.Module) -> dict[str, tuple[list[str], dict[str, dict[
     return classes
 
 
-def resolved_fields(
-    classes: dict[str, tuple[list[str], dict[str, dict[str, Any]]]], name: str
-) -> dict[str, Any]:
+def resolved_fields(classes: dict[str, tuple[list[str], dict[str, dict[str, Any]]]], name: str) -> dict[str, Any]:
     """A class's fields including those of its bases defined in the same module (BaseReq's rid, ...)."""
     bases, own = classes[name]
     fields: dict[str, Any] = {}
@@ -114,9 +110,7 @@ def main() -> None:
         raise SystemExit(__doc__)
     contract = extract(Path(sys.argv[1]))
     Path(sys.argv[2]).write_text(json.dumps(contract, indent=1, sort_keys=True) + "\n")
-    print(
-        f"sglang {contract['sglang_version']}: {sum(len(c['fields']) for c in contract['classes'].values())} fields"
-    )
+    print(f"sglang {contract['sglang_version']}: {sum(len(c['fields']) for c in contract['classes'].values())} fields")
 
 
 if __name__ == "__main__":

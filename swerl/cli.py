@@ -29,9 +29,7 @@ from swerl.config.services import ServicesConfig
 
 log = logging.getLogger("swerl")
 
-WORK_POOL = (
-    "swerl"  # the work pool `swerl up` runs a worker on and `swerl serve` registers the deployments with
-)
+WORK_POOL = "swerl"  # the work pool `swerl up` runs a worker on and `swerl serve` registers the deployments with
 
 PREFECT_DEFAULTS = {
     # The ephemeral API migrates its database on first use; 20 s (Prefect's default) is too short on 2 cores.
@@ -124,10 +122,7 @@ def doctor_refusal(variants: list[tuple[str, PipelineConfig]], ignore: bool) -> 
     from swerl.doctor import diagnose
 
     found = by_phase(
-        {
-            stage: {c.name: f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok}
-            for stage, v in variants
-        }
+        {stage: {c.name: f"{c.name}: {c.detail}" for c in diagnose(v).checks if not c.ok} for stage, v in variants}
     )
     if not found:
         return None
@@ -145,9 +140,7 @@ def plan_refusal(variants: list[tuple[str, PipelineConfig]]) -> str | None:
     from swerl.plan import make_plan
 
     plans = {stage: make_plan(v) for stage, v in variants}
-    refusals = by_phase(
-        {stage: {} if plan.ok else {plan.refusal(): plan.refusal()} for stage, plan in plans.items()}
-    )
+    refusals = by_phase({stage: {} if plan.ok else {plan.refusal(): plan.refusal()} for stage, plan in plans.items()})
     if not refusals:
         return None
     return (
@@ -223,12 +216,19 @@ def _local_services(sc: ServicesConfig, root: Path, access: str, secret: str) ->
         admin=services.free_seaweed_port(sc.host),
     )
     return [
-        services.seaweedfs(root / "seaweedfs", weed_ports, host=sc.host, access_key=access, secret_key=secret,
-                           startup_timeout_s=sc.startup_timeout_s),
+        services.seaweedfs(
+            root / "seaweedfs",
+            weed_ports,
+            host=sc.host,
+            access_key=access,
+            secret_key=secret,
+            startup_timeout_s=sc.startup_timeout_s,
+        ),
         services.mlflow_server(root / "mlflow", sc.mlflow_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s),
-        services.prefect_server(root / "prefect", sc.prefect_port, host=sc.host,
-                                startup_timeout_s=sc.startup_timeout_s),
-    ]  # fmt: skip
+        services.prefect_server(
+            root / "prefect", sc.prefect_port, host=sc.host, startup_timeout_s=sc.startup_timeout_s
+        ),
+    ]
 
 
 def services_env(sc: ServicesConfig, s3_env: Path, bucket: str = "swerl") -> str:
@@ -267,11 +267,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         ensure_work_pool(args.pool)  # the worker's pool, ready when `swerl up` says so
         worker = services.prefect_worker(
-            root / "prefect", api_url, args.pool, services.free_port(sc.host), host=sc.host,
-            limit=cfg.serve.max_concurrent_runs, cwd=project, startup_timeout_s=sc.startup_timeout_s,
-            env={"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret, "PYTHONPATH": os.environ["PYTHONPATH"],
-                 **{k: v for k, v in PREFECT_DEFAULTS.items() if k not in os.environ}},
-        )  # fmt: skip
+            root / "prefect",
+            api_url,
+            args.pool,
+            services.free_port(sc.host),
+            host=sc.host,
+            limit=cfg.serve.max_concurrent_runs,
+            cwd=project,
+            startup_timeout_s=sc.startup_timeout_s,
+            env={
+                "AWS_ACCESS_KEY_ID": access,
+                "AWS_SECRET_ACCESS_KEY": secret,
+                "PYTHONPATH": os.environ["PYTHONPATH"],
+                **{k: v for k, v in PREFECT_DEFAULTS.items() if k not in os.environ},
+            },
+        )
         started.append(worker)
         worker.start()
         print(
@@ -528,8 +538,9 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swerl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="swerl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"swerl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -545,9 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "config", nargs="?", default="configs/local.yaml", help="YAML run config (default: %(default)s)"
-        )
+        p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config (default: %(default)s)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
 
     p_run = command("run")
@@ -558,8 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STAGE",
         help=f"rerun this stage and all after it ({', '.join(STAGES)}, or a GRPO phase's grpo-NAME)",
     )
-    p_run.add_argument("--ignore-doctor", action="store_true",
-                       help="run even when `swerl doctor` refuses the config on this machine")  # fmt: skip
+    p_run.add_argument(
+        "--ignore-doctor", action="store_true", help="run even when `swerl doctor` refuses the config on this machine"
+    )
     p_run.set_defaults(func=cmd_run)
 
     p_cur = command("curate")
@@ -579,11 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_serve = command("serve")
     with_config(p_serve)
+    p_serve.add_argument("--pool", default=WORK_POOL, help="work pool of the deployments (default: %(default)s)")
     p_serve.add_argument(
-        "--pool", default=WORK_POOL, help="work pool of the deployments (default: %(default)s)"
+        "--foreground",
+        action="store_true",
+        help="serve the deployments from this process until Ctrl-C instead of a work pool",
     )
-    p_serve.add_argument("--foreground", action="store_true",
-                         help="serve the deployments from this process until Ctrl-C instead of a work pool")  # fmt: skip
     p_serve.set_defaults(func=cmd_serve)
 
     p_cmp = command("compare")
@@ -591,18 +602,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("run_b", help="MLflow run id of another eval run")
     with_config(p_cmp)
     p_cmp.add_argument("--config", dest="config_option", help=argparse.SUPPRESS)  # the old spelling
-    p_cmp.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (overrides SWERL_TRACKING_URI and the config's)"
-    )
+    p_cmp.add_argument("--tracking-uri", help="MLflow tracking URI (overrides SWERL_TRACKING_URI and the config's)")
     p_cmp.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples and sign flips")
     p_cmp.add_argument("--confidence", type=float, default=0.95, help="confidence level of the CI and test")
     p_cmp.set_defaults(func=cmd_compare)
 
     p_doc = command("doctor")
     with_config(p_doc)
-    p_doc.add_argument("--tasks", action="append", metavar="FILE",
-                       help="also check the images of these tasks (curate's train/eval.parquet, or a SWE-smith or "
-                            "SWE-bench .parquet/.jsonl/.json): present, missing, pulls, disk (repeatable)")  # fmt: skip
+    p_doc.add_argument(
+        "--tasks",
+        action="append",
+        metavar="FILE",
+        help="also check the images of these tasks (curate's train/eval.parquet, or a SWE-smith or "
+        "SWE-bench .parquet/.jsonl/.json): present, missing, pulls, disk (repeatable)",
+    )
     p_doc.set_defaults(func=cmd_doctor)
 
     p_plan = command("plan")
@@ -616,16 +629,28 @@ def build_parser() -> argparse.ArgumentParser:
     p_xc = command("crosscheck")
     with_config(p_xc)
     p_xc.add_argument("--tasks", required=True, help="SWE-bench rows with eval_script (jsonl, json, parquet)")
-    p_xc.add_argument("--predictions", action="append", metavar="FILE",
-                      help="SWE-bench predictions (instance_id, model_patch) or episodes_MODEL.jsonl (repeatable)")  # fmt: skip
+    p_xc.add_argument(
+        "--predictions",
+        action="append",
+        metavar="FILE",
+        help="SWE-bench predictions (instance_id, model_patch) or episodes_MODEL.jsonl (repeatable)",
+    )
     p_xc.add_argument("--gold", action="store_true", help="also grade each task's reference fix")
     p_xc.add_argument("--empty", action="store_true", help="also grade each task's empty patch")
     p_xc.add_argument("--instance", action="append", metavar="ID", help="only these instances (repeatable)")
     p_xc.add_argument("--out", default="runs/crosscheck", help="its work directory (default: %(default)s)")
-    p_xc.add_argument("--backend", choices=["docker", "local", "config"], default="docker",
-                      help="swerl's sandbox backend (default: %(default)s; config: agent.sandbox.backend)")  # fmt: skip
-    p_xc.add_argument("--timeout", type=float, default=None,
-                      help="seconds for one test run, both graders (default: agent.test_timeout_s)")  # fmt: skip
+    p_xc.add_argument(
+        "--backend",
+        choices=["docker", "local", "config"],
+        default="docker",
+        help="swerl's sandbox backend (default: %(default)s; config: agent.sandbox.backend)",
+    )
+    p_xc.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds for one test run, both graders (default: agent.test_timeout_s)",
+    )
     p_xc.add_argument("--workers", type=int, default=2, help="predictions graded at once by each grader")
     p_xc.set_defaults(func=cmd_crosscheck)
     return parser
@@ -667,9 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("httpx", "httpcore", "alembic", "botocore", "urllib3"):
-        logging.getLogger(noisy).setLevel(
-            logging.WARNING
-        )  # one line per HTTP request buries the run's own log
+        logging.getLogger(noisy).setLevel(logging.WARNING)  # one line per HTTP request buries the run's own log
     interruptible = args.command in RESUMES and threading.current_thread() is threading.main_thread()
     if interruptible:
         signal.signal(signal.SIGINT, _interrupt)

@@ -112,8 +112,12 @@ def _meminfo_mb() -> dict[str, int]:
 
 def _tasks_running() -> int:
     """Threads alive on the machine now (they count against pid_max and threads-max)."""
-    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in os.listdir("/proc") if pid.isdigit()
-               if os.path.isdir(f"/proc/{pid}/task"))  # fmt: skip
+    return sum(
+        len(os.listdir(f"/proc/{pid}/task"))
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        if os.path.isdir(f"/proc/{pid}/task")
+    )
 
 
 def _limit(value: int) -> int | str:
@@ -312,9 +316,14 @@ def _pool_checks(cfg: PipelineConfig) -> list[Check]:
         if name.startswith("curate"):
             continue
         pool = limits.pool.max_concurrent
-        out.append(Check(f"pool.{name}", concurrency <= pool,
-                         f"{name} {concurrency} vs agent.sandbox.pool.max_concurrent {pool}"
-                         + ("" if concurrency <= pool else f": {concurrency - pool} episodes would wait for a sandbox")))  # fmt: skip
+        out.append(
+            Check(
+                f"pool.{name}",
+                concurrency <= pool,
+                f"{name} {concurrency} vs agent.sandbox.pool.max_concurrent {pool}"
+                + ("" if concurrency <= pool else f": {concurrency - pool} episodes would wait for a sandbox"),
+            )
+        )
     return out
 
 
@@ -322,25 +331,45 @@ def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[st
     out: list[Check] = []
     e = cfg.engine
     if e.kind != "local" and e.http.max_connections is not None:
-        out.append(Check("engine.http.max_connections", e.http.max_connections >= need["episodes"],
-                         f"{e.http.max_connections} connections per engine vs {need['episodes']} episodes at once"))  # fmt: skip
+        out.append(
+            Check(
+                "engine.http.max_connections",
+                e.http.max_connections >= need["episodes"],
+                f"{e.http.max_connections} connections per engine vs {need['episodes']} episodes at once",
+            )
+        )
     available = machine.get("mem_available_mb")
     if available is not None:
-        out.append(Check("memory", need["memory_mb"] <= available,
-                         f"{need['sandboxes']} sandboxes x what each can take (memory_mb with a per-sandbox "
-                         f"cgroup, else memory_mb x max_processes + tmpfs) = {need['memory_mb']} MB "
-                         f"vs {available} MB available"))  # fmt: skip
+        out.append(
+            Check(
+                "memory",
+                need["memory_mb"] <= available,
+                f"{need['sandboxes']} sandboxes x what each can take (memory_mb with a per-sandbox "
+                f"cgroup, else memory_mb x max_processes + tmpfs) = {need['memory_mb']} MB "
+                f"vs {available} MB available",
+            )
+        )
     soft = machine["nofile_soft"]
     if soft != "unlimited":
-        out.append(Check("open_files", need["fds"] <= soft,
-                         f"~{need['fds']} descriptors needed vs RLIMIT_NOFILE soft {soft} (hard "
-                         f"{machine['nofile_hard']}; raise with ulimit -n)"))  # fmt: skip
+        out.append(
+            Check(
+                "open_files",
+                need["fds"] <= soft,
+                f"~{need['fds']} descriptors needed vs RLIMIT_NOFILE soft {soft} (hard "
+                f"{machine['nofile_hard']}; raise with ulimit -n)",
+            )
+        )
     caps = [v for v in (machine.get("pid_max"), machine.get("threads_max")) if v]
     if caps:
         room = min(caps) - machine["threads_running"]
-        out.append(Check("processes", need["processes"] <= room,
-                         f"{need['processes']} processes/threads at worst (sandboxes x max_processes + "
-                         f"{PROCESSES_BASE}) vs {room} left under min(pid_max, threads-max) {min(caps)}"))  # fmt: skip
+        out.append(
+            Check(
+                "processes",
+                need["processes"] <= room,
+                f"{need['processes']} processes/threads at worst (sandboxes x max_processes + "
+                f"{PROCESSES_BASE}) vs {room} left under min(pid_max, threads-max) {min(caps)}",
+            )
+        )
     nproc = machine["nproc_soft"]
     if not machine["is_root"] and nproc != "unlimited":
         own = need["sandboxes"] * 3 + PROCESSES_BASE
@@ -348,8 +377,13 @@ def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[st
     for key, free in machine.items():
         if key.startswith("disk_free_mb."):
             want = need["disk_mb"] + 1024
-            out.append(Check(f"disk.{key.removeprefix('disk_free_mb.')}", free >= want,
-                             f"{free} MB free vs {want} MB (sandboxes x file_size_mb + 1 GB)"))  # fmt: skip
+            out.append(
+                Check(
+                    f"disk.{key.removeprefix('disk_free_mb.')}",
+                    free >= want,
+                    f"{free} MB free vs {want} MB (sandboxes x file_size_mb + 1 GB)",
+                )
+            )
     return out
 
 
@@ -374,28 +408,48 @@ def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, 
         elif runtime == "supervisor":
             detail = f"runtime supervisor needs root (CAP_SYS_ADMIN) and a workspace quota: {why}"
         else:
-            detail = f"runtime {runtime}: bubblewrap per command" + (
-                "" if runtime == "bubblewrap" else f" ({why})"
-            )
+            detail = f"runtime {runtime}: bubblewrap per command" + ("" if runtime == "bubblewrap" else f" ({why})")
         out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
     for limits in local_limits[:1]:
         ok, why = cgroups_state()
-        out.append(Check("sandbox_cgroups", True, ("memory_mb and max_processes cap each whole sandbox (cgroups)"
-                         if ok and _local_cgroups(limits) else f"NO per-sandbox cgroup ({why}): memory_mb is per "
-                         "process (RLIMIT_AS), max_processes per uid")))  # fmt: skip
+        out.append(
+            Check(
+                "sandbox_cgroups",
+                True,
+                (
+                    "memory_mb and max_processes cap each whole sandbox (cgroups)"
+                    if ok and _local_cgroups(limits)
+                    else f"NO per-sandbox cgroup ({why}): memory_mb is per process (RLIMIT_AS), max_processes per uid"
+                ),
+            )
+        )
     bwrap_ok = bool(machine.get("bwrap_ok"))
-    out.append(Check("bubblewrap", bwrap_ok or not needs_bwrap,
-                     str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)")))  # fmt: skip
+    out.append(
+        Check(
+            "bubblewrap",
+            bwrap_ok or not needs_bwrap,
+            str(machine.get("bwrap")) + ("" if needs_bwrap else " (not needed: the supervisor runs sandboxes)"),
+        )
+    )
     for mode in sorted(modes):
         capped = mode != "none" and mountable
-        detail = (f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})" if capped
-                  else f"local workspaces NOT size-capped (workspace_quota: {mode}"
-                  + ("" if mode == "none" else f"; {machine.get('tmpfs_mount')}") + ")")  # fmt: skip
+        detail = (
+            f"local workspaces capped by a tmpfs of workspace_mb each (workspace_quota: {mode})"
+            if capped
+            else f"local workspaces NOT size-capped (workspace_quota: {mode}"
+            + ("" if mode == "none" else f"; {machine.get('tmpfs_mount')}")
+            + ")"
+        )
         out.append(Check(f"workspace_quota.{mode}", capped or mode != "tmpfs", detail))
     userns = machine.get("max_user_namespaces")
     if not machine["is_root"] and userns is not None:
-        out.append(Check("user_namespaces", userns >= need["sandboxes"],
-                         f"max_user_namespaces {userns} vs {need['sandboxes']} sandboxes"))  # fmt: skip
+        out.append(
+            Check(
+                "user_namespaces",
+                userns >= need["sandboxes"],
+                f"max_user_namespaces {userns} vs {need['sandboxes']} sandboxes",
+            )
+        )
     return out
 
 
@@ -405,11 +459,21 @@ def _remote_backend_checks(backends: set[str], machine: dict[str, Any]) -> list[
         out.append(Check("dockerd", bool(machine["dockerd_reachable"]), str(machine["docker"])))
         networks = machine.get("docker_networks")
         if networks is not None:
-            out.append(Check("docker_networks", networks < NETWORKS_WARN,
-                             f"{networks} networks (containers use network none; ~31 is the bridge-pool cap)"))  # fmt: skip
+            out.append(
+                Check(
+                    "docker_networks",
+                    networks < NETWORKS_WARN,
+                    f"{networks} networks (containers use network none; ~31 is the bridge-pool cap)",
+                )
+            )
     if "e2b" in backends:
-        out.append(Check("e2b_api_key", bool(machine.get("e2b_api_key_set")), "E2B_API_KEY set in the environment"
-                         if machine.get("e2b_api_key_set") else "E2B_API_KEY is not set"))  # fmt: skip
+        out.append(
+            Check(
+                "e2b_api_key",
+                bool(machine.get("e2b_api_key_set")),
+                "E2B_API_KEY set in the environment" if machine.get("e2b_api_key_set") else "E2B_API_KEY is not set",
+            )
+        )
     return out
 
 
@@ -524,19 +588,25 @@ def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[s
     names = list(dict.fromkeys(names))
     limits = cfg.agent.sandbox
     backend = limits.backend
-    info: dict[str, Any] = {"image_tasks": len(refs), "of_tasks": len(tasks), "images": len(names),
-                            "backend": backend}  # fmt: skip
+    info: dict[str, Any] = {"image_tasks": len(refs), "of_tasks": len(tasks), "images": len(names), "backend": backend}
     out: list[Check] = []
     if bad:
-        out.append(Check("task_images.references", False, f"{len(bad)} image references cannot be read: "
-                         f"{_listed(bad)}"))  # fmt: skip
+        out.append(
+            Check("task_images.references", False, f"{len(bad)} image references cannot be read: {_listed(bad)}")
+        )
     if backend == "e2b":
         templates = limits.e2b.image_templates
         unmapped = [name for name in names if name not in templates]
         info["without_template"] = len(unmapped)
-        out.append(Check("task_images.e2b", not unmapped, f"{len(names) - len(unmapped)} of {len(names)} images "
-                         "have an e2b template (agent.sandbox.e2b.image_templates)"
-                         + (f"; none for {_listed(unmapped)}" if unmapped else "")))  # fmt: skip
+        out.append(
+            Check(
+                "task_images.e2b",
+                not unmapped,
+                f"{len(names) - len(unmapped)} of {len(names)} images "
+                "have an e2b template (agent.sandbox.e2b.image_templates)"
+                + (f"; none for {_listed(unmapped)}" if unmapped else ""),
+            )
+        )
         return info, out
     present, missing, error = _engine_images(names)
     if error is not None:
@@ -555,9 +625,9 @@ def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[s
     if pulls and missing:
         hours = _pull_hours(len(missing), docker_cfg.pulls_per_hour)
         info["to_pull"] = len(missing)
-        info["pull_time"] = (f"{len(missing)} pulls at docker.pulls_per_hour {docker_cfg.pulls_per_hour}: "
-                             + (f"~{hours} h of waiting for the budget, plus the pulls" if hours
-                                else "within one hour's budget, no waiting"))  # fmt: skip
+        info["pull_time"] = f"{len(missing)} pulls at docker.pulls_per_hour {docker_cfg.pulls_per_hour}: " + (
+            f"~{hours} h of waiting for the budget, plus the pulls" if hours else "within one hour's budget, no waiting"
+        )
     disk = f"{size_mb:.0f} MB of present images (layers they share counted in each: at most)" + (
         f" + {len(missing)} missing of unknown size" if missing else ""
     )
@@ -566,9 +636,9 @@ def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[s
     elif pulls:
         detail = f"{len(missing)} of {len(names)} images missing, to be pulled ({info['pull_time']}); {disk}"
     else:
-        why = ("agent.sandbox.docker.allow_pull is off" if backend == "docker"
-               else f"the {backend} backend never pulls")  # fmt: skip
-        detail = (f"{len(missing)} of {len(names)} images missing and {why}: {_listed(missing)}; "
-                  "build or load them first")  # fmt: skip
+        why = "agent.sandbox.docker.allow_pull is off" if backend == "docker" else f"the {backend} backend never pulls"
+        detail = (
+            f"{len(missing)} of {len(names)} images missing and {why}: {_listed(missing)}; build or load them first"
+        )
     out.append(Check("task_images", not missing or pulls, detail))
     return info, out

@@ -69,9 +69,7 @@ def _checkpoint_model() -> Any:
             import torch
 
             limit = int((params or {}).get("max_new_tokens", MAX_NEW_TOKENS_DEFAULT))
-            prompts = (
-                list(model_input["prompt"]) if hasattr(model_input, "__getitem__") else list(model_input)
-            )
+            prompts = list(model_input["prompt"]) if hasattr(model_input, "__getitem__") else list(model_input)
             out = []
             for prompt in prompts:
                 ids = self.tokenizer(str(prompt), return_tensors="pt").input_ids
@@ -109,9 +107,7 @@ def log_and_register(
 
         small = _size(local_dir) <= MODEL_LOG_MAX_BYTES
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # "no input example": one would run the model to check it
+            warnings.simplefilter("ignore", UserWarning)  # "no input example": one would run the model to check it
             model_dir = Path(tmp) / "model"
             mlflow.pyfunc.save_model(
                 path=str(model_dir),
@@ -123,12 +119,15 @@ def log_and_register(
                 pip_requirements=[
                     f"torch=={torch.__version__.split('+')[0]}",
                     f"transformers=={transformers.__version__}",
-                ],  # fmt: skip
+                ],
             )
             logged = client.create_logged_model(
-                experiment_id, name=stage, source_run_id=run.run_id, model_type=MODEL_TYPE,
+                experiment_id,
+                name=stage,
+                source_run_id=run.run_id,
+                model_type=MODEL_TYPE,
                 params={"checkpoint_uri": checkpoint_uri, "weights_inside": str(small)},
-            )  # fmt: skip
+            )
             client.log_model_artifacts(logged.model_id, str(model_dir))
         client.finalize_logged_model(logged.model_id, "READY")
         client.log_outputs(run.run_id, [LoggedModelOutput(logged.model_id, 0)])
@@ -137,17 +136,18 @@ def log_and_register(
             from mlflow.exceptions import MlflowException
 
             try:
-                client.create_registered_model(
-                    registered, description="swerl agent policies (SFT, GRPO phases)"
-                )
+                client.create_registered_model(registered, description="swerl agent policies (SFT, GRPO phases)")
             except MlflowException as exc:
                 if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
                     raise
             version = client.create_model_version(
-                registered, source=logged.artifact_location, run_id=run.run_id, model_id=logged.model_id,
+                registered,
+                source=logged.artifact_location,
+                run_id=run.run_id,
+                model_id=logged.model_id,
                 tags={"swerl.stage": stage, "swerl.checkpoint_uri": checkpoint_uri},
                 await_creation_for=REGISTRATION_WAIT_S,
-            )  # fmt: skip
+            )
             tags |= {"swerl.model.registered": f"{registered}/{version.version}"}
         run.set_tags(tags)
         return tags

@@ -162,8 +162,8 @@ def open_session(
     One parent run per pipeline config: a rerun of the same config (same `swerl.config_hash`, e.g. a resume after a
     failure or Ctrl-C) continues the newest ended parent run of that config instead of starting another, so its
     stages' runs (and their curves, continued by the stage runner) stay under one parent. Each continuation adds
-    its Prefect flow-run id (the tag names the latest) and bumps `swerl.resumes`; a parent still RUNNING (a live concurrent run) is never
-    shared: then a new parent starts.
+    its Prefect flow-run id (the tag names the latest) and bumps `swerl.resumes`; a parent still RUNNING (a live
+    concurrent run) is never shared: then a new parent starts.
     """
     phases = cfg.grpo_phases()  # the one resolution of the run's GRPO phases: its stages and tasks use these
     forced = stages_to_force(force or [], grpo_stages=[p.stage for p in phases])
@@ -184,9 +184,7 @@ def open_session(
         system_metrics=cfg.tracking.system_metrics_interval_s,
     ) as parent:
         if resume is not None:
-            log.info(
-                "continuing MLflow parent run %s of this config (hash %s)", resume, identity[CONFIG_HASH_TAG]
-            )
+            log.info("continuing MLflow parent run %s of this config (hash %s)", resume, identity[CONFIG_HASH_TAG])
         resolved = dump_config(cfg)
         store.write_bytes(f"pipelines/{run_id}/config.yaml", resolved.encode())
         parent.log_text(resolved, "config.yaml")

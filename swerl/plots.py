@@ -75,8 +75,15 @@ def grpo_curves(history: Sequence[Mapping[str, float]]) -> bytes | None:
     if drawn:
         bottom.legend(loc="upper left", fontsize=8)
     else:
-        bottom.text(0.5, 0.5, "synchronous GRPO: every trajectory on-policy (staleness 0)", ha="center",
-                    va="center", transform=bottom.transAxes, fontsize=9)  # fmt: skip
+        bottom.text(
+            0.5,
+            0.5,
+            "synchronous GRPO: every trajectory on-policy (staleness 0)",
+            ha="center",
+            va="center",
+            transform=bottom.transAxes,
+            fontsize=9,
+        )
     bottom.set_ylabel("policy versions behind")
     bottom.set_xlabel("GRPO step")
     bottom.grid(alpha=0.3)
@@ -124,9 +131,7 @@ def duration_histogram(durations: Sequence[float], turns: Sequence[int]) -> byte
     ordered = sorted(durations)
     for q, style in ((0.5, "--"), (0.9, ":")):
         value = ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-        left.axvline(
-            value, color="black", linestyle=style, linewidth=1, label=f"p{int(q * 100)} {value:.1f} s"
-        )
+        left.axvline(value, color="black", linestyle=style, linewidth=1, label=f"p{int(q * 100)} {value:.1f} s")
     left.axvline(ordered[-1], color="red", linewidth=1, label=f"max {ordered[-1]:.1f} s")
     left.set_xlabel("trajectory duration (s)")
     left.set_ylabel("trajectories")

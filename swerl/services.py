@@ -233,9 +233,7 @@ def mlflow_server(
     )
 
 
-def prefect_server(
-    home: Path, port: int, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0
-) -> Service:
+def prefect_server(home: Path, port: int, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> Service:
     """`prefect server start` with its own PREFECT_HOME (sqlite database inside it), analytics off."""
     home.mkdir(parents=True, exist_ok=True)
     argv = [_bin("prefect"), "server", "start", "--host", host, "--port", str(port)]
@@ -271,8 +269,20 @@ def prefect_worker(
     child processes that inherit its environment (`env`: the S3 credentials, never put in a deployment). Healthy when
     its health check (a web server on host:health_port) answers."""
     home.mkdir(parents=True, exist_ok=True)
-    argv = [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit),
-            "--with-healthcheck", "--name", f"swerl-{pool}"]  # fmt: skip
+    argv = [
+        _bin("prefect"),
+        "worker",
+        "start",
+        "--pool",
+        pool,
+        "--type",
+        "process",
+        "--limit",
+        str(limit),
+        "--with-healthcheck",
+        "--name",
+        f"swerl-{pool}",
+    ]
     worker_env = {
         **(env or {}),
         "PREFECT_API_URL": api_url,
@@ -296,9 +306,7 @@ def start_all(group: list[Service]) -> list[Service]:
     its error. Returns them in the order given."""
     import concurrent.futures
 
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=max(1, len(group)), thread_name_prefix="swerl-up"
-    ) as ex:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(group)), thread_name_prefix="swerl-up") as ex:
         futures = {ex.submit(svc.start): svc for svc in group}
         errors = [f.exception() for f in concurrent.futures.as_completed(futures)]
     failed = [e for e in errors if e is not None]

@@ -218,9 +218,7 @@ class Store:
         root = self.root + "/"
         # A writer killed mid-copy leaves a `.tmp-` sibling behind; it was never published, so it is not listed.
         return sorted(
-            str(e)[len(root) :] if str(e).startswith(root) else str(e)
-            for e in entries
-            if ".tmp-" not in str(e)
+            str(e)[len(root) :] if str(e).startswith(root) else str(e) for e in entries if ".tmp-" not in str(e)
         )
 
 

@@ -22,9 +22,7 @@ from swerl.errors import InfraError
 
 # Keys that look like secrets never go to MLflow, whatever their value. "token" counts only as a whole last word
 # (hf_token, github.token): caps such as max_tokens or trajectory_token_cap and a tokenizer must still be logged.
-SECRET_KEY_PATTERN = re.compile(
-    r"(secret|password|passwd|api[_-]?key|access[_-]?key|credential|(^|[._-])token$)", re.I
-)
+SECRET_KEY_PATTERN = re.compile(r"(secret|password|passwd|api[_-]?key|access[_-]?key|credential|(^|[._-])token$)", re.I)
 MLFLOW_PARAM_VALUE_MAX = 6000
 
 # MLflow 3 opens an experiment without this tag in its GenAI view (runs listed as "Evaluations"); this value is the
@@ -125,8 +123,9 @@ class StageRun:
 
         existing = self.client.get_run(self.run_id).data.params
         fresh = {k: v for k, v in safe_params(params).items() if k not in existing}
-        changed = {f"swerl.param_changed.{k}": v for k, v in safe_params(params).items()
-                   if k in existing and existing[k] != v}  # fmt: skip
+        changed = {
+            f"swerl.param_changed.{k}": v for k, v in safe_params(params).items() if k in existing and existing[k] != v
+        }
         if changed and record_changes:
             self.set_tags(changed)
         items = [Param(k, v) for k, v in fresh.items()]
@@ -225,8 +224,11 @@ class Tracker:
                 continue
             _log.warning(
                 "MLflow run %s (%s) was left RUNNING by process %s on %s, which is gone: marked KILLED",
-                run_id, tags.get("mlflow.runName", "?"), owner["pid"], owner["host"],
-            )  # fmt: skip
+                run_id,
+                tags.get("mlflow.runName", "?"),
+                owner["pid"],
+                owner["host"],
+            )
             killed.append(run_id)
         return killed
 
@@ -242,9 +244,11 @@ class Tracker:
             clauses.append(f"tags.`mlflow.parentRunId` = '{parent.run_id}'")
         try:
             found = self.client.search_runs(
-                [self.experiment_id], filter_string=" and ".join(clauses), order_by=["attributes.start_time DESC"],
+                [self.experiment_id],
+                filter_string=" and ".join(clauses),
+                order_by=["attributes.start_time DESC"],
                 max_results=FIND_RUN_MAX_RESULTS,
-            )  # fmt: skip
+            )
         except Exception as exc:  # noqa: BLE001 - then a new run starts, as before
             _log.warning("could not search MLflow at %s for a run to continue: %s", self.uri, exc)
             return None
@@ -323,9 +327,7 @@ def _system_monitor(run_id: str, uri: str, interval_s: float) -> Any:
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        monitor = SystemMetricsMonitor(
-            run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=uri
-        )
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=uri)
         monitor.start()
         return monitor
     except Exception as exc:  # noqa: BLE001 - e.g. psutil missing
@@ -340,10 +342,16 @@ def git_tags(path: Path | None = None) -> dict[str, str]:
 
     where = str(path or Path(__file__).resolve().parent)
     try:
-        commit = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=GIT_TIMEOUT_S, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
     return {GIT_COMMIT_TAG: commit, GIT_DIRTY_TAG: "true" if dirty else "false"} if commit else {}

@@ -65,8 +65,12 @@ def _mlflow_links(session: PipelineSession, stage_run_id: str | None) -> str:
         if not run_id:
             continue
         url = run_url(session.tracker.uri, exp, run_id)
-        lines.append(f"- MLflow {label}: [{run_id}]({url})" if url else f"- MLflow {label}: `{run_id}` in "
-                     f"`{session.tracker.uri}` (experiment {exp}; `mlflow ui --backend-store-uri` to browse)")  # fmt: skip
+        lines.append(
+            f"- MLflow {label}: [{run_id}]({url})"
+            if url
+            else f"- MLflow {label}: `{run_id}` in "
+            f"`{session.tracker.uri}` (experiment {exp}; `mlflow ui --backend-store-uri` to browse)"
+        )
     return "\n".join(lines)
 
 
@@ -122,9 +126,11 @@ class StageProgress:
     def _update(self, fraction: float, note: str) -> None:
         try:
             update_progress_artifact(
-                artifact_id=self.artifact_id, progress=round(100 * fraction, 1),
-                description=f"{self.stage}: {note}" if note else self.stage, _sync=True,
-            )  # type: ignore[call-arg]  # fmt: skip
+                artifact_id=self.artifact_id,
+                progress=round(100 * fraction, 1),
+                description=f"{self.stage}: {note}" if note else self.stage,
+                _sync=True,
+            )  # type: ignore[call-arg]
         except Exception as exc:  # noqa: BLE001 - a progress display must never fail a stage
             get_run_logger().warning("%s: could not update the progress artifact: %s", self.stage, exc)
 
@@ -164,13 +170,9 @@ def publish_outcome(stage: str, outcome: StageOutcome) -> None:
         if rows:
             create_table_artifact(key=_artifact_key(stage, name), table=rows, description=f"{stage}: {name}")
     for name, text in result.markdown.items():
-        create_markdown_artifact(
-            key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}"
-        )
+        create_markdown_artifact(key=_artifact_key(stage, name), markdown=text, description=f"{stage}: {name}")
     if result.images:
-        body = "\n\n".join(
-            f"### {title}\n\n{image_markdown(title, png)}" for title, png in result.images.items()
-        )
+        body = "\n\n".join(f"### {title}\n\n{image_markdown(title, png)}" for title, png in result.images.items())
         create_markdown_artifact(
             key=_artifact_key(stage, "plots"),
             markdown=f"# {stage}: plots\n\n{body}\n",
@@ -232,9 +234,7 @@ def grpo_phase_tasks(session: PipelineSession, curate: Manifest, sft: Manifest) 
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=0)
-def evaluate_task(
-    session: PipelineSession, curate: Manifest, sft: Manifest, grpo: list[Manifest]
-) -> Manifest:
+def evaluate_task(session: PipelineSession, curate: Manifest, sft: Manifest, grpo: list[Manifest]) -> Manifest:
     """Held-out pass@1 of the base, SFT and GRPO models (every phase's) on the same tasks."""
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
 

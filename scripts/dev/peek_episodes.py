@@ -34,9 +34,7 @@ def main() -> None:
         engine=cfg.engine,
     )
     trajectories, _ = asyncio.run(evaluate_model(Path(glob.glob(args.model)[0]), tasks, stage, 0, {}))
-    print(
-        Counter(t.status.value for t in trajectories), "resolved", sum(t.reward == 1.0 for t in trajectories)
-    )
+    print(Counter(t.status.value for t in trajectories), "resolved", sum(t.reward == 1.0 for t in trajectories))
     by_id = {t.instance_id: t for t in tasks}
     for t in trajectories[: args.show]:
         print("=" * 30, t.task_id, t.status.value, by_id[t.task_id].modifier)

@@ -26,9 +26,7 @@ class LiteralModel(BaseModel):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default="configs/local.yaml")
-    parser.add_argument(
-        "--tasks", type=Path, required=True, help="folder with train.parquet and eval.parquet"
-    )
+    parser.add_argument("--tasks", type=Path, required=True, help="folder with train.parquet and eval.parquet")
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--stages", default="traces,sft,grpo,evaluate")
     parser.add_argument("--sft-model", type=Path, help="use this model folder as the SFT stage's output")

@@ -125,9 +125,7 @@ def phase_synth(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     started = time.monotonic()
     tasks, reports = asyncio.run(synthesize(args))
     if args.short_statement:
-        tasks = [
-            t.model_copy(update={"problem_statement": short_statement(t.problem_statement)}) for t in tasks
-        ]
+        tasks = [t.model_copy(update={"problem_statement": short_statement(t.problem_statement)}) for t in tasks]
     train, held_out, _ = split_by_repo(tasks, args.eval_repos)
     train_path.write_bytes(tasks_to_parquet(train))
     eval_path.write_bytes(tasks_to_parquet(held_out))
@@ -176,9 +174,16 @@ async def oracle_traces(
             rng = random.Random(f"{args.seed}:{task.instance_id}:{k}")
             try:
                 trace = await solve_task(
-                    task, sandboxes, limits, rng, recovery=k > 0, context_lines=3, view_whole_file_lines=0,
-                    view_function_lines=0, test_command=args.test_command,
-                )  # fmt: skip
+                    task,
+                    sandboxes,
+                    limits,
+                    rng,
+                    recovery=k > 0,
+                    context_lines=3,
+                    view_whole_file_lines=0,
+                    view_function_lines=0,
+                    test_command=args.test_command,
+                )
             except OracleSkip as exc:
                 outcomes[f"skipped:{exc.reason}"] += 1
                 return None
@@ -258,9 +263,15 @@ def phase_train(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     def new_model() -> Any:
         return build_tiny_model(
-            tokenizer, args.hidden, args.layers, args.heads, args.kv_heads, args.ffn, args.max_positions,
+            tokenizer,
+            args.hidden,
+            args.layers,
+            args.heads,
+            args.kv_heads,
+            args.ffn,
+            args.max_positions,
             seed=args.seed,
-        )  # fmt: skip
+        )
 
     sft_kwargs = dict(
         seq_len=args.seq_len,
@@ -285,8 +296,9 @@ def phase_train(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     def on_step(metrics: StepMetrics) -> None:
         curve.append(metrics)
         if metrics.step % 25 == 0:
-            log.info("SFT step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
-                     metrics.tokens_per_second)  # fmt: skip
+            log.info(
+                "SFT step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss, metrics.tokens_per_second
+            )
         if time.monotonic() - sft_started > 1.15 * args.sft_budget_s:
             raise _OutOfTime()
 
@@ -380,22 +392,22 @@ async def episodes(
     sandboxes = provider()
     gate = asyncio.Semaphore(args.episode_concurrency)
     async with LocalEngine(
-        model_dir, max_batch_size=args.episode_concurrency, max_context_tokens=limits.max_trajectory_tokens,
-        seed=args.seed, intra_op_threads=1, prefix_cache_size=0,
-    ) as engine:  # fmt: skip
+        model_dir,
+        max_batch_size=args.episode_concurrency,
+        max_context_tokens=limits.max_trajectory_tokens,
+        seed=args.seed,
+        intra_op_threads=1,
+        prefix_cache_size=0,
+    ) as engine:
 
         async def one(task: TaskInstance, sampling: SamplingParams, attempt: int) -> Trajectory:
             async with gate:
-                return await run_episode(
-                    task, engine, sandboxes, tokenizer, limits, sampling, attempt=attempt
-                )
+                return await run_episode(task, engine, sandboxes, tokenizer, limits, sampling, attempt=attempt)
 
         return await asyncio.gather(*(one(*job) for job in jobs))
 
 
-def score(
-    name: str, tasks: list[TaskInstance], trajectories: list[Trajectory], wall_s: float
-) -> dict[str, Any]:
+def score(name: str, tasks: list[TaskInstance], trajectories: list[Trajectory], wall_s: float) -> dict[str, Any]:
     by_id = {t.instance_id: t for t in tasks}
     scored = [t for t in trajectories if t.reward is not None]
     resolved = sum(t.reward == 1.0 for t in scored)
@@ -450,24 +462,28 @@ def phase_eval(args: argparse.Namespace, out: Path, limits: EpisodeLimits) -> di
         started = time.monotonic()
         trajectories = asyncio.run(episodes(model_dir, jobs, limits, args))
         results[name] = score(name, [job[0] for job in jobs], trajectories, time.monotonic() - started)
-        log.info(
-            "eval %s: %s", name, {k: results[name][k] for k in ("pass@1", "resolved", "scored", "status")}
+        log.info("eval %s: %s", name, {k: results[name][k] for k in ("pass@1", "resolved", "scored", "status")})
+        write_json(
+            examples_dir / f"{name}.json",
+            [
+                {
+                    "task_id": t.task_id,
+                    "attempt": t.attempt,
+                    "status": t.status.value,
+                    "reward": t.reward,
+                    "why": None if t.reward == 1.0 else diagnose(t, {x.instance_id: x for x, _, _ in jobs}[t.task_id]),
+                    "fix_line": fix_line({x.instance_id: x for x, _, _ in jobs}[t.task_id]),
+                    "messages": t.messages[2:],
+                }
+                for t in trajectories
+            ],
         )
-        write_json(examples_dir / f"{name}.json", [
-            {"task_id": t.task_id, "attempt": t.attempt, "status": t.status.value, "reward": t.reward,
-             "why": None if t.reward == 1.0 else diagnose(t, {x.instance_id: x for x, _, _ in jobs}[t.task_id]),
-             "fix_line": fix_line({x.instance_id: x for x, _, _ in jobs}[t.task_id]),
-             "messages": t.messages[2:]}
-            for t in trajectories
-        ])  # fmt: skip
         write_json(out / "eval.json", results)
     return results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/cpu_sft_probe"))
     parser.add_argument("--phases", default="synth,oracle,train,eval", help="comma-separated phases to run")
     parser.add_argument("--seed", type=int, default=0)

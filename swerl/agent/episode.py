@@ -173,9 +173,7 @@ class _Episode:
         self.messages.append(_assistant(text))
         if not ended:
             self._append_fixed(IM_END)  # not sampled: mask 0 (see the module docstring)
-            if (
-                max_new < self.limits.max_new_tokens_per_turn
-            ):  # the trajectory budget, not the turn's, ran out
+            if max_new < self.limits.max_new_tokens_per_turn:  # the trajectory budget, not the turn's, ran out
                 raise LimitsExceeded(EpisodeStatus.LENGTH_CAP, "generation cut at the trajectory token cap")
         return text
 
@@ -213,9 +211,7 @@ class _Episode:
                 self.malformed += 1
                 malformed_in_a_row += 1
                 if malformed_in_a_row >= self.limits.max_malformed_calls:
-                    raise LimitsExceeded(
-                        EpisodeStatus.MALFORMED, f"{malformed_in_a_row} malformed calls in a row"
-                    )
+                    raise LimitsExceeded(EpisodeStatus.MALFORMED, f"{malformed_in_a_row} malformed calls in a row")
                 self.append_observation(call.message)
                 continue
             malformed_in_a_row = 0
@@ -291,8 +287,13 @@ async def _sandboxed_episode(
         episode.timings.env_install_s = sandbox_requested - started
         sandbox = await sandbox_provider.start(env_dir, setup_patch)
         episode.timings.sandbox_start_s = time.monotonic() - sandbox_requested
-        tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars, limits.max_command_bytes,
-                      limits.max_edit_bytes)  # fmt: skip
+        tools = Tools(
+            sandbox,
+            limits.command_timeout_s,
+            limits.max_observation_chars,
+            limits.max_command_bytes,
+            limits.max_edit_bytes,
+        )
         status = await _agent_turns(episode, tools, timeout_s)
         patch = await workspace_patch(sandbox)
         await sandbox.close()
@@ -305,8 +306,14 @@ async def _sandboxed_episode(
         episode.timings.tests_s = time.monotonic() - tests_started
         if status is None:
             status = EpisodeStatus.RESOLVED if graded.reward == 1.0 else EpisodeStatus.UNRESOLVED
-        return _Outcome(status, graded.reward, graded.patch, grade_status=graded.status,
-                        dropped=graded.dropped, tampered=graded.tampered)  # fmt: skip
+        return _Outcome(
+            status,
+            graded.reward,
+            graded.patch,
+            grade_status=graded.status,
+            dropped=graded.dropped,
+            tampered=graded.tampered,
+        )
     except InfraError as exc:
         return _Outcome(EpisodeStatus.INFRA_ERROR, infra=exc)
     finally:
@@ -331,9 +338,7 @@ async def _agent_turns(episode: _Episode, tools: Tools, timeout_s: float) -> Epi
     return None
 
 
-def _trajectory(
-    task: TaskInstance, episode: _Episode, outcome: _Outcome, attempt: int, group_id: str
-) -> Trajectory:
+def _trajectory(task: TaskInstance, episode: _Episode, outcome: _Outcome, attempt: int, group_id: str) -> Trajectory:
     infra = outcome.infra
     return Trajectory(
         task_id=task.instance_id,

@@ -168,9 +168,7 @@ def sed_fragments(broken: str, fixed: str) -> tuple[int, str, str] | None:
         suffix += 1
     broken_bounds, fixed_bounds = _boundaries(broken), _boundaries(fixed)
     lo = max(i for i in range(prefix + 1) if i in broken_bounds and i in fixed_bounds)
-    tail = max(
-        s for s in range(suffix + 1) if len(broken) - s in broken_bounds and len(fixed) - s in fixed_bounds
-    )
+    tail = max(s for s in range(suffix + 1) if len(broken) - s in broken_bounds and len(fixed) - s in fixed_bounds)
     tokens = _tokens(broken)
     while True:
         old, new = broken[lo : len(broken) - tail], fixed[lo : len(fixed) - tail]

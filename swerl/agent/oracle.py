@@ -135,8 +135,13 @@ async def solve_task(
     test_command = test_command or task.test_cmd or TEST_COMMAND
     sandbox = await start_task_sandbox(provider, task)
     try:
-        tools = Tools(sandbox, limits.command_timeout_s, limits.max_observation_chars, limits.max_command_bytes,
-                      limits.max_edit_bytes)  # fmt: skip
+        tools = Tools(
+            sandbox,
+            limits.command_timeout_s,
+            limits.max_observation_chars,
+            limits.max_command_bytes,
+            limits.max_edit_bytes,
+        )
         session = _Session(task, tools)
         if not tests_fail(await session.act("bash", {"command": test_command})):
             raise OracleSkip("tests_pass_at_start")
@@ -256,10 +261,15 @@ async def generate_oracle_traces(
     if not 0.0 <= recovery_prob <= 1.0:
         raise ValueError(f"recovery_prob must be in [0, 1], got {recovery_prob}")
     solve = functools.partial(
-        solve_task, provider=provider, limits=limits, context_lines=context_lines,
-        view_whole_file_lines=view_whole_file_lines, view_function_lines=view_function_lines,
-        test_command=test_command, python=python,
-    )  # fmt: skip
+        solve_task,
+        provider=provider,
+        limits=limits,
+        context_lines=context_lines,
+        view_whole_file_lines=view_whole_file_lines,
+        view_function_lines=view_function_lines,
+        test_command=test_command,
+        python=python,
+    )
     gate = asyncio.Semaphore(workers)
 
     async def one(task: TaskInstance) -> OracleTrace | str:

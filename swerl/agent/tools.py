@@ -48,9 +48,7 @@ _OUTPUT_CUT = re.compile(r"\n\[\.\.\. \d+ bytes of output omitted \.\.\.\]\n")
 def argument_problem(name: str, value: str, max_bytes: int) -> str | None:
     """Why the string argument `name` cannot be passed to a sandbox (an error observation), or None."""
     if "\x00" in value:
-        return (
-            f"Error: `{name}` contains a NUL character (\\x00), which no command, path or file text may hold"
-        )
+        return f"Error: `{name}` contains a NUL character (\\x00), which no command, path or file text may hold"
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
@@ -69,7 +67,9 @@ def system_prompt() -> str:
     model every prompt token costs training and sampling time."""
     tools = "\n".join(f"- {_DESCRIPTIONS[spec.name]}" for spec in TOOL_SPECS)
     example = format_tool_call("bash", {"command": "ls"})
-    return f"Fix the bug in the Python repository in /workspace. One tool call per turn, like:\n{example}\nTools:\n{tools}"
+    return (
+        f"Fix the bug in the Python repository in /workspace. One tool call per turn, like:\n{example}\nTools:\n{tools}"
+    )
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
@@ -131,9 +131,7 @@ class Tools:
                 call.arguments["path"], call.arguments.get("start_line"), call.arguments.get("end_line")
             )
         elif call.name == "str_replace":
-            result = await self.str_replace(
-                call.arguments["path"], call.arguments["old"], call.arguments["new"]
-            )
+            result = await self.str_replace(call.arguments["path"], call.arguments["old"], call.arguments["new"])
         else:  # pragma: no cover - _problem lets only TOOL_SPECS through
             return ToolResult(self._observation(f"Error: no tool {call.name!r}"))
         return ToolResult(self._observation(result.observation), result.duration_s, result.timed_out)
@@ -191,14 +189,10 @@ class Tools:
             return ToolResult(f"Error: cannot read {path}")
         if _OUTPUT_CUT.search(text) or len(text.encode()) > self.max_edit_bytes:
             # A read cut by the sandbox's output cap: writing it back would drop the middle of the file.
-            return ToolResult(
-                f"Error: {path} is too large for str_replace; edit it with bash; nothing changed"
-            )
+            return ToolResult(f"Error: {path} is too large for str_replace; edit it with bash; nothing changed")
         if "\ufffd" in text:
             # Not UTF-8 (or holds U+FFFD): the text read is not the file's bytes, writing it back would corrupt it.
-            return ToolResult(
-                f"Error: {path} is not UTF-8 text; str_replace edits text files only; nothing changed"
-            )
+            return ToolResult(f"Error: {path} is not UTF-8 text; str_replace edits text files only; nothing changed")
         count = text.count(old)
         if count != 1:
             where = "not found" if count == 0 else f"found {count} times; include more context to pick one"

@@ -60,9 +60,7 @@ class TraceRowError(ValueError):
 
     def named(self, name: str) -> str:
         """The reason after the row's name: 'trace row 3 (...) has no assistant turn', '...: message 2 (tool): ...'."""
-        return (
-            f"{name} {self.reason}" if self.reason.startswith(("has ", "is ")) else f"{name}: {self.reason}"
-        )
+        return f"{name} {self.reason}" if self.reason.startswith(("has ", "is ")) else f"{name}: {self.reason}"
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -197,8 +195,7 @@ def _plain_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            p if isinstance(p, str) else str(p.get("text") or "") if isinstance(p, Mapping) else ""
-            for p in content
+            p if isinstance(p, str) else str(p.get("text") or "") if isinstance(p, Mapping) else "" for p in content
         )
     return ""
 
@@ -226,9 +223,7 @@ def _text(content: Any, where: str) -> str:
                 raise TraceRowError(f"{where}: content part {k} is not a text part: {_short(part)}")
             kind = part.get("type") or "text"
             if kind != "text":
-                raise TraceRowError(
-                    f"{where}: content part {k} is of type {kind!r}: only text parts can be trained on"
-                )
+                raise TraceRowError(f"{where}: content part {k} is of type {kind!r}: only text parts can be trained on")
             if not isinstance(part.get("text"), str):
                 raise TraceRowError(f"{where}: content part {k} is a text part without a `text` string")
             parts.append(part["text"])
@@ -316,11 +311,7 @@ def _mapped_call(name: str, arguments: dict[str, Any], observation: str = "") ->
         if isinstance(old, str) and isinstance(new, str):
             return "str_replace", {"path": path, "old": old, "new": new}
         return name, arguments
-    if (
-        command == "create"
-        and keys == {"command", "path", "file_text"}
-        and isinstance(arguments["file_text"], str)
-    ):
+    if command == "create" and keys == {"command", "path", "file_text"} and isinstance(arguments["file_text"], str):
         return "bash", {"command": _create_command(path, arguments["file_text"])}
     return name, arguments
 
@@ -360,9 +351,7 @@ def _openai_call(call: Any, k: int, where: str) -> tuple[str, dict[str, Any]]:
                 f"{where}: tool call {k} ({name}): arguments are not valid JSON: {_short(arguments)}"
             ) from None
     if not isinstance(arguments, Mapping):
-        raise TraceRowError(
-            f"{where}: tool call {k} ({name}): arguments are not a JSON object: {_short(arguments)}"
-        )
+        raise TraceRowError(f"{where}: tool call {k} ({name}): arguments are not a JSON object: {_short(arguments)}")
     return name, dict(arguments)
 
 
@@ -425,9 +414,7 @@ def normalize_messages(messages: Any) -> list[dict[str, str]]:
             raise TraceRowError(f"message {index}: not an object: {_short(message)}")
         role = message.get("role")
         if role not in ROLES:
-            raise TraceRowError(
-                f"message {index}: unknown role {_short(role)} (the chat template renders {ROLES})"
-            )
+            raise TraceRowError(f"message {index}: unknown role {_short(role)} (the chat template renders {ROLES})")
         where = f"message {index} ({role})"
         content = _text(message.get("content"), where)
         if role == "assistant":

@@ -77,9 +77,7 @@ class RepoSource(StrictModel):
     repository's path, or a file:// URL: cloned locally)."""
     name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Name in reports and task ids (None: the directory's, the sdist's or the git repository's name)."""
-    install: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
-        default_factory=list, max_length=200
-    )
+    install: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(default_factory=list, max_length=200)
     """Extra test requirements (pip specifiers, e.g. hypothesis, pytest-asyncio), installed into the
     repository's environment when it is built, with pytest and the repository's own dependencies."""
     test_cmd: str = Field("", max_length=10_000)
@@ -144,7 +142,8 @@ class CurateConfig(StrictModel):
     strict_rows: bool = False
     """Raise on the first malformed dataset row instead of rejecting and counting it."""
     micro: MicroSource | None = None
-    """Micro repositories to synthesize tasks from as well (None: none); eval ones are held out whatever eval_repos says."""
+    """Micro repositories to synthesize tasks from as well (None: none); eval ones are held out whatever eval_repos
+    says."""
     gold_check: bool = True
     """Check every loaded SWE-bench-style row (the fix as `patch`) whose image is on the Docker engine in that image,
     with swerl's grader, before keeping it: its reference fix must resolve it (RESOLVED_FULL) and the empty patch

@@ -168,9 +168,7 @@ class EngineConfig(StrictModel):
         if isinstance(data, dict):
             renamed = [f"engine.{key}" for key in data if f"engine.{key}" in ENGINE_RENAMED_KEYS]
             if renamed:
-                raise ValueError(
-                    "; ".join(f"{old} was renamed to {ENGINE_RENAMED_KEYS[old]}" for old in renamed)
-                )
+                raise ValueError("; ".join(f"{old} was renamed to {ENGINE_RENAMED_KEYS[old]}" for old in renamed))
         return data
 
     def pool_size(self, concurrency: int) -> int:

@@ -130,9 +130,7 @@ class GRPOAlgorithmConfig(StrictModel):
         if self.mis_high is not None and self.mis_low >= self.mis_high:
             raise ValueError(f"mis_low ({self.mis_low}) must be below mis_high ({self.mis_high})")
         if self.mis_high is not None and self.tis_cap <= self.mis_low:
-            raise ValueError(
-                f"tis_cap ({self.tis_cap}) <= mis_low ({self.mis_low}): every kept weight is truncated"
-            )
+            raise ValueError(f"tis_cap ({self.tis_cap}) <= mis_low ({self.mis_low}): every kept weight is truncated")
         return self
 
 
@@ -188,9 +186,11 @@ class GRPOPhaseTasks(StrictModel):
     """Bug modifiers that made the task (synthesized tasks)."""
 
     def matches(self, difficulty: str | None, repo: str, modifier: str | None) -> bool:
-        return ((not self.difficulties or difficulty in self.difficulties)
-                and (not self.repos or repo in self.repos)
-                and (not self.modifiers or modifier in self.modifiers))  # fmt: skip
+        return (
+            (not self.difficulties or difficulty in self.difficulties)
+            and (not self.repos or repo in self.repos)
+            and (not self.modifiers or modifier in self.modifiers)
+        )
 
 
 class GRPOPhaseConfig(StrictModel):
@@ -261,24 +261,29 @@ class GRPOConfig(StrictModel):
                 "(the evaluate stage)"
             )
         r = self.rollout
-        adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share,
-                    "stratify_by": r.stratify_by}  # fmt: skip
+        adaptive = {"probe_attempts": r.probe_attempts, "replay_share": r.replay_share, "stratify_by": r.stratify_by}
         if self.mode != "async" and any(adaptive.values()):
-            raise ValueError(
-                f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)"
-            )
+            raise ValueError(f"grpo.rollout {adaptive} need mode async (the sync loop rolls whole groups in order)")
         if r.probe_attempts >= r.attempts_per_task:
-            raise ValueError(f"grpo.rollout.probe_attempts ({r.probe_attempts}) must be below attempts_per_task "
-                             f"({r.attempts_per_task}): the probe is the first part of a group")  # fmt: skip
+            raise ValueError(
+                f"grpo.rollout.probe_attempts ({r.probe_attempts}) must be below attempts_per_task "
+                f"({r.attempts_per_task}): the probe is the first part of a group"
+            )
         if r.replay_share > 0 and r.prewarm_groups > 0:
-            raise ValueError("grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
-                             f"replay_share ({r.replay_share}) > 0, whose tasks come from outcomes")  # fmt: skip
+            raise ValueError(
+                "grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
+                f"replay_share ({r.replay_share}) > 0, whose tasks come from outcomes"
+            )
         if r.stratify_by is not None and r.prewarm_groups > 0:
-            raise ValueError("grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
-                             f"stratify_by ({r.stratify_by!r}), whose fresh picks depend on outcomes")  # fmt: skip
+            raise ValueError(
+                "grpo.rollout.prewarm_groups needs each group's task before it opens: set it to 0 with "
+                f"stratify_by ({r.stratify_by!r}), whose fresh picks depend on outcomes"
+            )
         if r.replay_share > 0 and r.max_visits < 2:
-            raise ValueError(f"grpo.rollout.replay_share ({r.replay_share}) > 0 needs max_visits >= 2 (a task's "
-                             f"replay is its second visit), got {r.max_visits}")  # fmt: skip
+            raise ValueError(
+                f"grpo.rollout.replay_share ({r.replay_share}) > 0 needs max_visits >= 2 (a task's "
+                f"replay is its second visit), got {r.max_visits}"
+            )
         if self.mode == "async" and self.buffered_groups < self.schedule.tasks_per_step:
             raise ValueError(
                 f"schedule.tasks_per_step (B = {self.schedule.tasks_per_step}) exceeds rollout.max_buffered_groups "

@@ -57,8 +57,10 @@ def resolve_phases(grpo: GRPOConfig, agent: AgentConfig, engine: EngineConfig) -
     if grpo.phases is None:
         return [ResolvedPhase(0, "grpo", "grpo", grpo.schedule.steps, False, None, grpo, agent, engine)]
     if not grpo.phases:
-        raise ValueError("grpo.phases is an empty list: give at least one phase, or leave grpo.phases out for "
-                         "one phase with the base grpo settings")  # fmt: skip
+        raise ValueError(
+            "grpo.phases is an empty list: give at least one phase, or leave grpo.phases out for "
+            "one phase with the base grpo settings"
+        )
     seen: set[str] = set()
     out = []
     for i, phase in enumerate(grpo.phases):
@@ -70,9 +72,7 @@ def resolve_phases(grpo: GRPOConfig, agent: AgentConfig, engine: EngineConfig) -
     return out
 
 
-def _resolve_phase(
-    index: int, phase: GRPOPhaseConfig, where: str, bases: dict[str, BaseModel]
-) -> ResolvedPhase:
+def _resolve_phase(index: int, phase: GRPOPhaseConfig, where: str, bases: dict[str, BaseModel]) -> ResolvedPhase:
     changes = {"grpo": phase.grpo, "agent": phase.agent, "engine": phase.engine}
     for section, body in changes.items():
         for key in _flat_keys(body, section):
@@ -111,11 +111,11 @@ def _resolve_phase(
     if g.distributed.backend == "megatron" and index > 0:
         if phase.reset_optimizer:
             raise ValueError(f"{where}: reset_optimizer is not built for the megatron backend")
-        if (
-            g.algorithm.lr != base_grpo.algorithm.lr
-            or g.algorithm.weight_decay != base_grpo.algorithm.weight_decay
-        ):
-            raise ValueError(f"{where}: grpo.algorithm.lr / weight_decay cannot change between phases with the "
-                             "megatron backend (its optimizer state carries them)")  # fmt: skip
-    return ResolvedPhase(index, phase.name, f"grpo-{phase.name}", phase.steps, phase.reset_optimizer,
-                         phase.tasks, g, agent, engine)  # fmt: skip
+        if g.algorithm.lr != base_grpo.algorithm.lr or g.algorithm.weight_decay != base_grpo.algorithm.weight_decay:
+            raise ValueError(
+                f"{where}: grpo.algorithm.lr / weight_decay cannot change between phases with the "
+                "megatron backend (its optimizer state carries them)"
+            )
+    return ResolvedPhase(
+        index, phase.name, f"grpo-{phase.name}", phase.steps, phase.reset_optimizer, phase.tasks, g, agent, engine
+    )

@@ -60,8 +60,9 @@ class PipelineConfig(StrictModel):
         unknown = [c for c in self.evaluate.checkpoints if c.startswith("grpo-") and c not in names]
         if unknown:
             have = sorted(names) if self.grpo.phases else "none (grpo.phases is not set: the model is `grpo`)"
-            raise ValueError(f"evaluate.checkpoints names GRPO phase(s) {unknown} that grpo.phases does not "
-                             f"define; phases: {have}")  # fmt: skip
+            raise ValueError(
+                f"evaluate.checkpoints names GRPO phase(s) {unknown} that grpo.phases does not define; phases: {have}"
+            )
         return self
 
     def grpo_phases(self) -> list[ResolvedPhase]:
@@ -74,8 +75,10 @@ class PipelineConfig(StrictModel):
         the checks made before a run (`swerl plan`, `swerl doctor`); one (stage grpo, this config) without phases."""
         if self.grpo.phases is None:
             return [("grpo", self)]
-        return [(p.stage, self.model_copy(update={"grpo": p.grpo, "agent": p.agent, "engine": p.engine}))
-                for p in self.grpo_phases()]  # fmt: skip
+        return [
+            (p.stage, self.model_copy(update={"grpo": p.grpo, "agent": p.agent, "engine": p.engine}))
+            for p in self.grpo_phases()
+        ]
 
     def stage_config(self, stage: str) -> BaseModel:
         """The config section a stage's checkpoint key is computed from."""

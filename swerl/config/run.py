@@ -43,9 +43,7 @@ class TrackingConfig(StrictModel):
     """MLflow tracking URI: a sqlite file by default, or http://HOST:PORT of an `mlflow server`."""
     experiment: str = Field("swerl", min_length=1, max_length=200)
     """MLflow experiment that holds the pipeline's parent runs."""
-    registered_model: str | None = Field(
-        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-    )
+    registered_model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Registered model the SFT and GRPO models become versions of; None: RUN_NAME-agent."""
     system_metrics_interval_s: float = Field(10.0, gt=0, le=3600)
     """Seconds between samples of CPU, memory, disk and network into the pipeline's MLflow run (0 is refused)."""

@@ -84,9 +84,7 @@ class DistributedConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> DistributedConfig:
         if self.backend == "torch" and self.ranks != 1:
-            raise ValueError(
-                f"backend torch runs one process; ranks {self.ranks} needs backend fsdp2 or megatron"
-            )
+            raise ValueError(f"backend torch runs one process; ranks {self.ranks} needs backend fsdp2 or megatron")
         if self.process_group == "nccl" and self.device != "cuda":
             raise ValueError("process_group nccl needs device cuda")
         if self.backend == "megatron":

@@ -96,9 +96,7 @@ def _function_nodes(tree: ast.Module) -> Iterator[ast.AST]:
     return iter(found)
 
 
-def _operator_edit(
-    src: _Source, gap_start: int, gap_end: int, pattern: str, new: str, line: int
-) -> Edit | None:
+def _operator_edit(src: _Source, gap_start: int, gap_end: int, pattern: str, new: str, line: int) -> Edit | None:
     """Replace the operator token found between two operands (outside comments)."""
     gap = src.text[gap_start:gap_end]
     for match in re.finditer(pattern, gap):
@@ -161,9 +159,7 @@ def _is_text(node: ast.AST) -> bool:
     """Whether an expression is visibly a string (a literal, an f-string, or built from one)."""
     if isinstance(node, ast.BinOp):
         return _is_text(node.left) or _is_text(node.right)
-    return isinstance(node, ast.JoinedStr) or (
-        isinstance(node, ast.Constant) and isinstance(node.value, str | bytes)
-    )
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str | bytes))
 
 
 def swap_binop(src: _Source, tree: ast.Module) -> list[Edit]:
@@ -174,9 +170,7 @@ def swap_binop(src: _Source, tree: ast.Module) -> list[Edit]:
             if _is_text(node.left) or _is_text(node.right):  # string concatenation / %-formatting
                 continue
             pattern, new = _BINOP_SWAP[type(node.op)]
-            edit = _operator_edit(
-                src, src.span(node.left)[1], src.span(node.right)[0], pattern, new, node.lineno
-            )
+            edit = _operator_edit(src, src.span(node.left)[1], src.span(node.right)[0], pattern, new, node.lineno)
         elif isinstance(node, ast.AugAssign) and type(node.op) in _BINOP_SWAP and not _is_text(node.value):
             pattern, new = _BINOP_SWAP[type(node.op)]
             edit = _operator_edit(
@@ -220,12 +214,7 @@ def _blocks(tree: ast.Module) -> Iterator[list[ast.stmt]]:
         for node in ast.walk(fn):
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(node, field, None)
-                if (
-                    isinstance(block, list)
-                    and block
-                    and isinstance(block[0], ast.stmt)
-                    and id(block) not in seen
-                ):
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt) and id(block) not in seen:
                     seen.add(id(block))
                     yield block
 

@@ -49,9 +49,7 @@ def decontaminate(
     excluded_repos: Iterable[str] | None = None,
 ) -> tuple[list[TaskInstance], DecontamReport]:
     """Drop tasks from excluded repositories (default: SWE-bench Verified's) or matching an eval statement."""
-    excluded = (
-        verified_repos() if excluded_repos is None else frozenset(normalize_repo(r) for r in excluded_repos)
-    )
+    excluded = verified_repos() if excluded_repos is None else frozenset(normalize_repo(r) for r in excluded_repos)
     banned = {s for s in (normalize_statement(t) for t in eval_statements) if s}
     report = DecontamReport(input=len(tasks))
     kept = []

@@ -146,21 +146,38 @@ def django_source(into: Path, cache: Path = SDIST_CACHE) -> Path:
 def eval_script(base_commit: str, test_files: list[str], test_patch: str, modules: list[str]) -> str:
     """An eval script in the shape of swebench 5's Django rows (no conda here: the image's venv is on PATH)."""
     files = " ".join(shlex.quote(f) for f in test_files)
-    return "\n".join([
-        "#!/bin/bash", "set -uxo pipefail", "cd /testbed", "git config --global --add safe.directory /testbed",
-        "cd /testbed", "git status", "git show --stat", f"git -c core.fileMode=false diff {base_commit}",
-        f"git checkout {base_commit} {files}", f"git apply -v - <<'{HEREDOC}'", test_patch.rstrip("\n"), HEREDOC,
-        ": '>>>>> Start Test Output'", " ".join([TEST_CMD, *modules]), ": '>>>>> End Test Output'",
-        f"git checkout {base_commit} {files}", "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "cd /testbed",
+            "git config --global --add safe.directory /testbed",
+            "cd /testbed",
+            "git status",
+            "git show --stat",
+            f"git -c core.fileMode=false diff {base_commit}",
+            f"git checkout {base_commit} {files}",
+            f"git apply -v - <<'{HEREDOC}'",
+            test_patch.rstrip("\n"),
+            HEREDOC,
+            ": '>>>>> Start Test Output'",
+            " ".join([TEST_CMD, *modules]),
+            ": '>>>>> End Test Output'",
+            f"git checkout {base_commit} {files}",
+            "",
+        ]
+    )
 
 
 def run_in_image(image: str, script: str, timeout_s: float = 600) -> str:
     """`script` run by bash as root in a fresh container of `image` (network "none"); its output."""
     done = subprocess.run(
         ["docker", "run", "--rm", "-i", "--network", "none", "--user", "root", image, "bash", "-s"],
-        input=script, capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     return done.stdout + done.stderr
 
 
@@ -201,14 +218,27 @@ def django_rows(client: Any, source: Path, tasks: tuple[DjangoTask, ...] = TASKS
         f2p, p2p = validated_lists(image, script, fix)
         if not f2p:
             raise RuntimeError(f"{task.instance_id}: no test fails without the fix and passes with it")
-        rows.append({
-            "instance_id": task.instance_id, "repo": "django/django", "base_commit": base, "patch": fix,
-            "test_patch": test_patch, "problem_statement": task.problem_statement, "version": SWEBENCH_VERSION,
-            "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p), "environment_setup_commit": base,
-            "eval_script": script, "image": image, "log_parser": "parse_log_django",
-            "eval_type": "pass_and_fail", "created_at": "2026-12-05T00:00:00Z", "hints_text": "",
-            "wrong_patch": wrong,
-        })  # fmt: skip
+        rows.append(
+            {
+                "instance_id": task.instance_id,
+                "repo": "django/django",
+                "base_commit": base,
+                "patch": fix,
+                "test_patch": test_patch,
+                "problem_statement": task.problem_statement,
+                "version": SWEBENCH_VERSION,
+                "FAIL_TO_PASS": json.dumps(f2p),
+                "PASS_TO_PASS": json.dumps(p2p),
+                "environment_setup_commit": base,
+                "eval_script": script,
+                "image": image,
+                "log_parser": "parse_log_django",
+                "eval_type": "pass_and_fail",
+                "created_at": "2026-12-05T00:00:00Z",
+                "hints_text": "",
+                "wrong_patch": wrong,
+            }
+        )
     return rows
 
 

@@ -93,9 +93,7 @@ def venv_environment(image: str, tree: str | None = None) -> VenvEnvironment:
     task's base_commit) is given and the directory's tree hash differs (checked once per process and source)."""
     ref = parse_env_reference(image)
     if not ref.path.is_dir():
-        raise ValueError(
-            f"environment {image!r}: its repository {ref.path} does not exist; {rebuild_hint(image)}"
-        )
+        raise ValueError(f"environment {image!r}: its repository {ref.path} does not exist; {rebuild_hint(image)}")
     if tree is not None and (str(ref.path), tree) not in _checked_trees:
         if (actual := tree_hash(ref.path)) != tree:
             raise ValueError(
@@ -138,9 +136,7 @@ def task_env(task: TaskInstance) -> Environment:
     """Where the task's sandbox starts from: its directory, its directory with its own virtualenv, or its image;
     InfraError(image_missing) for a task naming no environment, a directory or a virtualenv that is not there."""
     if not task.image:
-        raise InfraError(
-            "image_missing", f"task {task.instance_id} names no environment (its `image` is empty)"
-        )
+        raise InfraError("image_missing", f"task {task.instance_id} names no environment (its `image` is empty)")
     if is_image_reference(task.image) or task.image.startswith(VENV_SCHEME):
         try:
             if task.image.startswith(VENV_SCHEME):

@@ -228,8 +228,7 @@ def load_harbor_task(
         name=root.name,
         instruction=instruction,
         workdir=dockerfile_workdir(root / "environment/Dockerfile"),
-        verifier_timeout_s=_number(verifier, "timeout_sec", f"{toml_path} [verifier]")
-        or DEFAULT_VERIFIER_TIMEOUT_S,
+        verifier_timeout_s=_number(verifier, "timeout_sec", f"{toml_path} [verifier]") or DEFAULT_VERIFIER_TIMEOUT_S,
         agent_timeout_s=_number(agent, "timeout_sec", f"{toml_path} [agent]"),
         build_timeout_s=_number(environment, "build_timeout_sec", f"{toml_path} [environment]"),
         cpus=_number(environment, "cpus", f"{toml_path} [environment]"),
@@ -260,13 +259,9 @@ def harbor_task_dirs(path: str | Path) -> list[Path]:
     subdirectories that do (sorted by name); HarborFormatError naming the path when it is neither."""
     root = Path(path).expanduser()
     if not root.exists():
-        raise HarborFormatError(
-            f"{root}: no such directory (a Harbor task or a folder of Harbor task directories)"
-        )
+        raise HarborFormatError(f"{root}: no such directory (a Harbor task or a folder of Harbor task directories)")
     if not root.is_dir():
-        raise HarborFormatError(
-            f"{root}: not a directory (a Harbor task or a folder of Harbor task directories)"
-        )
+        raise HarborFormatError(f"{root}: not a directory (a Harbor task or a folder of Harbor task directories)")
     if (root / "task.toml").is_file():
         return [root.resolve()]
     found = sorted(d.resolve() for d in root.iterdir() if d.is_dir() and (d / "task.toml").is_file())
@@ -328,15 +323,11 @@ def build_harbor_image(harbor: HarborTask, client: Any = None) -> str:
         recipe = (text if text.endswith("\n") else text + "\n") + _RUN_DIR_LAYER
         labels = {"org.swerl.image": "harbor", "org.swerl.harbor.task": str(harbor.root)}
         try:
-            build_offline(
-                client, tag, recipe, labels, trees={".": harbor.environment_dir}, what=f"from {dockerfile}"
-            )
+            build_offline(client, tag, recipe, labels, trees={".": harbor.environment_dir}, what=f"from {dockerfile}")
         except (RuntimeError, docker.errors.APIError) as exc:
             raise InfraError(
                 "image_missing",
-                str(exc)
-                if isinstance(exc, RuntimeError)
-                else f"building {tag} from {dockerfile} failed: {exc}",
+                str(exc) if isinstance(exc, RuntimeError) else f"building {tag} from {dockerfile} failed: {exc}",
             ) from exc
         return tag
     finally:
@@ -383,9 +374,7 @@ async def run_solution(sandbox: Sandbox, harbor: HarborTask, timeout_s: float = 
         cwd=harbor.workdir,
     )
     if result.exit_code == GONE and result.output.strip() == gone:
-        raise InfraError(
-            "verifier_failed", f"{harbor.root}: {NO_PERSISTENT_TMP.replace('tests/', 'solution/')}"
-        )
+        raise InfraError("verifier_failed", f"{harbor.root}: {NO_PERSISTENT_TMP.replace('tests/', 'solution/')}")
     if result.exit_code != 0 or result.timed_out:
         raise SolutionFailed(
             "verifier_failed",
@@ -496,9 +485,7 @@ def export_harbor_task(
             if path.is_file() and not path.is_symlink() and is_test_file(rel):
                 (tests_repo / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, tests_repo / rel)
-    (env / "Dockerfile").write_text(
-        f"FROM {base_image}\nCOPY repo/ {EXPORT_WORKDIR}/\nWORKDIR {EXPORT_WORKDIR}\n"
-    )
+    (env / "Dockerfile").write_text(f"FROM {base_image}\nCOPY repo/ {EXPORT_WORKDIR}/\nWORKDIR {EXPORT_WORKDIR}\n")
     (out / "instruction.md").write_text(task.problem_statement.rstrip() + "\n")
     command = shlex.split(task.test_cmd) if task.test_cmd.strip() else [python, "-m", "pytest", "-rA"]
     if command and command[0] == "python":

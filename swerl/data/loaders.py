@@ -44,8 +44,13 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 """Columns a row must have (non-null) under each schema (SWE-bench Pro's test lists after pro_columns)."""
 
-SCHEMA_NAMES: dict[str, str] = {"swesmith": "SWE-smith", "swebench": "SWE-bench", "swebench_pro": "SWE-bench Pro",
-                                "swerebench": "SWE-rebench", "swerl": "swerl"}  # fmt: skip
+SCHEMA_NAMES: dict[str, str] = {
+    "swesmith": "SWE-smith",
+    "swebench": "SWE-bench",
+    "swebench_pro": "SWE-bench Pro",
+    "swerebench": "SWE-rebench",
+    "swerl": "swerl",
+}
 SWERL_MARKER = "patch_kind"
 """A column only swerl's own task rows have (TaskInstance.patch_kind)."""
 
@@ -157,13 +162,15 @@ def _swerl_task(row: Mapping[str, Any], index: int) -> TaskInstance:
         raise RowError(index, instance_id, field_name, first["msg"]) from None
 
 
-_FIELDS = {"swesmith": _swesmith_fields, "swebench": swebench_fields, "swebench_pro": pro_fields,
-           "swerebench": rebench_fields}  # fmt: skip
+_FIELDS = {
+    "swesmith": _swesmith_fields,
+    "swebench": swebench_fields,
+    "swebench_pro": pro_fields,
+    "swerebench": rebench_fields,
+}
 
 
-def row_to_task(
-    row: Mapping[str, Any], schema: Schema, source: str, split: str | None, index: int
-) -> TaskInstance:
+def row_to_task(row: Mapping[str, Any], schema: Schema, source: str, split: str | None, index: int) -> TaskInstance:
     """One row -> TaskInstance, or RowError naming the row and field (SchemaMismatch for a row of swerl's own
     task files read under a published schema)."""
     if schema not in REQUIRED:
@@ -172,11 +179,13 @@ def row_to_task(
     instance_id = str(raw_id) if raw_id else None
     if schema != "swerl" and _present(row, SWERL_MARKER):
         raise SchemaMismatch(
-            index, instance_id, SWERL_MARKER,
+            index,
+            instance_id,
+            SWERL_MARKER,
             f"a row of swerl's own task file (the curate stage's train/eval.parquet: it has {SWERL_MARKER}, "
             f"image {str(row.get('image') or '')[:80]!r}), read as {SCHEMA_NAMES[schema]} rows would lose its "
             "environment and harness: set the dataset's schema to swerl",
-        )  # fmt: skip
+        )
     if schema == "swebench_pro":
         try:
             row = pro_columns(row)
@@ -350,18 +359,20 @@ def _read_rows(
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", path):
         dataset = datasets.load_dataset(path, split=split, revision=revision)
     else:
-        raise ValueError(
-            f"dataset {path!r} is neither an existing file or directory nor a hub id (owner/name)"
-        )
+        raise ValueError(f"dataset {path!r} is neither an existing file or directory nor a hub id (owner/name)")
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     return [dict(row) for row in dataset]
 
 
 def load_tasks(
-    path: str, schema: Schema, split: str = "train", limit: int | None = None, strict: bool = False,
+    path: str,
+    schema: Schema,
+    split: str = "train",
+    limit: int | None = None,
+    strict: bool = False,
     revision: str | None = None,
-) -> tuple[list[TaskInstance], LoadReport]:  # fmt: skip
+) -> tuple[list[TaskInstance], LoadReport]:
     """Load and validate a dataset's task instances (a hub dataset at `revision`, if given)."""
     rows = read_rows(path, split, limit, revision)
     source = path if revision is None else f"{path}@{revision}"

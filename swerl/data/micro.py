@@ -204,9 +204,7 @@ def _name(rng: _Rng, words: Sequence[str], used: set[str], parts: int) -> str:
     raise RuntimeError("micro vocabulary exhausted")  # pragma: no cover - thousands of words
 
 
-def _instantiate(
-    template: Template, rng: _Rng, words: Sequence[str], used: set[str]
-) -> tuple[str, list[_Function]]:
+def _instantiate(template: Template, rng: _Rng, words: Sequence[str], used: set[str]) -> tuple[str, list[_Function]]:
     values: dict[str, str] = {}
     consts: dict[str, int] = {name: rng.randint(lo, hi) for name, lo, hi in template.consts}
     for slot in template.slots:
@@ -216,9 +214,7 @@ def _instantiate(
             values[slot] = _name(rng, words, used, 1 + rng.below(2))
         else:
             values[slot] = _name(rng, words, used, 1)
-    functions = [
-        _Function(values[slot], specs, tuple(consts.values())) for slot, specs in template.args.items()
-    ]
+    functions = [_Function(values[slot], specs, tuple(consts.values())) for slot, specs in template.args.items()]
     return template.code.format(**values), functions
 
 
@@ -280,9 +276,7 @@ def _pick_tests(source: str, functions: Sequence[_Function], rng: _Rng) -> list[
         chosen: list[int] = []
         killed: set[int] = set()
         while len(chosen) < min(TESTS_PER_FUNCTION, len(pool)):
-            best = max(
-                (i for i in range(len(pool)) if i not in chosen), key=lambda i: (len(kills[i] - killed), -i)
-            )
+            best = max((i for i in range(len(pool)) if i not in chosen), key=lambda i: (len(kills[i] - killed), -i))
             chosen.append(best)
             killed |= kills[best]
         if len(chosen) < TESTS_PER_FUNCTION:

@@ -95,9 +95,7 @@ def source_fingerprint(path: str) -> str:
         return "sdist:" + _sha256_file(p)
     if p.is_dir():
         return "tree:" + tree_hash(p.resolve())
-    raise RepoEnvError(
-        f"repository source {path} does not exist (a directory, an sdist .tar.gz or a git repository)"
-    )
+    raise RepoEnvError(f"repository source {path} does not exist (a directory, an sdist .tar.gz or a git repository)")
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -123,15 +121,24 @@ def fetch_sdist(package: str, version: str, cache: Path) -> Path:
     if archive is None:
         cache.mkdir(parents=True, exist_ok=True)
         _run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"{package}=={version}",
-             "-d", str(cache)],
-            600.0, f"pip download {package}=={version} (its sdist)",
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"{package}=={version}",
+                "-d",
+                str(cache),
+            ],
+            600.0,
+            f"pip download {package}=={version} (its sdist)",
+        )
         archive = cached()
     if archive is None:
-        raise RepoEnvError(
-            f"pip download {package}=={version} wrote no {package}-{version}.tar.gz into {cache}"
-        )
+        raise RepoEnvError(f"pip download {package}=={version} wrote no {package}-{version}.tar.gz into {cache}")
     return archive
 
 
@@ -145,8 +152,9 @@ def materialize_source(path: str) -> tuple[Path, str]:
         if not final.is_dir():
             root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".clone-", dir=root))
-            out = subprocess.run(["git", "clone", "--quiet", path, str(tmp / "repo")], capture_output=True,
-                                 text=True, timeout=600)  # fmt: skip
+            out = subprocess.run(
+                ["git", "clone", "--quiet", path, str(tmp / "repo")], capture_output=True, text=True, timeout=600
+            )
             if out.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise RepoEnvError(f"git clone {path} failed: {out.stderr.strip()[-2000:]}")
@@ -192,10 +200,15 @@ def env_key(repo: Path, install: Sequence[str], python_path: str, base_python: s
 
 def _key(tree: str, install: Sequence[str], python_path: str, base_python: str) -> str:
     body = json.dumps(
-        {"v": ENV_VERSION, "tree": tree, "install": list(install), "python_path": python_path,
-         "base": os.path.realpath(base_python)},
+        {
+            "v": ENV_VERSION,
+            "tree": tree,
+            "install": list(install),
+            "python_path": python_path,
+            "base": os.path.realpath(base_python),
+        },
         sort_keys=True,
-    )  # fmt: skip
+    )
     return hashlib.sha256(body.encode()).hexdigest()[:20]
 
 
@@ -242,16 +255,13 @@ def parse_env_reference(image: str) -> EnvReference:
             f"environment {image!r}: expected {VENV_SCHEME}/ABSOLUTE/DIR?python_path=P&install=REQ...&env=KEY"
             + (f" (unknown keys {unknown})" if unknown else "")
         )
-    return EnvReference(Path(path), tuple(query.get("install", [])), query.get("python_path", [""])[0],
-                        query["env"][0])  # fmt: skip
+    return EnvReference(Path(path), tuple(query.get("install", [])), query.get("python_path", [""])[0], query["env"][0])
 
 
 def load_env(root: Path) -> RepoEnv:
     """The environment built at `root` (its swerl-env.json says what went into it)."""
     info = json.loads((root / "swerl-env.json").read_text())
-    return RepoEnv(
-        str(root / "bin" / "python"), root, root.name, info["python_path"], tuple(info["installed"])
-    )
+    return RepoEnv(str(root / "bin" / "python"), root, root.name, info["python_path"], tuple(info["installed"]))
 
 
 def find_env(ref: EnvReference, tree: str | None = None) -> RepoEnv | None:
@@ -339,13 +349,17 @@ def _build(
         if _installable(repo):
             shutil.copytree(repo, build_copy, symlinks=True)
         targets = ["pytest", *install] + ([str(build_copy)] if _installable(repo) else [])
-        _run([*pip, "install", "--quiet", "--report", str(report), *targets], timeout_s,
-             f"pip install {' '.join(targets)} (set `install` to the repository's test requirements)")  # fmt: skip
+        _run(
+            [*pip, "install", "--quiet", "--report", str(report), *targets],
+            timeout_s,
+            f"pip install {' '.join(targets)} (set `install` to the repository's test requirements)",
+        )
     items = json.loads(report.read_text()).get("install", [])
     own = [
-        i["metadata"]["name"] for i in items
+        i["metadata"]["name"]
+        for i in items
         if str(i.get("download_info", {}).get("url", "")).rstrip("/") == build_copy.as_uri().rstrip("/")
-    ]  # fmt: skip
+    ]
     if own:
         # Its dependencies stay; the code itself is the sandbox's /workspace copy (see the module docstring).
         _run([*pip, "uninstall", "--yes", *own], timeout_s, f"pip uninstall {' '.join(own)}")
@@ -361,15 +375,16 @@ def _build(
     ).strip()
     workspace_dir = f"{WORKSPACE}/{python_path}".rstrip("/") if python_path else WORKSPACE
     (Path(purelib) / _PTH_NAME).write_text(workspace_dir + "\n")
-    installed = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
-                       if i["metadata"]["name"] not in own)  # fmt: skip
+    installed = sorted(
+        f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items if i["metadata"]["name"] not in own
+    )
     report.unlink()
     _relocate(tmp, final)
     (tmp / "swerl-env.json").write_text(
         json.dumps(
             {"repo": str(repo), "install": list(install), "python_path": python_path, "installed": installed},
             indent=2,
-        )  # fmt: skip
+        )
     )
 
 
@@ -410,9 +425,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m swerl.data.repoenv")
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser(
-        "build", help="build the virtualenvs of the venv:// tasks in curate's parquet files"
-    )
+    build = sub.add_parser("build", help="build the virtualenvs of the venv:// tasks in curate's parquet files")
     build.add_argument("tasks", nargs="+", type=Path)
     build.add_argument("--timeout-s", type=float, default=1800.0)
     args = parser.parse_args(argv)

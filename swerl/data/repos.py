@@ -51,9 +51,7 @@ def directory_repo(path: str | os.PathLike[str]) -> RepoSpec:
     resolved = Path(path).expanduser().resolve()
     if not resolved.is_dir():
         raise ValueError(f"repository directory {path} does not exist")
-    return RepoSpec(
-        name=resolved.name, path=resolved, repo=f"local/{resolved.name}", image=f"local://{resolved}"
-    )
+    return RepoSpec(name=resolved.name, path=resolved, repo=f"local/{resolved.name}", image=f"local://{resolved}")
 
 
 def resolve_repos(entries: list[str]) -> list[RepoSpec]:

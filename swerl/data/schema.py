@@ -114,9 +114,7 @@ class TaskInstance(BaseModel):
     @model_validator(mode="after")
     def _patch_required(self) -> TaskInstance:
         if not self.patch and not (self.verifier and self.patch_kind == "fix"):
-            raise ValueError(
-                "patch must be a non-empty diff (only a fix-kind task with a verifier may omit it)"
-            )
+            raise ValueError("patch must be a non-empty diff (only a fix-kind task with a verifier may omit it)")
         return self
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")

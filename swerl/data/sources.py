@@ -198,9 +198,7 @@ def rebench_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     test_cmd = config.get("test_cmd")
     commands = [test_cmd] if isinstance(test_cmd, str) else test_cmd
     if not isinstance(commands, list) or not commands or not all(isinstance(c, str) and c for c in commands):
-        raise FieldError(
-            "install_config.test_cmd", "missing or empty: the task's test command (text or a list)"
-        )
+        raise FieldError("install_config.test_cmd", "missing or empty: the task's test command (text or a list)")
     parser = config.get("log_parser")
     if not isinstance(parser, str) or not parser:
         raise FieldError("install_config.log_parser", "missing or empty: the parser of the task's logs")

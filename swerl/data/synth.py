@@ -3,9 +3,10 @@
 The clean suite runs first (a repository without tests, or whose clean suite fails, is skipped with the reason
 recorded; with `exclude_failing`, real repositories' mode, a clean test that fails, errors, cannot be collected or
 passes only sometimes is left out and counted by reason instead, and so is a test whose id pytest maps to
-different parameters in processes with different hash seeds, e.g. parametrized over a set); then every sampled bug candidate runs the suite in a fresh sandbox with the bug applied. A candidate
-becomes a task when it breaks at least one test that passed cleanly (FAIL_TO_PASS) and leaves at least one
-passing (PASS_TO_PASS). The problem statement is written from the failing tests alone, never from the patch.
+different parameters in processes with different hash seeds, e.g. parametrized over a set); then every sampled bug
+candidate runs the suite in a fresh sandbox with the bug applied. A candidate becomes a task when it breaks at least one
+test that passed cleanly (FAIL_TO_PASS) and leaves at least one passing (PASS_TO_PASS). The problem statement is written
+from the failing tests alone, never from the patch.
 """
 
 from __future__ import annotations
@@ -104,9 +105,7 @@ def sample_candidates(
     return picked
 
 
-def problem_statement(
-    repo: str, failing: Mapping[str, TestOutcome], total_failing: int, max_listed: int = 5
-) -> str:
+def problem_statement(repo: str, failing: Mapping[str, TestOutcome], total_failing: int, max_listed: int = 5) -> str:
     """An issue-style description of what breaks: failing test ids and their one-line reasons only.
 
     Short on purpose (it is in every trajectory) and without the repository's name: the agent works in
@@ -179,9 +178,7 @@ async def synthesize_repo(
     if not has_tests(spec.path):
         report.skipped = "no_tests"
         return [], report
-    suite = _Suite(
-        spec, provider, gate if gate is not None else asyncio.Semaphore(workers), python, pytest_args
-    )
+    suite = _Suite(spec, provider, gate if gate is not None else asyncio.Semaphore(workers), python, pytest_args)
 
     # The clean suite, clean_runs times: a test that does not pass in every run never becomes F2P or P2P.
     clean, slowest_clean_s = await _clean_runs(suite, clean_runs, test_timeout_s, report, exclude_failing)
@@ -199,10 +196,7 @@ async def synthesize_repo(
     base_commit = tree_hash(spec.path)
     sampled = _sample_bugs(spec, modifiers, max_candidates, seed, shuffle_modifiers, report)
     validated = await asyncio.gather(
-        *(
-            _validate(suite, candidate, clean, bugged_timeout_s, base_commit, confirm, report)
-            for candidate in sampled
-        )
+        *(_validate(suite, candidate, clean, bugged_timeout_s, base_commit, confirm, report) for candidate in sampled)
     )
     tasks = _keep(validated, max_tasks, report)
     report.duration_s = loop.time() - started
@@ -256,17 +250,13 @@ class _Suite:
             finally:
                 await sandbox.close()
 
-    async def run(
-        self, timeout_s: float, patch: str | None = None
-    ) -> tuple[ExecResult, dict[str, TestOutcome]]:
+    async def run(self, timeout_s: float, patch: str | None = None) -> tuple[ExecResult, dict[str, TestOutcome]]:
         """One run of the suite, with `patch` applied first when given."""
         path = self.environment
         async with self.gate:
             sandbox = await (self.provider.start(path) if patch is None else self.provider.start(path, patch))
             try:
-                return await run_tests(
-                    sandbox, timeout_s, self.spec.test_cmd, self.python, extra_args=self.pytest_args
-                )
+                return await run_tests(sandbox, timeout_s, self.spec.test_cmd, self.python, extra_args=self.pytest_args)
             finally:
                 await sandbox.close()
 
@@ -345,8 +335,10 @@ async def _without_unstable(
         return clean
     seen: list[dict[str, str]] = []
     for seed in HASH_SEEDS:
-        command = (f"PYTHONHASHSEED={seed} COLUMNS=200 {shlex.quote(suite.python)} -c "
-                   f"{shlex.quote(_COLLECT_SOURCE)} {' '.join(shlex.quote(a) for a in suite.pytest_args)}")  # fmt: skip
+        command = (
+            f"PYTHONHASHSEED={seed} COLUMNS=200 {shlex.quote(suite.python)} -c "
+            f"{shlex.quote(_COLLECT_SOURCE)} {' '.join(shlex.quote(a) for a in suite.pytest_args)}"
+        )
         result = await suite.exec(command, timeout_s)
         ids = {}
         for line in result.output.splitlines():
@@ -354,10 +346,7 @@ async def _without_unstable(
                 ids[match.group(1)] = match.group(2)
         seen.append(ids)
     candidates = set(clean[0]) if clean else set()
-    unstable = {
-        node for node in candidates
-        if "::" in node and len({ids.get(node) for ids in seen}) > 1
-    }  # fmt: skip
+    unstable = {node for node in candidates if "::" in node and len({ids.get(node) for ids in seen}) > 1}
     if unstable:
         report.skipped_tests["unstable_id"] += len(unstable)
     return [{n: o for n, o in run.items() if n not in unstable} for run in clean]

@@ -11,10 +11,7 @@ from swerl.data.schema import TaskInstance
 
 _LIST = pa.list_(pa.string())
 TASK_SCHEMA = pa.schema(
-    [
-        (name, _LIST if name in ("FAIL_TO_PASS", "PASS_TO_PASS") else pa.string())
-        for name in TaskInstance.model_fields
-    ]
+    [(name, _LIST if name in ("FAIL_TO_PASS", "PASS_TO_PASS") else pa.string()) for name in TaskInstance.model_fields]
 )
 """Arrow schema of a task file: every TaskInstance field, test lists as list<string>."""
 

@@ -66,9 +66,7 @@ def _split_node(rest: str) -> tuple[str, str]:
     return rest.strip(), ""
 
 
-def pytest_command(
-    python: str = "python", test_ids: Sequence[str] = (), extra_args: Sequence[str] = ()
-) -> str:
+def pytest_command(python: str = "python", test_ids: Sequence[str] = (), extra_args: Sequence[str] = ()) -> str:
     """The shell command that runs the suite (or the given node ids) with a parseable summary."""
     args = [python, "-m", "pytest", *PYTEST_ARGS, *extra_args, *test_ids]
     # pytest cuts summary messages to the terminal width; a wide one keeps the assertion readable.
@@ -124,9 +122,7 @@ def split_fail_pass(
     return fail_to_pass, pass_to_pass
 
 
-def is_resolved(
-    fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], outcomes: Mapping[str, TestOutcome]
-) -> bool:
+def is_resolved(fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], outcomes: Mapping[str, TestOutcome]) -> bool:
     """A task is solved when every FAIL_TO_PASS and every PASS_TO_PASS test passes."""
     ok = passing(outcomes)
     return all(t in ok for t in fail_to_pass) and all(t in ok for t in pass_to_pass)

@@ -60,15 +60,12 @@ class GenerateResponse(BaseModel):
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "output_token_logprobs": [
-                    [lp, tok, None]
-                    for lp, tok in zip(self.output_token_logprobs, self.output_ids, strict=True)
+                    [lp, tok, None] for lp, tok in zip(self.output_token_logprobs, self.output_ids, strict=True)
                 ],
                 "weight_version": str(self.weight_version),
                 **(
                     {
-                        "weight_versions": weight_version_spans(
-                            self.output_token_weight_versions, self.weight_version
-                        ),
+                        "weight_versions": weight_version_spans(self.output_token_weight_versions, self.weight_version),
                         "output_token_weight_versions": self.output_token_weight_versions,
                     }
                     if self.output_token_weight_versions is not None
@@ -169,9 +166,14 @@ class Engine(Protocol):
         ...
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
         backend: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Join the weight group (returns once every rank joined); WeightUpdateError if it cannot."""
         ...
 
@@ -180,9 +182,14 @@ class Engine(Protocol):
         ...
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        weight_version: int | None = None, flush_cache: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
         """Receive one bucket broadcast by rank 0 and load it; weight_version (the sync's last bucket) moves the
         engine's version. A refusal is a WeightUpdateError."""
         ...

@@ -128,9 +128,7 @@ class EngineClient:
 
         return await self._with_retries(once, self.retries)
 
-    async def update_weights_from_disk(
-        self, model_path: str, weight_version: int, *, flush_cache: bool = True
-    ) -> None:
+    async def update_weights_from_disk(self, model_path: str, weight_version: int, *, flush_cache: bool = True) -> None:
         """POST /update_weights_from_disk; a refusal (bad path, wrong architecture) is a WeightUpdateError.
 
         flush_cache: SGLang refuses the update (HTTP 400, after loading) when it cannot flush because requests
@@ -147,9 +145,14 @@ class EngineClient:
         return self.tp_size
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
         backend: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """POST /init_weights_update_group: the server joins the group (answers once every rank joined)."""
         payload = init_weights_update_group_payload(
             master_address, master_port, rank_offset, world_size, group_name, backend
@@ -168,9 +171,14 @@ class EngineClient:
         await self._control("/end_weight_update", {}, "the end of a weight-update session")
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        weight_version: int | None = None, flush_cache: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
         """POST /update_weights_from_distributed: the server receives the bucket from rank 0 and loads it."""
         payload = update_weights_from_distributed_payload(
             names, dtypes, shapes, group_name, weight_version, flush_cache=flush_cache
@@ -311,15 +319,18 @@ def init_weights_update_group_payload(
 
 
 def update_weights_from_distributed_payload(
-    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, weight_version: int | None,
-    *, flush_cache: bool,
-) -> dict[str, Any]:  # fmt: skip
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    group_name: str,
+    weight_version: int | None,
+    *,
+    flush_cache: bool,
+) -> dict[str, Any]:
     """The JSON body of POST /update_weights_from_distributed (SGLang's UpdateWeightsFromDistributedReqInput);
     weight_version is sent only where given (SGLang's version moves only with it)."""
     if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(
-            f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
-        )
+        raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
     payload: dict[str, Any] = {
         "names": list(names),
         "dtypes": list(dtypes),

@@ -184,18 +184,28 @@ class EmulatedEngine:
         raise NotImplementedError(NO_WEIGHT_GROUP)
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
         backend: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         raise NotImplementedError(NO_WEIGHT_GROUP)
 
     async def begin_weight_update(self) -> None:
         raise NotImplementedError(NO_WEIGHT_GROUP)
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        weight_version: int | None = None, flush_cache: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
         raise NotImplementedError(NO_WEIGHT_GROUP)
 
     async def end_weight_update(self) -> None:

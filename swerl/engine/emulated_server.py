@@ -74,9 +74,7 @@ class EmulatedServer:
                 request.transport.close()  # the client sees the connection dropped mid-request
                 return web.Response(status=500)
             if "status" in fault:
-                return web.json_response(
-                    {"error": {"message": "injected fault"}}, status=int(fault["status"])
-                )
+                return web.json_response({"error": {"message": "injected fault"}}, status=int(fault["status"]))
             await self.running.wait()
             prompt = body["input_ids"]
             params = body.get("sampling_params") or {}
@@ -130,9 +128,7 @@ class EmulatedServer:
         body = await request.json()
         self.weight_requests.append({"path": request.path, "body": body, "pause_mode": self.pause_mode})
         if not os.path.exists(body["model_path"]):
-            return web.json_response(
-                {"success": False, "message": f"{body['model_path']} not found"}, status=400
-            )
+            return web.json_response({"success": False, "message": f"{body['model_path']} not found"}, status=400)
         self.loaded_updates += 1
         if await self._flush_refused(body):
             return web.json_response({"success": False, "message": FLUSH_REFUSED}, status=400)
@@ -142,9 +138,7 @@ class EmulatedServer:
     async def init_group(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.weight_requests.append({"path": request.path, "body": body, "pause_mode": self.pause_mode})
-        missing = [
-            key for key in ("master_address", "master_port", "rank_offset", "world_size") if key not in body
-        ]
+        missing = [key for key in ("master_address", "master_port", "rank_offset", "world_size") if key not in body]
         if missing:
             return self._answer(False, f"missing {missing}")
         name = body.get("group_name", "weight_update_group")
@@ -163,9 +157,7 @@ class EmulatedServer:
     async def begin(self, request: web.Request) -> web.Response:
         self.weight_requests.append({"path": request.path, "body": {}, "pause_mode": self.pause_mode})
         if self.session:
-            return self._answer(
-                False, "a weight-update session is already open; call end_weight_update() first"
-            )
+            return self._answer(False, "a weight-update session is already open; call end_weight_update() first")
         self.session = True
         return self._answer(True, "Success")
 
@@ -186,9 +178,7 @@ class EmulatedServer:
                 "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
             )
         if name not in self.groups:
-            return self._answer(
-                False, f"Failed to receive weights: Group {name} not in {sorted(self.groups)}"
-            )
+            return self._answer(False, f"Failed to receive weights: Group {name} not in {sorted(self.groups)}")
         if not len(body["names"]) == len(body["dtypes"]) == len(body["shapes"]):
             return self._answer(False, "Failed to receive weights: names, dtypes and shapes differ in length")
         self.loaded_updates += 1
@@ -259,9 +249,7 @@ def create_app(engine: EmulatedServer) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency-s", type=float, default=1.0)

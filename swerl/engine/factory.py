@@ -40,40 +40,71 @@ async def open_engine(
         check_cuda(launch.num_engines if cfg.kind == "http_local" else 1)
     if cfg.kind == "local":
         async with LocalEngine(
-            model_dir, max_batch_size=cfg.max_batch_size, max_context_tokens=cfg.max_context_tokens, seed=seed,
-            weight_version=weight_version, intra_op_threads=local.threads, prefix_cache_size=local.prefix_cache_size,
-            device=local.device, dtype=DTYPES[local.dtype], weight_sync_timeout_s=cfg.weight_sync.timeout_s,
+            model_dir,
+            max_batch_size=cfg.max_batch_size,
+            max_context_tokens=cfg.max_context_tokens,
+            seed=seed,
+            weight_version=weight_version,
+            intra_op_threads=local.threads,
+            prefix_cache_size=local.prefix_cache_size,
+            device=local.device,
+            dtype=DTYPES[local.dtype],
+            weight_sync_timeout_s=cfg.weight_sync.timeout_s,
             prefill_tokens_per_step=local.prefill_tokens_per_step,
-        ) as engine:  # fmt: skip
+        ) as engine:
             yield engine
         return
     launcher: EngineLauncher | None = None
     urls = list(launch.urls)
     if not urls:
         spec = server_spec(cfg, model_dir, seed, weight_version)
-        launcher = EngineLauncher(spec, launch.num_engines, log_dir or Path("runs/engines"), host=launch.host,
-                                  base_port=launch.base_port, startup_timeout_s=launch.startup_timeout_s)  # fmt: skip
+        launcher = EngineLauncher(
+            spec,
+            launch.num_engines,
+            log_dir or Path("runs/engines"),
+            host=launch.host,
+            base_port=launch.base_port,
+            startup_timeout_s=launch.startup_timeout_s,
+        )
     pool_size = cfg.pool_size(concurrency)
     try:
         if launcher is not None:
             urls = await launcher.start()
             log.info("engines %s up (logs %s)", urls, launcher.logs())
         clients = [
-            EngineClient(url, pool_size=pool_size, connect_timeout_s=http.connect_timeout_s,
-                         request_timeout_s=http.request_timeout_s, control_timeout_s=http.control_timeout_s,
-                         health_timeout_s=router.health_timeout_s, retries=0, control_retries=http.retries,
-                         retry_backoff_s=http.retry_backoff_s, weight_version=weight_version,
-                         tp_size=cfg.sglang.tp_size if cfg.kind == "sglang" else 1)
+            EngineClient(
+                url,
+                pool_size=pool_size,
+                connect_timeout_s=http.connect_timeout_s,
+                request_timeout_s=http.request_timeout_s,
+                control_timeout_s=http.control_timeout_s,
+                health_timeout_s=router.health_timeout_s,
+                retries=0,
+                control_retries=http.retries,
+                retry_backoff_s=http.retry_backoff_s,
+                weight_version=weight_version,
+                tp_size=cfg.sglang.tp_size if cfg.kind == "sglang" else 1,
+            )
             for url in urls
-        ]  # fmt: skip
-        log.info("engine limits: %d engines, %d connections each, request timeout %.0f s, retries %d, context %d",
-                 len(urls), pool_size, http.request_timeout_s, http.retries, cfg.max_context_tokens)  # fmt: skip
+        ]
+        log.info(
+            "engine limits: %d engines, %d connections each, request timeout %.0f s, retries %d, context %d",
+            len(urls),
+            pool_size,
+            http.request_timeout_s,
+            http.retries,
+            cfg.max_context_tokens,
+        )
         async with Router(
-            clients, retries=http.retries, health_interval_s=router.health_interval_s,
-            sticky_capacity=router.sticky_capacity, sticky_max_excess=router.sticky_max_excess,
-            weight_update_mode=cfg.weight_sync.update_mode, pause_mode=cfg.weight_sync.pause_mode,
+            clients,
+            retries=http.retries,
+            health_interval_s=router.health_interval_s,
+            sticky_capacity=router.sticky_capacity,
+            sticky_max_excess=router.sticky_max_excess,
+            weight_update_mode=cfg.weight_sync.update_mode,
+            pause_mode=cfg.weight_sync.pause_mode,
             weight_version=weight_version,
-        ) as engine_router:  # fmt: skip
+        ) as engine_router:
             yield engine_router
     finally:
         if launcher is not None:
@@ -86,13 +117,32 @@ def server_spec(
     """What each launched engine process is started with (kind http_local or sglang)."""
     sync, local, sglang = cfg.weight_sync, cfg.local, cfg.sglang
     if cfg.kind == "http_local":
-        return LocalServerSpec(str(model_dir), cfg.max_batch_size, cfg.max_context_tokens, local.threads, seed,
-                               weight_version, local.prefix_cache_size, local.device, local.dtype, sync.timeout_s,
-                               sync.socket_ifname, local.prefill_tokens_per_step)  # fmt: skip
+        return LocalServerSpec(
+            str(model_dir),
+            cfg.max_batch_size,
+            cfg.max_context_tokens,
+            local.threads,
+            seed,
+            weight_version,
+            local.prefix_cache_size,
+            local.device,
+            local.dtype,
+            sync.timeout_s,
+            sync.socket_ifname,
+            local.prefill_tokens_per_step,
+        )
     if cfg.kind == "sglang":
-        return SGLangSpec(str(model_dir), sglang.tp_size, cfg.max_context_tokens, sglang.mem_fraction_static,
-                          cfg.max_batch_size, seed, weight_version, tuple(sglang.sglang_args),
-                          sync.socket_ifname)  # fmt: skip
+        return SGLangSpec(
+            str(model_dir),
+            sglang.tp_size,
+            cfg.max_context_tokens,
+            sglang.mem_fraction_static,
+            cfg.max_batch_size,
+            seed,
+            weight_version,
+            tuple(sglang.sglang_args),
+            sync.socket_ifname,
+        )
     raise ValueError(f"engine kind {cfg.kind!r} runs in process: no server to launch")
 
 

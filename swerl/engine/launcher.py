@@ -3,9 +3,9 @@
 Local: `python -m swerl.engine.server` (the local engine behind SGLang's API; on CPU, or engine i on GPU i with
 device cuda). GPU: `python -m sglang.launch_server` with the model path, tensor-parallel size, context-length cap,
 memory fraction and port from the config, each engine on its own GPUs (CUDA_VISIBLE_DEVICES). A weight-sync
-interface (socket_ifname) reaches every engine as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME. sglang is never imported here: the command
-runs in a child process, so a CPU machine needs only the `gpu` extra's absence checked (shutil.which / find_spec).
-Each engine's stdout and stderr go to its own log file; a start failure raises with the log's tail.
+interface (socket_ifname) reaches every engine as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME. sglang is never imported
+here: the command runs in a child process, so a CPU machine needs only the `gpu` extra's absence checked (shutil.which /
+find_spec). Each engine's stdout and stderr go to its own log file; a start failure raises with the log's tail.
 """
 
 from __future__ import annotations
@@ -56,37 +56,63 @@ class SGLangSpec:
 
 def local_server_command(spec: LocalServerSpec, host: str, port: int, index: int) -> list[str]:
     return [
-        sys.executable, "-m", "swerl.engine.server",
-        "--model", spec.model_dir,
-        "--host", host,
-        "--port", str(port),
-        "--max-batch-size", str(spec.max_batch_size),
-        "--max-context-tokens", str(spec.max_context_tokens),
-        "--threads", str(spec.threads),
-        "--seed", str(spec.seed + index),  # engines sample independent streams
-        "--weight-version", str(spec.weight_version),
-        "--prefix-cache-size", str(spec.prefix_cache_size),
-        "--device", spec.device,
-        "--dtype", spec.dtype,
-        "--weight-sync-timeout-s", str(spec.weight_sync_timeout_s),
-        "--prefill-tokens-per-step", str(spec.prefill_tokens_per_step),
-        "--parent-pid", str(os.getpid()),  # the server exits when the process that launched it is gone
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "swerl.engine.server",
+        "--model",
+        spec.model_dir,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(spec.max_batch_size),
+        "--max-context-tokens",
+        str(spec.max_context_tokens),
+        "--threads",
+        str(spec.threads),
+        "--seed",
+        str(spec.seed + index),  # engines sample independent streams
+        "--weight-version",
+        str(spec.weight_version),
+        "--prefix-cache-size",
+        str(spec.prefix_cache_size),
+        "--device",
+        spec.device,
+        "--dtype",
+        spec.dtype,
+        "--weight-sync-timeout-s",
+        str(spec.weight_sync_timeout_s),
+        "--prefill-tokens-per-step",
+        str(spec.prefill_tokens_per_step),
+        "--parent-pid",
+        str(os.getpid()),  # the server exits when the process that launched it is gone
+    ]
 
 
 def sglang_command(spec: SGLangSpec, host: str, port: int, index: int) -> list[str]:
     argv = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", spec.model_dir,
-        "--host", host,
-        "--port", str(port),
-        "--tp-size", str(spec.tp_size),
-        "--context-length", str(spec.context_length),
-        "--max-running-requests", str(spec.max_running_requests),
-        "--random-seed", str(spec.seed + index),
-        "--weight-version", str(spec.weight_version),
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        spec.model_dir,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(spec.tp_size),
+        "--context-length",
+        str(spec.context_length),
+        "--max-running-requests",
+        str(spec.max_running_requests),
+        "--random-seed",
+        str(spec.seed + index),
+        "--weight-version",
+        str(spec.weight_version),
         "--skip-server-warmup",
-    ]  # fmt: skip
+    ]
     if spec.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(spec.mem_fraction_static)]
     return argv + list(spec.extra_args)
@@ -166,9 +192,7 @@ class EngineLauncher:
     async def start(self) -> list[str]:
         """Start every engine, wait for all to be healthy (in parallel); returns their base URLs."""
         if isinstance(self.spec, SGLangSpec) and not sglang_available():
-            raise RuntimeError(
-                "engine.kind sglang needs the `gpu` extra (pip install 'swerl[gpu]') on a GPU host"
-            )
+            raise RuntimeError("engine.kind sglang needs the `gpu` extra (pip install 'swerl[gpu]') on a GPU host")
         self.services = [
             Service(
                 name=f"engine-{index}",

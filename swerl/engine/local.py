@@ -225,9 +225,7 @@ class LocalEngine:
         self._seconds = {"prefill": 0.0, "decode": 0.0}  # time the worker spent in each
         self.prefix_cache_size = prefix_cache_size
         # rid -> (tokens whose KV is cached, per layer (keys, values) of (H_kv, T, D)); the worker alone uses it
-        self._prefixes: collections.OrderedDict[
-            str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]
-        ]
+        self._prefixes: collections.OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]]
         self._prefixes = collections.OrderedDict()
         self.intra_op_threads = intra_op_threads
         self._worker = _model_thread(intra_op_threads)
@@ -285,15 +283,11 @@ class LocalEngine:
             )
         bad = [token for token in request.input_ids if not 0 <= token < self.vocab_size]
         if bad:
-            raise InvalidRequestError(
-                f"input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:8]}"
-            )
+            raise InvalidRequestError(f"input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:8]}")
 
     def _ensure_scheduler(self) -> None:
         if self._scheduler is None or self._scheduler.done():
-            self._scheduler = asyncio.get_running_loop().create_task(
-                self._schedule(), name="local-engine-scheduler"
-            )
+            self._scheduler = asyncio.get_running_loop().create_task(self._schedule(), name="local-engine-scheduler")
 
     async def _schedule(self) -> None:
         """The scheduler task; if it ever dies, every request in flight fails instead of hanging."""
@@ -562,9 +556,14 @@ class LocalEngine:
         return 1
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
         backend: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Join the trainer's weight group as rank rank_offset (returns once every rank joined); a group of the
         same name is replaced. WeightUpdateError when the group does not form."""
         if self._closed:
@@ -577,9 +576,16 @@ class LocalEngine:
             old.close()
         try:
             group = await asyncio.to_thread(
-                open_group, master_address, master_port, rank_offset, world_size, kind, self.weight_sync_timeout_s,
-                self.device, group_name=group_name,
-            )  # fmt: skip
+                open_group,
+                master_address,
+                master_port,
+                rank_offset,
+                world_size,
+                kind,
+                self.weight_sync_timeout_s,
+                self.device,
+                group_name=group_name,
+            )
         except (WeightGroupError, ValueError) as error:
             raise WeightUpdateError(f"Failed to initialize custom process group: {error}") from error
         self._groups[group_name] = group
@@ -605,9 +611,14 @@ class LocalEngine:
             await self._between_steps(functools.partial(self._swap_weights, session.staged, False), None)
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        weight_version: int | None = None, flush_cache: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
         """Receive one bucket from rank 0 and stage it; with a weight_version, load every staged bucket (between
         model steps) and serve that version. Raises WeightUpdateError (weights and version unchanged) for a bucket
         that does not fit the model; it is still received, so the group stays in step."""
@@ -627,8 +638,7 @@ class LocalEngine:
             if not len(names) == len(dtypes) == len(shapes):
                 raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes")
             specs = [
-                TensorSpec(name, dtype, tuple(shape))
-                for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+                TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
             ]
         except (ValueError, TypeError) as error:  # nothing can be received: the sender will time out
             session.failed = f"bad request: {error}"
@@ -642,9 +652,7 @@ class LocalEngine:
                 group.close()
                 raise WeightUpdateError(f"Failed to receive weights: {error}") from error
         if session.failed is not None:
-            raise WeightUpdateError(
-                f"an earlier bucket of this update was refused ({session.failed}): not loaded"
-            )
+            raise WeightUpdateError(f"an earlier bucket of this update was refused ({session.failed}): not loaded")
         problems = self._misfits(specs, tensors, session.staged)
         if problems:
             session.failed = problems[0]
@@ -723,9 +731,7 @@ class LocalEngine:
             },
             "prefill_seconds": self._seconds["prefill"],
             "decode_seconds": self._seconds["decode"],
-            "batch_size_histogram": dict(
-                sorted(dict(self._batch_sizes).items())
-            ),  # copy: the worker writes it
+            "batch_size_histogram": dict(sorted(dict(self._batch_sizes).items())),  # copy: the worker writes it
             "running": len(self._batch),
             "waiting": len(self._waiting),
             "weight_version": self.weight_version,
@@ -764,9 +770,7 @@ def _load_servable(
     config = model.config
     positions = getattr(config, "max_position_embeddings", None)
     if not 2 <= max_context_tokens <= (positions or max_context_tokens):
-        raise ValueError(
-            f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]"
-        )
+        raise ValueError(f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]")
     if config.model_type not in SERVABLE_MODEL_TYPES:
         raise ValueError(
             f"the local engine runs Qwen3 models ({', '.join(SERVABLE_MODEL_TYPES)}), got {config.model_type}"

@@ -130,9 +130,7 @@ class Router:
     ) -> None:
         if not clients:
             raise ValueError("a router needs at least one engine")
-        self.slots = [
-            EngineSlot(client, i, weight_version=weight_version) for i, client in enumerate(clients)
-        ]
+        self.slots = [EngineSlot(client, i, weight_version=weight_version) for i, client in enumerate(clients)]
         self.retries = retries
         self.health_interval_s = health_interval_s
         self.sticky_capacity = sticky_capacity
@@ -165,9 +163,7 @@ class Router:
     def start(self) -> None:
         """Start the health loop (call inside the running event loop)."""
         if self.health_interval_s > 0 and self._health_task is None:
-            self._health_task = asyncio.get_running_loop().create_task(
-                self._health_loop(), name="router-health"
-            )
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop(), name="router-health")
 
     async def close(self) -> None:
         if self._health_task is not None:
@@ -246,8 +242,9 @@ class Router:
             healthy = [slot for slot in self.slots if slot.healthy]
             if not healthy and self.health_interval_s > 0:
                 # The health loop brings every engine back at the router's version: make this update that version.
-                log.warning("no engine in rotation for weight version %d: each gets it when it answers again",
-                            weight_version)  # fmt: skip
+                log.warning(
+                    "no engine in rotation for weight version %d: each gets it when it answers again", weight_version
+                )
                 self.weight_version = weight_version
                 self._weights_path = model_path
                 self._weights_distributed = False
@@ -312,15 +309,18 @@ class Router:
         alive = await asyncio.gather(*(slot.client.health() for slot in self.slots))
         self._candidates = [slot for slot, ok in zip(self.slots, alive, strict=True) if ok]
         if not self._candidates:
-            raise InfraError(
-                "engine_unreachable", f"no engine among {len(self.slots)} answers: no weight group"
-            )
+            raise InfraError("engine_unreachable", f"no engine among {len(self.slots)} answers: no weight group")
         return sum(slot.client.tp_size for slot in self._candidates)
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
         backend: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Every member joins the group, engine i (in order) at rank rank_offset + the ranks of those before it;
         returns once all (and the trainer, rank 0) joined. world_size must be rank_offset + weight_group_ranks()."""
         if self._candidates is None:
@@ -334,9 +334,7 @@ class Router:
                 "(from weight_group_ranks(); call it again if engines came or went)"
             )
         async with self._update_lock:
-            if (
-                self._group is not None
-            ):  # SGLang refuses a second init under one name until the first is destroyed
+            if self._group is not None:  # SGLang refuses a second init under one name until the first is destroyed
                 old = self._group
                 self._group = None
                 await asyncio.gather(
@@ -375,9 +373,7 @@ class Router:
     def _usable_group(self) -> _WeightGroup:
         group = self._group
         if group is None:
-            raise WeightUpdateError(
-                "no weight group: call weight_group_ranks and init_weights_update_group first"
-            )
+            raise WeightUpdateError("no weight group: call weight_group_ranks and init_weights_update_group first")
         if group.broken is not None:
             raise WeightUpdateError(
                 f"weight group {group.name!r} is broken ({group.broken}): form it again "
@@ -420,9 +416,7 @@ class Router:
                 session.paused = [slot for slot, result in zip(live, results, strict=True) if result is None]
                 for slot, result in zip(live, results, strict=True):
                     if isinstance(result, BaseException):
-                        self._break(
-                            group, slot, result if isinstance(result, Exception) else Exception(result)
-                        )
+                        self._break(group, slot, result if isinstance(result, Exception) else Exception(result))
                 self._usable_group()
             results = await asyncio.gather(
                 *(slot.client.begin_weight_update() for slot in group.members), return_exceptions=True
@@ -433,9 +427,7 @@ class Router:
             errors = self._settle(group.members, [None if isinstance(r, InfraError) else r for r in results])
             if errors or group.broken is not None:
                 opened = [slot for slot, result in zip(group.members, results, strict=True) if result is None]
-                await asyncio.gather(
-                    *(slot.client.end_weight_update() for slot in opened), return_exceptions=True
-                )
+                await asyncio.gather(*(slot.client.end_weight_update() for slot in opened), return_exceptions=True)
                 if errors:
                     raise errors[0]
                 self._usable_group()
@@ -446,9 +438,14 @@ class Router:
         self._session = session
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        weight_version: int | None = None, flush_cache: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
         """One bucket to every member (inside begin_weight_update .. end_weight_update). flush_cache is sent only
         where the pause mode allows it (flush_cache_allowed). A member that fails breaks the group: the others'
         requests are abandoned and the InfraError raised; a refusal takes the member out of rotation and is raised
@@ -465,9 +462,7 @@ class Router:
         flush = flush_cache and self.flush_cache_on_update
         tasks = {
             asyncio.ensure_future(
-                slot.client.update_weights_from_distributed(
-                    names, dtypes, shapes, group_name, weight_version, flush
-                )
+                slot.client.update_weights_from_distributed(names, dtypes, shapes, group_name, weight_version, flush)
             ): slot
             for slot in group.members
         }
@@ -480,9 +475,7 @@ class Router:
                 if isinstance(error, WeightUpdateError):
                     session.refused.add(slot)
                     refusals.append(error)
-                    self._take_out(
-                        slot, error
-                    )  # SGLang has loaded the buckets before: its weights are unknown
+                    self._take_out(slot, error)  # SGLang has loaded the buckets before: its weights are unknown
                 elif error is not None:
                     self._break(group, slot, error if isinstance(error, Exception) else Exception(error))
                     for other in pending:
@@ -520,9 +513,7 @@ class Router:
                     elif session.version is not None and slot not in session.refused and not slot.healthy:
                         slot.healthy = True  # it took the whole sync: it serves what the others serve
                         slot.client.weight_version = session.version
-                        log.info(
-                            "engine %s back in rotation at version %d", slot.client.base_url, session.version
-                        )
+                        log.info("engine %s back in rotation at version %d", slot.client.base_url, session.version)
         finally:
             await self._resume(session)
             self._update_lock.release()

@@ -35,9 +35,7 @@ class ScriptedEngine:
         self.requests: list[GenerateRequest] = []
 
     @classmethod
-    def from_texts(
-        cls, tokenizer: PreTrainedTokenizerBase, texts: Iterable[str], **kwargs: object
-    ) -> ScriptedEngine:
+    def from_texts(cls, tokenizer: PreTrainedTokenizerBase, texts: Iterable[str], **kwargs: object) -> ScriptedEngine:
         """Outputs that are each text's tokenization followed by <|im_end|>, as a chat model would sample them."""
         im_end = tokenizer.convert_tokens_to_ids(IM_END)
         outputs = [[*tokenizer(text, add_special_tokens=False)["input_ids"], im_end] for text in texts]

@@ -8,9 +8,9 @@ Routes: POST /generate, POST /update_weights_from_disk, GET|POST /flush_cache, G
 GET /get_model_info (and /model_info), POST /pause_generation, POST /continue_generation, GET /engine_stats
 (swerl's counters), and weight sync over a process group as SGLang serves it: POST /init_weights_update_group,
 /destroy_weights_update_group, /begin_weight_update, /update_weights_from_distributed, /end_weight_update (each
-answers {"success", "message"}, HTTP 200 or 400). Concurrent /generate calls share the LocalEngine's continuous batch; a request that reaches
-the context cap finishes with reason length, as SGLang does. Bad input answers 400 with {"error": {"message"}}
-and the engine keeps serving; an engine failure answers 503.
+answers {"success", "message"}, HTTP 200 or 400). Concurrent /generate calls share the LocalEngine's continuous batch; a
+request that reaches the context cap finishes with reason length, as SGLang does. Bad input answers 400 with {"error":
+{"message"}} and the engine keeps serving; an engine failure answers 503.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ from swerl.errors import InfraError
 
 log = logging.getLogger("swerl.engine.server")
 
-SAMPLING_ACCEPTED_AS_NO_OPS = frozenset(
-    {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"}
-)
+SAMPLING_ACCEPTED_AS_NO_OPS = frozenset({"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
 """SGLang sampling params that only shape detokenized text, which this token-only engine never produces."""
 GENERATE_ACCEPTED_AS_NO_OPS = frozenset({"stream", "logprob_start_len", "return_text_in_logprobs"})
 """/generate fields accepted with their default meaning (no streaming, output log-probs only)."""
@@ -145,9 +143,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
         state["model_path"] = body.model_path
         return _update_result(True, f"weights from {body.model_path} serve as version {target}")
 
-    async def weight_call(
-        raw: Request, body_type: type[BaseModel] | None, call: Callable[[Any], Any]
-    ) -> JSONResponse:
+    async def weight_call(raw: Request, body_type: type[BaseModel] | None, call: Callable[[Any], Any]) -> JSONResponse:
         """A weight-control route: parse, call, answer SGLang's {"success", "message"} (400 when refused)."""
         try:
             body = body_type.model_validate(await raw.json()) if body_type is not None else None
@@ -164,8 +160,9 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(raw: Request) -> JSONResponse:
         async def call(body: InitGroupBody) -> str:
-            await engine().init_weights_update_group(body.master_address, body.master_port, body.rank_offset,
-                                                     body.world_size, body.group_name, body.backend)  # fmt: skip
+            await engine().init_weights_update_group(
+                body.master_address, body.master_port, body.rank_offset, body.world_size, body.group_name, body.backend
+            )
             return "Succeeded to initialize custom process group."
 
         return await weight_call(raw, InitGroupBody, call)
@@ -251,9 +248,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
         # retract and in_place both hold requests with their KV cache here (no memory pressure to free);
         # SGLang's abort mode ends every request, which this engine does not do
         if body.mode == "abort":
-            return _error(
-                400, "pause mode 'abort' is not supported by the local engine; use in_place or retract"
-            )
+            return _error(400, "pause mode 'abort' is not supported by the local engine; use in_place or retract")
         await engine().pause_generation()
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -306,9 +301,7 @@ def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -317,28 +310,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the forward passes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weight-version", type=int, default=0)
-    parser.add_argument(
-        "--prefix-cache-size", type=int, default=0, help="finished requests kept for reuse by rid"
-    )
+    parser.add_argument("--prefix-cache-size", type=int, default=0, help="finished requests kept for reuse by rid")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the model and its KV cache)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="weights and forward passes")
     parser.add_argument(
-        "--dtype", default="float32", choices=sorted(DTYPES), help="weights and forward passes"
+        "--weight-sync-timeout-s",
+        type=float,
+        default=600.0,
+        help="joining a weight group, or one bucket's broadcast, may take this long",
     )
-    parser.add_argument("--weight-sync-timeout-s", type=float, default=600.0,
-                        help="joining a weight group, or one bucket's broadcast, may take this long")  # fmt: skip
-    parser.add_argument("--prefill-tokens-per-step", type=int, default=1024,
-                        help="most prompt tokens prefilled in one model step")  # fmt: skip
+    parser.add_argument(
+        "--prefill-tokens-per-step", type=int, default=1024, help="most prompt tokens prefilled in one model step"
+    )
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (pending connections)")
     parser.add_argument("--limit-concurrency", type=int, default=None, help="uvicorn's cap (None: none)")
-    parser.add_argument("--parent-pid", type=int, default=None,
-                        help="exit once this process is gone (a SIGKILLed stage leaves no engine behind)")  # fmt: skip
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit once this process is gone (a SIGKILLed stage leaves no engine behind)",
+    )
     args = parser.parse_args(argv)
     import uvicorn
 
     if args.parent_pid is not None:
-        threading.Thread(
-            target=_exit_with_parent, args=(args.parent_pid,), daemon=True, name="parent"
-        ).start()
+        threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True, name="parent").start()
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = str(Path(args.model).resolve())
@@ -359,8 +355,14 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     app = create_app(build, model)
-    log.info("local engine server for %s on %s:%d (batch %d, context %d)", model, args.host, args.port,
-             args.max_batch_size, args.max_context_tokens)  # fmt: skip
+    log.info(
+        "local engine server for %s on %s:%d (batch %d, context %d)",
+        model,
+        args.host,
+        args.port,
+        args.max_batch_size,
+        args.max_context_tokens,
+    )
     uvicorn.run(
         app,
         host=args.host,

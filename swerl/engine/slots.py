@@ -33,9 +33,16 @@ class SlotCache:
     """Per-layer keys and values of (slots, H_kv, capacity, D); slot i holds lengths[i] positions."""
 
     def __init__(
-        self, layers: int, slots: int, kv_heads: int, head_dim: int, max_tokens: int, dtype: torch.dtype,
-        device: torch.device, initial_capacity: int = 256,
-    ) -> None:  # fmt: skip
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        head_dim: int,
+        max_tokens: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        initial_capacity: int = 256,
+    ) -> None:
         self.shape = (slots, kv_heads, head_dim)
         self.max_tokens = max_tokens
         self.dtype, self.device = dtype, device
@@ -121,9 +128,7 @@ class SlotModel:
         self.max_tokens = max_tokens
         self.rope_table()
         self._fused: list[_FusedWeights] = []
-        self._fused_sources = [
-            parameter for layer in self.layers for parameter in _FusedWeights.sources(layer)
-        ]
+        self._fused_sources = [parameter for layer in self.layers for parameter in _FusedWeights.sources(layer)]
         self._fused_versions: list[int] = []
 
     @torch.inference_mode()
@@ -238,13 +243,9 @@ class _FusedWeights:
         biases = [projection.bias for projection in projections]
         if attention.q_norm.variance_epsilon != attention.k_norm.variance_epsilon:
             raise ValueError("q_norm and k_norm with different eps are not supported")
-        norm = torch.cat((
-            attention.q_norm.weight.expand(heads, -1), attention.k_norm.weight.expand(kv_heads, -1)
-        ))  # fmt: skip
+        norm = torch.cat((attention.q_norm.weight.expand(heads, -1), attention.k_norm.weight.expand(kv_heads, -1)))
         mlp = layer.mlp
-        dense = all(
-            isinstance(getattr(mlp, name, None), torch.nn.Linear) for name in ("gate_proj", "up_proj")
-        )
+        dense = all(isinstance(getattr(mlp, name, None), torch.nn.Linear) for name in ("gate_proj", "up_proj"))
         dense = dense and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
         return _FusedWeights(
             qkv=torch.cat([projection.weight for projection in projections]).detach(),
@@ -318,8 +319,7 @@ class _Rows:
         masks = [
             None
             if start == 0 or n == 1
-            else torch.arange(start + n, device=device)[None]
-            <= start + torch.arange(n, device=device)[:, None]
+            else torch.arange(start + n, device=device)[None] <= start + torch.arange(n, device=device)[:, None]
             for start, n in zip(rows.starts, rows.counts, strict=True)
         ]
         decoding = next((i for i, n in enumerate(rows.counts) if n != 1), len(rows.counts))
@@ -329,9 +329,7 @@ class _Rows:
         every: torch.Tensor | None = None  # every decode row's additive mask, up to the longest row
         if any(min(ends[begin:end]) < max(ends[begin:end]) for begin, end in split):
             # SDPA's own conversion of a boolean mask (0 where seen, -inf past the row), once for every layer
-            hidden = (
-                torch.arange(max(ends), device=device)[None] >= torch.tensor(ends, device=device)[:, None]
-            )
+            hidden = torch.arange(max(ends), device=device)[None] >= torch.tensor(ends, device=device)[:, None]
             every = torch.zeros(len(ends), 1, 1, max(ends), dtype=dtype, device=device)
             every.masked_fill_(hidden.view(len(ends), 1, 1, max(ends)), float("-inf"))
         for begin, end in split:
@@ -342,9 +340,7 @@ class _Rows:
             runs.append((begin, end, longest, mask))
         return _Rows(rows.first, offsets, rows.starts, rows.counts, masks, decoding, runs)
 
-    def attend(
-        self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
-    ) -> torch.Tensor:
+    def attend(self, model: SlotModel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Attention of the step's flat queries (N, H, D) -> (N, H * D)."""
         outputs = []
         width = model.heads * model.head_dim
@@ -352,9 +348,12 @@ class _Rows:
             count, slot = end - begin, self.first + begin
             packed = query[begin:end].reshape(count, model.kv_heads, model.groups, model.head_dim)
             out = F.scaled_dot_product_attention(
-                packed, keys[slot : slot + count, :, :length], values[slot : slot + count, :, :length],
-                attn_mask=mask, scale=model.scaling,
-            )  # fmt: skip
+                packed,
+                keys[slot : slot + count, :, :length],
+                values[slot : slot + count, :, :length],
+                attn_mask=mask,
+                scale=model.scaling,
+            )
             outputs.append(out.reshape(count, width))
         for row in range(self.decoding, len(self.counts)):
             offset, start, n, mask = self.offsets[row], self.starts[row], self.counts[row], self.masks[row]
@@ -367,8 +366,13 @@ class _Rows:
                 outputs.append(out.view(1, width))
                 continue
             out = F.scaled_dot_product_attention(
-                query[offset : offset + n].transpose(0, 1)[None], row_keys, row_values, attn_mask=mask,
-                is_causal=start == 0, scale=model.scaling, enable_gqa=model.groups > 1,
-            )  # fmt: skip  # (1, H, n, D)
+                query[offset : offset + n].transpose(0, 1)[None],
+                row_keys,
+                row_values,
+                attn_mask=mask,
+                is_causal=start == 0,
+                scale=model.scaling,
+                enable_gqa=model.groups > 1,
+            )  # (1, H, n, D)
             outputs.append(out[0].transpose(0, 1).reshape(n, width))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

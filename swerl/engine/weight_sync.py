@@ -159,13 +159,11 @@ def open_group(
     Rank 0 serves the rendezvous store on master_port; 0 picks a free port, which `on_port` is told before the
     group forms (hand it to the engines). device: where this member's tensors live (gloo carries CPU and CUDA
     tensors alike; nccl needs this rank's CUDA device, made current here). socket_ifname sets GLOO_SOCKET_IFNAME
-    and NCCL_SOCKET_IFNAME for this process (both sides: the engines get it from their launcher). Raises WeightGroupError naming the address, port, rank and world size when the group does not
-    form within timeout_s.
+    and NCCL_SOCKET_IFNAME for this process (both sides: the engines get it from their launcher). Raises
+    WeightGroupError naming the address, port, rank and world size when the group does not form within timeout_s.
     """
     if world_size < 2:
-        raise ValueError(
-            f"a weight group needs the trainer and at least one engine rank, got world_size {world_size}"
-        )
+        raise ValueError(f"a weight group needs the trainer and at least one engine rank, got world_size {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     if master_port == 0 and rank != 0:
@@ -183,21 +181,15 @@ def open_group(
         os.environ["GLOO_SOCKET_IFNAME"] = socket_ifname
         os.environ["NCCL_SOCKET_IFNAME"] = socket_ifname
     timeout = datetime.timedelta(seconds=timeout_s)
-    where = (
-        f"weight group {group_name!r} at {master_addr}:{master_port} (rank {rank} of {world_size}, {backend})"
-    )
+    where = f"weight group {group_name!r} at {master_addr}:{master_port} (rank {rank} of {world_size}, {backend})"
     try:
-        store = dist.TCPStore(
-            master_addr, master_port, world_size, rank == 0, timeout=timeout, wait_for_workers=False
-        )
+        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
     except Exception as error:
         raise WeightGroupError(f"{where}: no rendezvous store within {timeout_s:g} s: {error}") from error
     port = int(store.port) if rank == 0 else master_port
     if on_port is not None:
         on_port(port)
-    group = WeightGroup(
-        group_name, rank, world_size, backend, where_device, master_addr, port, timeout_s, store
-    )
+    group = WeightGroup(group_name, rank, world_size, backend, where_device, master_addr, port, timeout_s, store)
     # SGLang's init_custom_process_group: PrefixStore(group_name, store); torch's group helper then adds
     # "group_name/" and "DEVICE/" for the backend's first device.
     prefixed = dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
@@ -303,9 +295,7 @@ def receive_tensors(
     return dict(zip(names, tensors, strict=True))
 
 
-def receive_list(
-    group: WeightGroup, specs: Sequence[TensorSpec], device: str | torch.device
-) -> list[torch.Tensor]:
+def receive_list(group: WeightGroup, specs: Sequence[TensorSpec], device: str | torch.device) -> list[torch.Tensor]:
     """receive_tensors' tensors as a list (kept in step with the sender whatever the names are)."""
     if group.rank == 0:
         raise ValueError("rank 0 is the sender")
@@ -380,8 +370,7 @@ async def update_engine_from_distributed(
                     if not done:
                         sending.cancel()  # its thread ends when the caller closes the group
                         raise WeightGroupError(
-                            f"bucket {index} was refused and never received, so the group is out of step: "
-                            f"{error}"
+                            f"bucket {index} was refused and never received, so the group is out of step: {error}"
                         ) from error
             except BaseException:
                 if sending is not None:

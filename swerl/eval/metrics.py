@@ -28,8 +28,14 @@ class PassAt1:
     """Tasks with no scored attempt (every try ended in an infrastructure error): reported, never counted as 0."""
 
     def to_dict(self) -> dict[str, float]:
-        return {"pass@1": self.value, "ci_low": self.ci_low, "ci_high": self.ci_high, "tasks": float(self.tasks),
-                "attempts": float(self.attempts), "missing": float(self.missing)}  # fmt: skip
+        return {
+            "pass@1": self.value,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "tasks": float(self.tasks),
+            "attempts": float(self.attempts),
+            "missing": float(self.missing),
+        }
 
 
 def per_task_rates(rewards: Mapping[str, Sequence[float | None]]) -> dict[str, float]:
@@ -42,9 +48,7 @@ def per_task_rates(rewards: Mapping[str, Sequence[float | None]]) -> dict[str, f
     return rates
 
 
-def bootstrap_ci(
-    values: Sequence[float], samples: int, confidence: float, seed: int = 0
-) -> tuple[float, float]:
+def bootstrap_ci(values: Sequence[float], samples: int, confidence: float, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of `values` (resampling them with replacement)."""
     if not values:
         return float("nan"), float("nan")
@@ -108,9 +112,12 @@ class PassAtK:
 
 
 def pass_at_k(
-    rewards: Mapping[str, Sequence[float | None]], k: int, samples: int = 2000, confidence: float = 0.95,
+    rewards: Mapping[str, Sequence[float | None]],
+    k: int,
+    samples: int = 2000,
+    confidence: float = 0.95,
     seed: int = 0,
-) -> PassAtK:  # fmt: skip
+) -> PassAtK:
     """pass@k over tasks from per-task attempt rewards (None: lost to the infrastructure, not scored)."""
     values = []
     excluded = 0
@@ -126,9 +133,13 @@ def pass_at_k(
 
 
 def stratum_table(
-    rewards: Mapping[str, Sequence[float | None]], stratum_of: Mapping[str, str], population: Mapping[str, int],
-    samples: int = 2000, confidence: float = 0.95, seed: int = 0,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rewards: Mapping[str, Sequence[float | None]],
+    stratum_of: Mapping[str, str],
+    population: Mapping[str, int],
+    samples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """One row per stratum: pass@1, CI, denominator, missing tasks; a stratum with no scored task says so."""
     groups: dict[str, dict[str, Sequence[float | None]]] = {name: {} for name in population}
     for task, values in rewards.items():
@@ -137,16 +148,18 @@ def stratum_table(
     for name in sorted(groups):
         chosen = groups[name]
         score = pass_at_1(chosen, samples, confidence, seed) if chosen else None
-        rows.append({
-            "stratum": name,
-            "population": int(population.get(name, 0)),
-            "chosen": len(chosen),
-            "tasks": score.tasks if score else 0,
-            "missing": score.missing if score else 0,
-            "pass@1": score.value if score else float("nan"),
-            "ci_low": score.ci_low if score else float("nan"),
-            "ci_high": score.ci_high if score else float("nan"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "stratum": name,
+                "population": int(population.get(name, 0)),
+                "chosen": len(chosen),
+                "tasks": score.tasks if score else 0,
+                "missing": score.missing if score else 0,
+                "pass@1": score.value if score else float("nan"),
+                "ci_low": score.ci_low if score else float("nan"),
+                "ci_high": score.ci_high if score else float("nan"),
+            }
+        )
     return rows
 
 
@@ -200,9 +213,12 @@ def sign_flip_p_value(differences: Sequence[float], samples: int, seed: int = 0)
 
 
 def paired_comparison(
-    rewards_a: Mapping[str, Sequence[float | None]], rewards_b: Mapping[str, Sequence[float | None]],
-    samples: int = 10_000, confidence: float = 0.95, seed: int = 0,
-) -> PairedComparison:  # fmt: skip
+    rewards_a: Mapping[str, Sequence[float | None]],
+    rewards_b: Mapping[str, Sequence[float | None]],
+    samples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> PairedComparison:
     """Compare two checkpoints on the same tasks: each task's success rate under B minus under A."""
     rates_a, rates_b = per_task_rates(rewards_a), per_task_rates(rewards_b)
     common = sorted(set(rates_a) & set(rates_b))
@@ -240,7 +256,5 @@ def describe_comparison(name_a: str, name_b: str, c: PairedComparison) -> str:
         f"per task: {name_b} better on {c.b_better}, {name_a} better on {c.a_better}, tied on {c.ties}",
     ]
     if c.only_a or c.only_b:
-        lines.append(
-            f"left out (scored for one side only): {c.only_a} {name_a}-only, {c.only_b} {name_b}-only"
-        )
+        lines.append(f"left out (scored for one side only): {c.only_a} {name_a}-only, {c.only_b} {name_b}-only")
     return "\n".join(lines)

@@ -50,18 +50,23 @@ def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def markdown_report(
-    results: Mapping[str, Mapping[str, Any]], comparisons: list[dict[str, Any]], *, attempts: int,
-    temperature: float, confidence: float, samples: int, subset_note: str, subset_uri: str, by_difficulty: bool,
-    source: str = "", training_split: bool = False,
-) -> str:  # fmt: skip
+    results: Mapping[str, Mapping[str, Any]],
+    comparisons: list[dict[str, Any]],
+    *,
+    attempts: int,
+    temperature: float,
+    confidence: float,
+    samples: int,
+    subset_note: str,
+    subset_uri: str,
+    by_difficulty: bool,
+    source: str = "",
+    training_split: bool = False,
+) -> str:
     pct = int(round(confidence * 100))
     tasks = max((int(r["tasks"] + r["missing"]) for r in results.values()), default=0)
     strata = "repository x difficulty" if by_difficulty else "repository only"
-    title = (
-        "# Evaluation on training tasks (fit, not generalisation)"
-        if training_split
-        else "# Held-out evaluation"
-    )
+    title = "# Evaluation on training tasks (fit, not generalisation)" if training_split else "# Held-out evaluation"
     lines = [
         title,
         "",
@@ -73,22 +78,34 @@ def markdown_report(
     ]
     if subset_note:
         lines += ["", f"**Note:** {subset_note}."]
-    lines += ["", f"| model | pass@1 | {pct}% CI | denominator (tasks) | missing | pass@k | statuses |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        f"| model | pass@1 | {pct}% CI | denominator (tasks) | missing | pass@k | statuses |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, r in results.items():
         at_k = ", ".join(f"@{row['k']} {_fmt(row['value'])} (n={row['tasks']})" for row in r["pass@k"])
-        lines.append(f"| {name} | {_fmt(r['pass@1'])} | [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | "
-                     f"{int(r['tasks'])} | {int(r['missing'])} | {at_k} | {r['statuses']} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {_fmt(r['pass@1'])} | [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | "
+            f"{int(r['tasks'])} | {int(r['missing'])} | {at_k} | {r['statuses']} |"
+        )
     if comparisons:
         lines += ["", "## Paired comparisons (same tasks)", ""]
         for c in comparisons:
             lines += ["```", c["text"], "```"]
     for name, r in results.items():
-        lines += ["", f"## {name}: pass@1 by stratum", "",
-                  "| stratum | pass@1 | CI | tasks | missing | in dataset |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"## {name}: pass@1 by stratum",
+            "",
+            "| stratum | pass@1 | CI | tasks | missing | in dataset |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for row in r["by_stratum"]:
-            lines.append(f"| {row['stratum']} | {_fmt(row['pass@1'])} | [{_fmt(row['ci_low'])}, "
-                         f"{_fmt(row['ci_high'])}] | {row['tasks']} | {row['missing']} | {row['population']} |")  # fmt: skip
+            lines.append(
+                f"| {row['stratum']} | {_fmt(row['pass@1'])} | [{_fmt(row['ci_low'])}, "
+                f"{_fmt(row['ci_high'])}] | {row['tasks']} | {row['missing']} | {row['population']} |"
+            )
         if r.get("grading"):
             lines += ["", f"Grading: {r['grading']}"]
     return "\n".join(lines) + "\n"
@@ -161,12 +178,12 @@ def plot_learning_curve(
     if points:
         steps = [int(e["step"]) for e in points]
         ys = [float(e["pass@1"]) for e in points]
-        err = [[y - float(e["ci_low"]) for y, e in zip(ys, points, strict=True)],
-               [float(e["ci_high"]) - y for y, e in zip(ys, points, strict=True)]]  # fmt: skip
+        err = [
+            [y - float(e["ci_low"]) for y, e in zip(ys, points, strict=True)],
+            [float(e["ci_high"]) - y for y, e in zip(ys, points, strict=True)],
+        ]
         tasks = int(points[0].get("tasks", 0))
-        top.errorbar(
-            steps, ys, yerr=err, fmt="o-", capsize=3, label=f"held-out pass@1 ({tasks} tasks, 95% CI)"
-        )
+        top.errorbar(steps, ys, yerr=err, fmt="o-", capsize=3, label=f"held-out pass@1 ({tasks} tasks, 95% CI)")
         top.legend(loc="best", fontsize=8)
     top.set_ylabel("held-out pass@1")
     top.set_ylim(-0.02, 1.02)
@@ -199,11 +216,17 @@ def plot_learning_curve(
 
 
 def log_eval_runs(
-    client: Any, parent_run_id: str, results: Mapping[str, Mapping[str, Any]],
-    per_task: Mapping[str, Mapping[str, list[float | None]]], links: Mapping[str, Mapping[str, str]],
-    shared_tags: Mapping[str, str], plot: Path | None, report: str, params: Mapping[str, Any] | None = None,
+    client: Any,
+    parent_run_id: str,
+    results: Mapping[str, Mapping[str, Any]],
+    per_task: Mapping[str, Mapping[str, list[float | None]]],
+    links: Mapping[str, Mapping[str, str]],
+    shared_tags: Mapping[str, str],
+    plot: Path | None,
+    report: str,
+    params: Mapping[str, Any] | None = None,
     dataset: Any = None,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """One finished MLflow run per checkpoint under the evaluate stage's run; returns name -> run id.
 
     Called only once every checkpoint is evaluated, so a failed evaluation leaves no eval run behind. Each run
@@ -217,8 +240,14 @@ def log_eval_runs(
     experiment_id = client.get_run(parent_run_id).info.experiment_id
     run_ids = {}
     for name, summary in results.items():
-        tags = {"mlflow.runName": f"eval-{name}", "mlflow.parentRunId": parent_run_id, EVAL_RUN_TAG: name,
-                KIND_TAG: "eval", **shared_tags, **links.get(name, {})}  # fmt: skip
+        tags = {
+            "mlflow.runName": f"eval-{name}",
+            "mlflow.parentRunId": parent_run_id,
+            EVAL_RUN_TAG: name,
+            KIND_TAG: "eval",
+            **shared_tags,
+            **links.get(name, {}),
+        }
         run = client.create_run(experiment_id, tags=tags, run_name=f"eval-{name}")
         run_id = run.info.run_id
         try:
@@ -228,9 +257,7 @@ def log_eval_runs(
             items = [Param(k, v) for k, v in flat.items()]
             for i in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
                 client.log_batch(run_id, params=items[i : i + MLFLOW_PARAMS_PER_BATCH])
-            client.log_batch(
-                run_id, metrics=metrics, tags=[RunTag("swerl.eval.denominator", str(summary["tasks"]))]
-            )
+            client.log_batch(run_id, metrics=metrics, tags=[RunTag("swerl.eval.denominator", str(summary["tasks"]))])
             if dataset is not None:
                 client.log_inputs(run_id, datasets=[dataset])
             with tempfile.TemporaryDirectory() as tmp:
@@ -268,14 +295,18 @@ def compare_runs(client: Any, run_a: str, run_b: str, samples: int = 10_000, con
     lines = []
     subset_a, subset_b = tags_a.get("swerl.eval.subset"), tags_b.get("swerl.eval.subset")
     if subset_a != subset_b:
-        lines.append(f"warning: the runs used different task subsets ({subset_a} vs {subset_b}); only the "
-                     "tasks both scored are compared")  # fmt: skip
+        lines.append(
+            f"warning: the runs used different task subsets ({subset_a} vs {subset_b}); only the "
+            "tasks both scored are compared"
+        )
     from swerl.eval.metrics import pass_at_1
 
     for label, tasks in ((label_a, tasks_a), (label_b, tasks_b)):
         s = pass_at_1(tasks, samples=2000, confidence=confidence)
-        lines.append(f"{label}: pass@1 {_fmt(s.value)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] over {s.tasks} tasks "
-                     f"({s.missing} missing)")  # fmt: skip
+        lines.append(
+            f"{label}: pass@1 {_fmt(s.value)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] over {s.tasks} tasks "
+            f"({s.missing} missing)"
+        )
     comparison = paired_comparison(tasks_a, tasks_b, samples, confidence)
     lines.append(describe_comparison(label_a, label_b, comparison))
     return "\n".join(lines)

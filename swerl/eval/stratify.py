@@ -44,8 +44,7 @@ def largest_remainder(sizes: Mapping[str, int], n: int) -> dict[str, int]:
         raise SubsetError(f"subset size must be >= 0, got {n}")
     if n > total:
         raise SubsetError(
-            f"subset size {n} is larger than the dataset ({total} tasks): lower evaluate.max_tasks to at most "
-            f"{total}"
+            f"subset size {n} is larger than the dataset ({total} tasks): lower evaluate.max_tasks to at most {total}"
         )
     quotas = {k: Fraction(n * v, total) for k, v in sizes.items()}
     shares = {k: int(q) for k, q in quotas.items()}  # floor (quotas are >= 0)
@@ -92,9 +91,7 @@ class Subset:
     def from_json(cls, data: bytes | str) -> Subset:
         raw: dict[str, Any] = json.loads(data)
         if raw.get("version") != SUBSET_VERSION:
-            raise SubsetError(
-                f"saved subset has version {raw.get('version')}, this swerl reads {SUBSET_VERSION}"
-            )
+            raise SubsetError(f"saved subset has version {raw.get('version')}, this swerl reads {SUBSET_VERSION}")
         return cls(**raw)
 
     def select(self, tasks: Sequence[TaskInstance]) -> list[TaskInstance]:

@@ -98,23 +98,28 @@ class CrosscheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "counts": self.counts, "instances": self.instances, "workdir": self.workdir,
+            "ok": self.ok,
+            "counts": self.counts,
+            "instances": self.instances,
+            "workdir": self.workdir,
             "networks": self.networks,
             "comparisons": [asdict(c) | {"outcome": c.outcome} for c in self.comparisons],
-        }  # fmt: skip
+        }
 
     def table(self) -> str:
         """A markdown table, one row per prediction, then the counts."""
         lines = ["| instance | prediction | swerl | swebench | outcome |", "| --- | --- | --- | --- | --- |"]
         for c in self.comparisons:
-            recorded = (
-                "" if c.recorded is None else f" (recorded {'resolved' if c.recorded else 'unresolved'})"
+            recorded = "" if c.recorded is None else f" (recorded {'resolved' if c.recorded else 'unresolved'})"
+            lines.append(
+                f"| {c.instance_id} | {c.label}{recorded} | {_cell(c.swerl)} | {_cell(c.swebench)} | {c.outcome} |"
             )
-            lines.append(f"| {c.instance_id} | {c.label}{recorded} | {_cell(c.swerl)} | {_cell(c.swebench)} | "
-                         f"{c.outcome} |")  # fmt: skip
         counts = ", ".join(f"{n} {k}" for k, n in self.counts.items())
-        lines += ["", f"{len(self.comparisons)} predictions on {self.instances} instances: {counts}; swebench's "
-                  f"containers ran on network {', '.join(self.networks) or '(none created)'}"]  # fmt: skip
+        lines += [
+            "",
+            f"{len(self.comparisons)} predictions on {self.instances} instances: {counts}; swebench's "
+            f"containers ran on network {', '.join(self.networks) or '(none created)'}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -135,18 +140,23 @@ def swebench_row(task: TaskInstance) -> dict[str, Any]:
         )
     fail_only = task.repo in FAIL_ONLY_REPOS
     return {
-        "instance_id": task.instance_id, "repo": task.repo, "base_commit": task.base_commit,
-        "patch": task.patch, "test_patch": task.test_patch, "problem_statement": task.problem_statement,
-        "version": task.version or "", "FAIL_TO_PASS": json.dumps(task.FAIL_TO_PASS),
-        "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS), "image": task.image, "log_parser": log_parser_for(task),
+        "instance_id": task.instance_id,
+        "repo": task.repo,
+        "base_commit": task.base_commit,
+        "patch": task.patch,
+        "test_patch": task.test_patch,
+        "problem_statement": task.problem_statement,
+        "version": task.version or "",
+        "FAIL_TO_PASS": json.dumps(task.FAIL_TO_PASS),
+        "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
+        "image": task.image,
+        "log_parser": log_parser_for(task),
         "eval_type": (EvalType.FAIL_ONLY if fail_only else EvalType.PASS_AND_FAIL).value,
         "eval_script": task.eval_script,
-    }  # fmt: skip
+    }
 
 
-def standard_predictions(
-    tasks: Sequence[TaskInstance], gold: bool = True, empty: bool = True
-) -> list[Prediction]:
+def standard_predictions(tasks: Sequence[TaskInstance], gold: bool = True, empty: bool = True) -> list[Prediction]:
     """The reference fix ('gold') and the empty patch ('empty') of every task."""
     out = [Prediction(t.instance_id, t.patch, "gold") for t in tasks if gold]
     return out + [Prediction(t.instance_id, "", "empty") for t in tasks if empty]
@@ -169,24 +179,24 @@ def rounds(predictions: Sequence[Prediction]) -> list[list[Prediction]]:
     """The predictions dealt into rounds holding at most one prediction per instance, in order."""
     numbers = round_numbers(predictions)
     return [
-        [p for p, n in zip(predictions, numbers, strict=True) if n == k]
-        for k in range(max(numbers, default=-1) + 1)
+        [p for p, n in zip(predictions, numbers, strict=True) if n == k] for k in range(max(numbers, default=-1) + 1)
     ]
 
 
 async def swerl_verdicts(
-    provider: SandboxProvider, tasks: dict[str, TaskInstance], predictions: Sequence[Prediction],
-    test_timeout_s: float, concurrency: int = 2,
-) -> list[Verdict]:  # fmt: skip
+    provider: SandboxProvider,
+    tasks: dict[str, TaskInstance],
+    predictions: Sequence[Prediction],
+    test_timeout_s: float,
+    concurrency: int = 2,
+) -> list[Verdict]:
     """swerl's grader on every prediction; an InfraError is no verdict, named by its cause."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prediction: Prediction) -> Verdict:
         async with gate:
             try:
-                graded = await grade_attempt(
-                    provider, tasks[prediction.instance_id], prediction.patch, test_timeout_s
-                )
+                graded = await grade_attempt(provider, tasks[prediction.instance_id], prediction.patch, test_timeout_s)
             except InfraError as exc:
                 return Verdict(None, f"INFRA_ERROR:{exc.cause}", exc.message[-300:])
         grade = graded.grade
@@ -196,9 +206,13 @@ async def swerl_verdicts(
 
 
 def swebench_verdicts(
-    tasks: dict[str, TaskInstance], predictions: Sequence[Prediction], workdir: Path, test_timeout_s: float,
-    workers: int = 2, python: str = sys.executable,
-) -> tuple[list[Verdict], list[str]]:  # fmt: skip
+    tasks: dict[str, TaskInstance],
+    predictions: Sequence[Prediction],
+    workdir: Path,
+    test_timeout_s: float,
+    workers: int = 2,
+    python: str = sys.executable,
+) -> tuple[list[Verdict], list[str]]:
     """swebench's run_evaluation on every prediction, one run per round, each in workdir/round-N; and the network
     modes of the containers it created."""
     by_key: dict[tuple[int, str, str], Verdict] = {}
@@ -208,38 +222,53 @@ def swebench_verdicts(
         where.mkdir(parents=True, exist_ok=True)
         rows = [swebench_row(tasks[p.instance_id]) for p in dealt]
         (where / "dataset.json").write_text(json.dumps(rows, indent=1))
-        preds = [
-            {"instance_id": p.instance_id, "model_patch": p.patch, "model_name_or_path": p.label}
-            for p in dealt
-        ]
+        preds = [{"instance_id": p.instance_id, "model_patch": p.patch, "model_name_or_path": p.label} for p in dealt]
         (where / "predictions.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds))
-        command = [python, "-m", "swerl.grading.swebench_referee", "--dataset", "dataset.json",
-                   "--predictions", "predictions.jsonl", "--run-id", f"crosscheck-{number}", "--out", "verdicts.json",
-                   "--workers", str(workers), "--timeout", str(int(test_timeout_s)), "--report-dir", "reports"]  # fmt: skip
+        command = [
+            python,
+            "-m",
+            "swerl.grading.swebench_referee",
+            "--dataset",
+            "dataset.json",
+            "--predictions",
+            "predictions.jsonl",
+            "--run-id",
+            f"crosscheck-{number}",
+            "--out",
+            "verdicts.json",
+            "--workers",
+            str(workers),
+            "--timeout",
+            str(int(test_timeout_s)),
+            "--report-dir",
+            "reports",
+        ]
         # No timeout of ours: swebench bounds each instance's eval script by --timeout.
         done = subprocess.run(command, cwd=where, capture_output=True, text=True)
         (where / "referee.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
-            raise RuntimeError(f"swebench's harness failed (exit {done.returncode}, log {where / 'referee.log'}): "
-                               f"{done.stderr.strip()[-800:]}")  # fmt: skip
+            raise RuntimeError(
+                f"swebench's harness failed (exit {done.returncode}, log {where / 'referee.log'}): "
+                f"{done.stderr.strip()[-800:]}"
+            )
         result = json.loads((where / "verdicts.json").read_text())
         networks.update(result["container_networks"])
         for v in result["verdicts"]:
-            by_key[(number, v["instance_id"], v["model"])] = Verdict(
-                v["resolved"], v["status"], v.get("detail", "")
-            )
+            by_key[(number, v["instance_id"], v["model"])] = Verdict(v["resolved"], v["status"], v.get("detail", ""))
     missing = Verdict(None, "NOT_REPORTED", "swebench's harness wrote no verdict for it")
     numbers = round_numbers(predictions)
-    verdicts = [
-        by_key.get((n, p.instance_id, p.label), missing) for p, n in zip(predictions, numbers, strict=True)
-    ]
+    verdicts = [by_key.get((n, p.instance_id, p.label), missing) for p, n in zip(predictions, numbers, strict=True)]
     return verdicts, sorted(networks)
 
 
 def crosscheck(
-    provider: SandboxProvider, tasks: Sequence[TaskInstance], predictions: Sequence[Prediction], workdir: Path,
-    test_timeout_s: float = 600.0, workers: int = 2,
-) -> CrosscheckReport:  # fmt: skip
+    provider: SandboxProvider,
+    tasks: Sequence[TaskInstance],
+    predictions: Sequence[Prediction],
+    workdir: Path,
+    test_timeout_s: float = 600.0,
+    workers: int = 2,
+) -> CrosscheckReport:
     """Grade `predictions` with swerl's grader and with swebench's harness and compare (see the module docstring).
     Raises ValueError for a prediction of an unknown task or a task swebench's harness cannot run."""
     by_id = {t.instance_id: t for t in tasks}
@@ -259,8 +288,7 @@ def crosscheck(
 
     ours, (theirs, networks) = asyncio.run(both())
     comparisons = [
-        Comparison(p.instance_id, p.label, a, b, p.recorded)
-        for p, a, b in zip(predictions, ours, theirs, strict=True)
+        Comparison(p.instance_id, p.label, a, b, p.recorded) for p, a, b in zip(predictions, ours, theirs, strict=True)
     ]
     report = CrosscheckReport(comparisons, str(workdir), networks)
     (workdir / "crosscheck.json").write_text(json.dumps(report.to_dict(), indent=1))
@@ -282,11 +310,18 @@ def read_predictions(path: Path) -> list[Prediction]:
             recorded = None if reward is None else float(reward) >= 1.0
             out.append(Prediction(str(row["task_id"]), row["patch"] or "", label, recorded))
         elif "instance_id" in row and "model_patch" in row:
-            out.append(Prediction(str(row["instance_id"]), row["model_patch"] or "",
-                                  str(row.get("model_name_or_path") or "predictions")))  # fmt: skip
+            out.append(
+                Prediction(
+                    str(row["instance_id"]),
+                    row["model_patch"] or "",
+                    str(row.get("model_name_or_path") or "predictions"),
+                )
+            )
         else:
-            raise ValueError(f"{where}: neither a SWE-bench prediction (instance_id, model_patch) nor an "
-                             "evaluate episode (task_id, patch)")  # fmt: skip
+            raise ValueError(
+                f"{where}: neither a SWE-bench prediction (instance_id, model_patch) nor an "
+                "evaluate episode (task_id, patch)"
+            )
     return out
 
 

@@ -84,11 +84,24 @@ def runner_source() -> str:
 
 _INFRA_NAMES = frozenset(
     {
-        "conftest.py", "run_tests.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
-        "setup.cfg", "pyproject.toml", "noxfile.py", ".coveragerc", "sitecustomize.py", "usercustomize.py",
-        "pytest.py", "pluggy.py", "py.py",
+        "conftest.py",
+        "run_tests.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "noxfile.py",
+        ".coveragerc",
+        "sitecustomize.py",
+        "usercustomize.py",
+        "pytest.py",
+        "pluggy.py",
+        "py.py",
     }
-)  # fmt: skip
+)
 """Files pytest or the interpreter read as configuration or load at start-up (pytest reads `.pytest.ini` before
 `pytest.ini`, and pytest 9 reads `pytest.toml` and `.pytest.toml` too)."""
 _INFRA_TOP_DIRS = frozenset({"_pytest", "pytest", "pluggy", "py"})
@@ -171,8 +184,7 @@ def filter_patch(patch: str) -> FilteredPatch:
         paths = [_unquote(token) for token in match.groups()]
         paths = [p[2:] if p[:2] in ("a/", "b/") else p for p in paths]
         symlink = any(
-            line.startswith(("new mode 120000", "new file mode 120000", "old mode 120000"))
-            for line in section
+            line.startswith(("new mode 120000", "new file mode 120000", "old mode 120000")) for line in section
         )
         if symlink or any(is_test_infra(p) for p in paths):
             dropped.append(paths[-1])
@@ -234,9 +246,7 @@ def sealed_command(
         lines = reach[path]
         reach[path] = None if lines is None else sorted(lines)
     args = [python, "-I", "-c", source, mode, keyfile, json.dumps(reach, sort_keys=True), "--", *test_ids]
-    assignments = [
-        shlex.quote(a) for a in env
-    ]  # NAME=value the harness command sets (PYTHON* ones reach the tests'
+    assignments = [shlex.quote(a) for a in env]  # NAME=value the harness command sets (PYTHON* ones reach the tests'
     # child processes only: -I keeps them from the runner)
     return " ".join(["COLUMNS=200", *assignments, *(shlex.quote(a) for a in args)])
 
@@ -244,9 +254,7 @@ def sealed_command(
 def marked_test_command(test_cmd: str) -> str:
     """A shell command printing the test run between SWE-bench's markers, its exit code after the end marker."""
     start, end, exit_code = SWEBENCH_MARKERS
-    return (
-        f'echo {shlex.quote(start)}; {test_cmd}; code=$?; echo {shlex.quote(end)}; echo "{exit_code}: $code"'
-    )
+    return f'echo {shlex.quote(start)}; {test_cmd}; code=$?; echo {shlex.quote(end)}; echo "{exit_code}: $code"'
 
 
 @dataclass(frozen=True)
@@ -302,9 +310,14 @@ def read_sealed(output: str, key: bytes) -> SealedReport:
     tampered = tuple(str(t) for t in listed) if isinstance(listed, list) else ()
     command = end.get("command_exit") if end else None
     return SealedReport(
-        outcomes, complete, code if isinstance(code, int) else None, tampered, forged,
-        command if isinstance(command, int) else None, bool(end.get("guarded", True)) if end else True,
-    )  # fmt: skip
+        outcomes,
+        complete,
+        code if isinstance(code, int) else None,
+        tampered,
+        forged,
+        command if isinstance(command, int) else None,
+        bool(end.get("guarded", True)) if end else True,
+    )
 
 
 _RESOLVES: frozenset[TestStatus | None] = frozenset({TestStatus.PASSED, TestStatus.XFAIL})
@@ -349,7 +362,8 @@ class Grade:
 
     reward: float
     status: str
-    """RESOLVED_FULL / RESOLVED_PARTIAL / RESOLVED_NO, or why nothing could be graded: PATCH_APPLY_FAILED, TEST_PATCH_FAILED, TIMEOUT, INCOMPLETE (the run ended before its report), TAMPERED."""
+    """RESOLVED_FULL / RESOLVED_PARTIAL / RESOLVED_NO, or why nothing could be graded: PATCH_APPLY_FAILED,
+    TEST_PATCH_FAILED, TIMEOUT, INCOMPLETE (the run ended before its report), TAMPERED."""
     patch: str
     outcomes: dict[str, TestOutcome] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
@@ -371,11 +385,19 @@ class Grade:
     def to_record(self) -> dict[str, object]:
         """The grade as a JSON-ready record (evaluation's grades file, metrics)."""
         return {
-            "reward": self.reward, "status": self.status, "sealed": self.sealed, "timed_out": self.timed_out,
-            "dropped": list(self.dropped), "tampered": list(self.tampered), "forged_lines": self.forged_lines,
-            "introspection_lines": self.introspection_lines, "detail": self.detail, "harness": self.harness,
-            "infra_label": self.infra_label, "tests": {n: o.status.value for n, o in self.outcomes.items()},
-        }  # fmt: skip
+            "reward": self.reward,
+            "status": self.status,
+            "sealed": self.sealed,
+            "timed_out": self.timed_out,
+            "dropped": list(self.dropped),
+            "tampered": list(self.tampered),
+            "forged_lines": self.forged_lines,
+            "introspection_lines": self.introspection_lines,
+            "detail": self.detail,
+            "harness": self.harness,
+            "infra_label": self.infra_label,
+            "tests": {n: o.status.value for n, o in self.outcomes.items()},
+        }
 
 
 async def start_task_sandbox(provider: SandboxProvider, task: TaskInstance) -> Sandbox:
@@ -409,9 +431,24 @@ async def workspace_patch(sandbox: Sandbox) -> str | None:
 
 
 _TOOL_DIRS = frozenset(
-    {".venv", "venv", "env", "build", "dist", "node_modules", ".tox", ".nox", ".eggs", "__pycache__",
-     ".pytest_cache", ".mypy_cache", ".ruff_cache", "htmlcov", ".hypothesis"}
-)  # fmt: skip
+    {
+        ".venv",
+        "venv",
+        "env",
+        "build",
+        "dist",
+        "node_modules",
+        ".tox",
+        ".nox",
+        ".eggs",
+        "__pycache__",
+        ".pytest_cache",
+        ".mypy_cache",
+        ".ruff_cache",
+        "htmlcov",
+        ".hypothesis",
+    }
+)
 """Folders tools make (environments, builds, caches): never part of a patch, even when new."""
 
 
@@ -429,9 +466,7 @@ async def _new_ignored(sandbox: Sandbox) -> list[str]:
     before = set(start.split("\0"))
     fresh = [p for p in now.split("\0") if p and p not in before]
     return [
-        p
-        for p in fresh
-        if not (set(PurePosixPath(p).parts) & _TOOL_DIRS) and not p.rstrip("/").endswith(".egg-info")
+        p for p in fresh if not (set(PurePosixPath(p).parts) & _TOOL_DIRS) and not p.rstrip("/").endswith(".egg-info")
     ]
 
 
@@ -460,9 +495,16 @@ async def _apply_attempt(
     applied, output = await _apply(sandbox, filtered.kept) if filtered.kept.strip() else (True, "")
     if applied:
         return None
-    return Grade(0.0, "PATCH_APPLY_FAILED", patch, dropped=filtered.dropped, sealed=sealed,
-                 introspection_lines=signal, log=output,
-                 detail="the patch does not apply to the task's starting state")  # fmt: skip
+    return Grade(
+        0.0,
+        "PATCH_APPLY_FAILED",
+        patch,
+        dropped=filtered.dropped,
+        sealed=sealed,
+        introspection_lines=signal,
+        log=output,
+        detail="the patch does not apply to the task's starting state",
+    )
 
 
 async def grade_patch(
@@ -484,9 +526,7 @@ async def grade_patch(
         if task.test_patch:
             applied, output = await _apply(sandbox, task.test_patch)
             if not applied:
-                raise InfraError(
-                    "start_failed", f"{task.instance_id}: test_patch does not apply: {output[-500:]}"
-                )
+                raise InfraError("start_failed", f"{task.instance_id}: test_patch does not apply: {output[-500:]}")
         plan = grading_plan(task, python)
         invalid: str | None = None
         if plan.mode is None:  # the harness's own command, unsealed, read by the harness's own parser
@@ -505,9 +545,20 @@ async def grade_patch(
         await sandbox.close()
     forged = report.forged_lines if report else 0
     harness = f"{plan.mode or 'unsealed'}: {plan.source}"
-    base = Grade(0.0, "", patch, outcomes, filtered.dropped, result.timed_out, report is not None,
-                 forged_lines=forged, introspection_lines=signal, log=result.output,
-                 detail=f"graded in {time.monotonic() - started:.1f}s", harness=harness)  # fmt: skip
+    base = Grade(
+        0.0,
+        "",
+        patch,
+        outcomes,
+        filtered.dropped,
+        result.timed_out,
+        report is not None,
+        forged_lines=forged,
+        introspection_lines=signal,
+        log=result.output,
+        detail=f"graded in {time.monotonic() - started:.1f}s",
+        harness=harness,
+    )
     if result.timed_out:
         return replace(base, status="TIMEOUT", detail=base.detail + " (timed out)")
     if report is not None:
@@ -571,12 +622,19 @@ async def _grade_with_verifier(provider: SandboxProvider, task: TaskInstance, pa
     finally:
         await sandbox.close()
     took = f"verified in {time.monotonic() - started:.1f}s"
-    base = Grade(0.0, "", patch, dropped=filtered.dropped, timed_out=run.timed_out, sealed=False,
-                 introspection_lines=signal, log=run.output, detail=took)  # fmt: skip
+    base = Grade(
+        0.0,
+        "",
+        patch,
+        dropped=filtered.dropped,
+        timed_out=run.timed_out,
+        sealed=False,
+        introspection_lines=signal,
+        log=run.output,
+        detail=took,
+    )
     if run.timed_out:
-        return replace(
-            base, status="TIMEOUT", detail=f"{took} (timed out after {harbor.verifier_timeout_s}s)"
-        )
+        return replace(base, status="TIMEOUT", detail=f"{took} (timed out after {harbor.verifier_timeout_s}s)")
     if run.outlived:
         return replace(base, status="TAMPERED", tampered=("processes outlived tests/test.sh",))
     if run.reward is None:
@@ -594,8 +652,7 @@ async def _grade_with_verifier(provider: SandboxProvider, task: TaskInstance, pa
     status = RESOLVED_FULL if run.reward >= 1.0 else RESOLVED_PARTIAL if run.reward > 0 else RESOLVED_NO
     passed = TestStatus.PASSED if status == RESOLVED_FULL else TestStatus.FAILED
     why = f"{took}: reward {run.reward} from {run.reward_file}, tests/test.sh exit {run.exit_code}"
-    return replace(base, reward=run.reward, status=status, outcomes={VERIFIER_TEST_ID: TestOutcome(passed)},
-                   detail=why)  # fmt: skip
+    return replace(base, reward=run.reward, status=status, outcomes={VERIFIER_TEST_ID: TestOutcome(passed)}, detail=why)
 
 
 async def grade_workspace(

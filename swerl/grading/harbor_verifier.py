@@ -37,7 +37,8 @@ class VerifierRun:
 
 # Runs test.sh from memory (bash re-reads a script file as it goes: code under test could rewrite the rest of a
 # file), then counts the sandbox user's processes still alive besides this shell, its parent, PID 1 and PID 1's
-# `sleep 60` (builtins only: no process is forked to look). The exit status is the only verdict: code under test can print anything.
+# `sleep 60` (builtins only: no process is forked to look). The exit status is the only verdict: code under test can
+# print anything.
 _VERIFY = r"""
 script="$(cat /tests/test.sh)" || exit 90
 bash -c "$script" /tests/test.sh

@@ -110,9 +110,7 @@ def _swebench() -> Any:
     try:
         from swebench.harness import constants, grading, log_parsers
     except ImportError as exc:
-        raise ImportError(
-            "grading evaluation logs needs the swebench package: pip install 'swerl[swebench]'"
-        ) from exc
+        raise ImportError("grading evaluation logs needs the swebench package: pip install 'swerl[swebench]'") from exc
     return constants, grading, log_parsers
 
 
@@ -150,8 +148,13 @@ def _summary_parsers() -> frozenset[str]:
     _, _, log_parsers = _swebench()
     from swebench.harness.log_parsers import python
 
-    readers = {python.parse_log_pytest, python.parse_log_pytest_options, python.parse_log_pytest_v2,
-               python.parse_log_matplotlib, python.parse_log_seaborn}  # fmt: skip
+    readers = {
+        python.parse_log_pytest,
+        python.parse_log_pytest_options,
+        python.parse_log_pytest_v2,
+        python.parse_log_matplotlib,
+        python.parse_log_seaborn,
+    }
     return frozenset(n for n, f in log_parsers.PARSER_REGISTRY.items() if f in readers)
 
 
@@ -170,11 +173,7 @@ def harness_kind(task: TaskInstance) -> HarnessName:
     """SWE-smith for its tasks (source 'swesmith' or its hub id, or its `swesmith/owner__name.commit` repo
     spelling), SWE-bench for tasks carrying the reference fix, swerl's own otherwise."""
     source = task.source.strip().lower().replace("-", "").replace("_", "")
-    if (
-        source == "swesmith"
-        or "swesmith" in source.split("/")[-1]
-        or task.repo.lower().startswith("swesmith/")
-    ):
+    if source == "swesmith" or "swesmith" in source.split("/")[-1] or task.repo.lower().startswith("swesmith/"):
         return "swesmith"
     if task.patch_kind == "fix":
         return "swebench"
@@ -219,9 +218,7 @@ def swebench_spec(
         return HarnessSpec(
             "swebench", _between_markers(eval_script), parser, f"{repo} {version}: the row's eval_script"
         )
-    specs: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = getattr(
-        constants, "MAP_REPO_VERSION_TO_SPECS", None
-    )
+    specs: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = getattr(constants, "MAP_REPO_VERSION_TO_SPECS", None)
     if specs is None:
         import swebench
 
@@ -233,21 +230,15 @@ def swebench_spec(
         )
     by_version = specs.get(repo) or next((v for k, v in specs.items() if k.lower() == repo.lower()), None)
     if by_version is None:
-        raise HarnessSpecError(
-            f"swebench's MAP_REPO_VERSION_TO_SPECS has no repository {repo!r} (version {version!r})"
-        )
+        raise HarnessSpecError(f"swebench's MAP_REPO_VERSION_TO_SPECS has no repository {repo!r} (version {version!r})")
     if version is None or str(version) not in by_version:
         known = ", ".join(sorted(by_version, key=_version_key))
-        raise HarnessSpecError(
-            f"swebench has no spec for {repo} version {version!r}; known versions: {known}"
-        )
+        raise HarnessSpecError(f"swebench has no spec for {repo} version {version!r}; known versions: {known}")
     command = by_version[str(version)].get("test_cmd")
     if not command:
         raise HarnessSpecError(f"swebench's spec for {repo} version {version} has no test_cmd")
     test_cmd = command if isinstance(command, str) else "; ".join(command)
-    return HarnessSpec(
-        "swebench", test_cmd, parser, f"swebench MAP_REPO_VERSION_TO_SPECS[{repo!r}][{version!r}]"
-    )
+    return HarnessSpec("swebench", test_cmd, parser, f"swebench MAP_REPO_VERSION_TO_SPECS[{repo!r}][{version!r}]")
 
 
 def _version_key(version: str) -> tuple[tuple[int, str], ...]:
@@ -272,9 +263,7 @@ def swesmith_spec(task: TaskInstance) -> HarnessSpec:
         )
     command, parser = _SWESMITH_PROFILES.get(repo, (SWESMITH_TEST_CMD, SWESMITH_VERBOSE))
     where = "its own profile" if repo in _SWESMITH_PROFILES else "the Python profile's default"
-    return HarnessSpec(
-        "swesmith", " ".join([command, *files]), parser, f"SWE-smith {repo}: {where}", tuple(files)
-    )
+    return HarnessSpec("swesmith", " ".join([command, *files]), parser, f"SWE-smith {repo}: {where}", tuple(files))
 
 
 def swerl_spec(task: TaskInstance) -> HarnessSpec:
@@ -285,9 +274,7 @@ def swerl_spec(task: TaskInstance) -> HarnessSpec:
     return HarnessSpec("swerl", command, log_parser_for(task), where)
 
 
-def harness_for(
-    task: TaskInstance, version: str | None = None, eval_script: str | None = None
-) -> HarnessSpec:
+def harness_for(task: TaskInstance, version: str | None = None, eval_script: str | None = None) -> HarnessSpec:
     """The spec of the harness the task comes from. A SWE-bench task's command comes from its row's `eval_script`
     or its `version` (the task's own fields unless given here): a repository's command changes between versions."""
     kind = harness_kind(task)
@@ -295,8 +282,7 @@ def harness_for(
         return swesmith_spec(task)
     if kind == "swebench":
         try:
-            return swebench_spec(task.repo, version or task.version, eval_script or task.eval_script,
-                                 task.log_parser)  # fmt: skip
+            return swebench_spec(task.repo, version or task.version, eval_script or task.eval_script, task.log_parser)
         except HarnessSpecError as exc:  # the task is named: a task set has many of one repository
             raise HarnessSpecError(f"SWE-bench task {task.instance_id} ({task.source}): {exc}") from None
     return swerl_spec(task)
@@ -335,12 +321,7 @@ def swesmith_test_region(log: str) -> str | None:
     None when its grader finds no run to grade (a patch that did not apply, a timeout, no markers)."""
     constants, _, _ = _swebench()
     start, end = constants.START_TEST_OUTPUT, constants.END_TEST_OUTPUT
-    if (
-        constants.APPLY_PATCH_FAIL in log
-        or constants.TESTS_TIMEOUT in log
-        or start not in log
-        or end not in log
-    ):
+    if constants.APPLY_PATCH_FAIL in log or constants.TESTS_TIMEOUT in log or start not in log or end not in log:
         return None
     traced_start, traced_end = f"+ : '{start}'", f"+ : '{end}'"
     i, j = log.find(traced_start), log.find(traced_end)
@@ -470,10 +451,16 @@ def read_harness_log(task: TaskInstance, log: str, parser: str) -> tuple[dict[st
     from swebench.types import TestSpec
 
     spec = TestSpec(
-        instance_id=task.instance_id, image=task.image, eval_script_list=[], repo=task.repo_key,
-        version=task.version or "", FAIL_TO_PASS=list(task.FAIL_TO_PASS), PASS_TO_PASS=list(task.PASS_TO_PASS),
-        log_parser=parser, eval_type=constants.EvalType.PASS_AND_FAIL.value,
-    )  # fmt: skip
+        instance_id=task.instance_id,
+        image=task.image,
+        eval_script_list=[],
+        repo=task.repo_key,
+        version=task.version or "",
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser=parser,
+        eval_type=constants.EvalType.PASS_AND_FAIL.value,
+    )
     with tempfile.TemporaryDirectory(prefix="swerl-log-") as tmp:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log)
@@ -483,9 +470,7 @@ def read_harness_log(task: TaskInstance, log: str, parser: str) -> tuple[dict[st
     code = grading.parse_test_exit_code(log)
     if constants.START_TEST_OUTPUT not in log or constants.END_TEST_OUTPUT not in log:
         why = "the log has no START/END test output markers"
-    elif code not in (None, 0) and any(
-        s == "PASSED" for s in grading.PARSER_REGISTRY[parser](log, spec).values()
-    ):
+    elif code not in (None, 0) and any(s == "PASSED" for s in grading.PARSER_REGISTRY[parser](log, spec).values()):
         why = f"the test command exited {code} while its log reports no failure"
     else:
         why = "no results and no sign that the test suite ran"

@@ -91,9 +91,7 @@ def grading_plan(task: TaskInstance, python: str = "python") -> GradingPlan:
     """The plan for `task` (see the module docstring)."""
     tests = (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)
     if unittest_program(task) is not None:  # Django's runtests.py or `python -m unittest`, eval_script too
-        return GradingPlan(
-            UNITTEST_MODE, tuple(unittest_runner_ids(task, tests)), source="the task's own command"
-        )
+        return GradingPlan(UNITTEST_MODE, tuple(unittest_runner_ids(task, tests)), source="the task's own command")
     command = task.test_cmd.strip()
     if command == MICRO_TEST_CMD:
         return GradingPlan("micro", tests, source="the micro harness")
@@ -109,9 +107,7 @@ def grading_plan(task: TaskInstance, python: str = "python") -> GradingPlan:
         found = pytest_invocation(command)
         if found is not None:
             return GradingPlan("pytest", (*found[1], *tests), env=found[0], source="the task's test_cmd")
-        return GradingPlan(
-            None, tests, task_test_command(command, python, tests), source="the task's test_cmd"
-        )
+        return GradingPlan(None, tests, task_test_command(command, python, tests), source="the task's test_cmd")
     found = pytest_invocation(spec.test_cmd)
     if found is not None and task.repo_key not in RUNNER_REPOSITORIES:
         return GradingPlan("pytest", found[1], env=found[0], source=spec.source, graded_files=spec.test_files)

@@ -49,9 +49,19 @@ def _install_hook(key, touched_path, touched_lines, trusted):
     trusted = frozenset(trusted)
     # stdlib helpers that hand the caller a frame: the caller of one of these is who asked for it
     hand_frames = frozenset(
-        {"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "walk_stack", "walk_tb",
-         "<lambda>", "set_trace", "findCaller"}
-    )  # fmt: skip
+        {
+            "currentframe",
+            "stack",
+            "trace",
+            "getouterframes",
+            "getinnerframes",
+            "walk_stack",
+            "walk_tb",
+            "<lambda>",
+            "set_trace",
+            "findCaller",
+        }
+    )
     frame_attrs = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
     stdlib = os.path.dirname(os.__file__)
 
@@ -132,12 +142,7 @@ def _install_hook(key, touched_path, touched_lines, trusted):
             if str(args[0]) not in problems:
                 problems.append(str(args[0]))
             return
-        if (
-            caller is None
-            or caller.f_code not in trusted
-            or get_ident() != main_thread
-            or any_touched(caller)
-        ):
+        if caller is None or caller.f_code not in trusted or get_ident() != main_thread or any_touched(caller):
             forged[0] += 1
             if f"forged runner event {event}" not in problems:
                 problems.append(f"forged runner event {event}")
@@ -204,9 +209,7 @@ def _install_hook(key, touched_path, touched_lines, trusted):
             if rule == "stack":
                 hit = any_touched(frame)
             elif rule == "near":
-                hit = frame is not None and (
-                    touched(frame) or (frame.f_back is not None and touched(frame.f_back))
-                )
+                hit = frame is not None and (touched(frame) or (frame.f_back is not None and touched(frame.f_back)))
             elif rule == "name":  # compile(): a touched file naming its code after another file
                 filename = args[1] if len(args) > 1 else ""
                 hit = (
@@ -224,15 +227,30 @@ def _install_hook(key, touched_path, touched_lines, trusted):
             busy[0] = False
 
     WATCHED = {
-        "sys._getframe": "ask", "object.__getattr__": "ask", "object.__setattr__": "near",
+        "sys._getframe": "ask",
+        "object.__getattr__": "ask",
+        "object.__setattr__": "near",
         "sys._current_frames": "near",
-        "gc.get_objects": "near", "gc.get_referrers": "near", "gc.get_referents": "near",
-        "sys.settrace": "stack", "sys.setprofile": "stack", "code.__new__": "near", "marshal.loads": "near",
-        "compile": "name", "ctypes.dlopen": "near", "ctypes.dlsym": "near", "ctypes.addressof": "near",
-        "ctypes.cdata": "near", "ctypes.cdata/buffer": "near", "ctypes.string_at": "near",
-        "ctypes.wstring_at": "near", "ctypes.PyObj_FromPtr": "near", "ctypes.call_function": "near",
-        "ctypes.set_errno": "near", "ctypes.get_errno": "near",
-    }  # fmt: skip
+        "gc.get_objects": "near",
+        "gc.get_referrers": "near",
+        "gc.get_referents": "near",
+        "sys.settrace": "stack",
+        "sys.setprofile": "stack",
+        "code.__new__": "near",
+        "marshal.loads": "near",
+        "compile": "name",
+        "ctypes.dlopen": "near",
+        "ctypes.dlsym": "near",
+        "ctypes.addressof": "near",
+        "ctypes.cdata": "near",
+        "ctypes.cdata/buffer": "near",
+        "ctypes.string_at": "near",
+        "ctypes.wstring_at": "near",
+        "ctypes.PyObj_FromPtr": "near",
+        "ctypes.call_function": "near",
+        "ctypes.set_errno": "near",
+        "ctypes.get_errno": "near",
+    }
 
     original_signal = _signal.signal
 

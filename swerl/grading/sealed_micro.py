@@ -32,9 +32,7 @@ def _micro_parent(python, ids, workspace):
             if isinstance(stmt, ast.FunctionDef) and stmt.name.startswith("test_"):
                 node = f"{path}::{stmt.name}"
                 order.append(node)
-                call = (
-                    stmt.body[0].value if len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Expr) else None
-                )
+                call = stmt.body[0].value if len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Expr) else None
                 if not (
                     isinstance(call, ast.Call)
                     and isinstance(call.func, ast.Name)
@@ -61,8 +59,10 @@ def _micro_parent(python, ids, workspace):
         source = argv[argv.index(b"-c") + 1].decode()
         child = subprocess.Popen(
             [python, "-I", "-c", source, "micro-child", str(write_end), json.dumps(runnable), "--"],
-            pass_fds=(write_end,), stdin=subprocess.DEVNULL, cwd=workspace,
-        )  # fmt: skip
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+            cwd=workspace,
+        )
         os.close(write_end)
         deadline = time.monotonic() + 30.0 + 5.0 * len(runnable)  # a guard only: each test has its 1 s alarm
         buffer = b""

@@ -1,4 +1,5 @@
-"""The sealed test runner: runs a task's tests inside the grading sandbox and reports results code under test cannot forge.
+"""The sealed test runner: runs a task's tests inside the grading sandbox and reports results code under test cannot
+forge.
 
 This file is never imported by swerl: its source is sent to the sandbox as
 `python -I -c SOURCE MODE KEYFILE TOUCHED -- IDS...` (swerl/grading/grader.py; TOUCHED the JSON list of the files the
@@ -138,9 +139,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
 
     def in_workspace_code(obj):
         """Whether obj's defining file is a file the patch changed that is not test infrastructure (its reach)."""
-        module = (
-            sys.modules.get(getattr(obj, "__module__", "") or "") if not hasattr(obj, "__file__") else obj
-        )
+        module = sys.modules.get(getattr(obj, "__module__", "") or "") if not hasattr(obj, "__file__") else obj
         rel = touched_path(getattr(module, "__file__", None) or "")
         if rel is None:
             return False  # the repository's own code, as the task ships it
@@ -223,9 +222,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
                 # next: this is the machinery the tests must leave as they found it.
                 sys.path.insert(0, workspace)  # as `python -m pytest` does, now that the plugins are loaded
                 machinery.extend(
-                    m
-                    for n, m in list(sys.modules.items())
-                    if n.split(".")[0] in ("_pytest", "pytest", "pluggy")
+                    m for n, m in list(sys.modules.items()) if n.split(".")[0] in ("_pytest", "pytest", "pluggy")
                 )
                 early_config.pluginmanager.add_hookcall_monitoring(self.before_hook, self.after_hook)
                 machinery.extend([early_config.pluginmanager, early_config.hook])
@@ -339,7 +336,8 @@ def _main():  # everything lives in this function's locals and the hook's closur
 
     if mode == "pytest":
         seal = Seal()
-        # swerl.data.testrun.PYTEST_ARGS (this script imports no swerl; tests/grading/test_grading_plan.py keeps them equal)
+        # swerl.data.testrun.PYTEST_ARGS (this script imports no swerl; tests/grading/test_grading_plan.py keeps them
+        # equal)
         args = [
             "-rA",
             "-p",
@@ -372,9 +370,7 @@ def _main():  # everything lives in this function's locals and the hook's closur
     elif mode == "unittest":  # the program's argv (JSON) comes first, then the ids: see _unittest_mode
 
         def sealed():  # the recorder is in place: fingerprint the machinery it wraps, every unittest module
-            machinery.extend(
-                m for n, m in list(sys.modules.items()) if n.split(".")[0] in ("unittest", "runpy")
-            )
+            machinery.extend(m for n, m in list(sys.modules.items()) if n.split(".")[0] in ("unittest", "runpy"))
             state["baseline"] = fingerprint()
             state["hooks"] = (list(sys.meta_path), list(sys.path_hooks))
 

@@ -52,10 +52,31 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
     problems: list[str] = []
     running: list[tuple[object, object]] = []  # (test, result) of this runner's TestCase.runs in progress
     outer: list[object] = []  # the result objects outermost runs were given
-    case_names = ("run", "__call__", "debug", "_callSetUp", "_callTestMethod", "_callTearDown", "doCleanups",
-                  "subTest", "__getattribute__", "__getattr__")  # fmt: skip
-    result_names = ("addSuccess", "addFailure", "addError", "addSkip", "addExpectedFailure", "addUnexpectedSuccess",
-                    "addSubTest", "startTest", "stopTest", "__getattribute__", "__getattr__")  # fmt: skip
+    case_names = (
+        "run",
+        "__call__",
+        "debug",
+        "_callSetUp",
+        "_callTestMethod",
+        "_callTearDown",
+        "doCleanups",
+        "subTest",
+        "__getattribute__",
+        "__getattr__",
+    )
+    result_names = (
+        "addSuccess",
+        "addFailure",
+        "addError",
+        "addSkip",
+        "addExpectedFailure",
+        "addUnexpectedSuccess",
+        "addSubTest",
+        "startTest",
+        "stopTest",
+        "__getattribute__",
+        "__getattr__",
+    )
 
     def problem(text):
         if text not in problems:
@@ -126,9 +147,15 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
 
         return recorded
 
-    for method, status in (("addSuccess", "PASSED"), ("addFailure", "FAILED"), ("addError", "ERROR"),
-                           ("addSkip", "SKIPPED"), ("addExpectedFailure", "XFAIL"),
-                           ("addUnexpectedSuccess", "FAILED"), ("addSubTest", "FAILED")):  # fmt: skip
+    for method, status in (
+        ("addSuccess", "PASSED"),
+        ("addFailure", "FAILED"),
+        ("addError", "ERROR"),
+        ("addSkip", "SKIPPED"),
+        ("addExpectedFailure", "XFAIL"),
+        ("addUnexpectedSuccess", "FAILED"),
+        ("addSubTest", "FAILED"),
+    ):
         setattr(base_result, method, recorder(method, status))
     base_case.run = run  # type: ignore[method-assign]
 
@@ -144,11 +171,24 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
     django = program[1:3] != ["-m", "unittest"]
     head, rest = (program[:1], program[1:]) if django else ([], program[3:])
     valued = (
-        {"-v", "--verbosity", "--settings", "--selenium", "--selenium-hub", "--external-host", "-k", "--tag",
-         "--exclude-tag", "--start-after", "--start-at", "--bisect", "--pair"}
+        {
+            "-v",
+            "--verbosity",
+            "--settings",
+            "--selenium",
+            "--selenium-hub",
+            "--external-host",
+            "-k",
+            "--tag",
+            "--exclude-tag",
+            "--start-after",
+            "--start-at",
+            "--bisect",
+            "--pair",
+        }
         if django
         else {"-k", "-s", "--start-directory", "-p", "--pattern", "-t", "--top-level-directory"}
-    )  # fmt: skip
+    )
     argv, labels, index = list(head), [], 0
     while index < len(rest):
         arg, following = rest[index], rest[index + 1] if index + 1 < len(rest) else ""
@@ -176,9 +216,7 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
         if django:
             script = os.path.join(workspace, argv[0])
             sys.argv = argv
-            sys.path.insert(
-                0, os.path.dirname(os.path.realpath(script))
-            )  # `python SCRIPT` puts its folder first
+            sys.path.insert(0, os.path.dirname(os.path.realpath(script)))  # `python SCRIPT` puts its folder first
             runpy.run_path(script, run_name="__main__")
         else:
             sys.argv = ["python -m unittest", *argv]

@@ -127,10 +127,18 @@ def referee(
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limit = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
         report_path = run_evaluation.main(
-            dataset_name=str(dataset), split="test", instance_ids=[p["instance_id"] for p in patched],
-            predictions_path=str(kept), max_workers=workers, open_file_limit=limit, run_id=run_id,
-            timeout=timeout, rewrite_reports=False, modal=False, report_dir=str(report_dir),
-        )  # fmt: skip
+            dataset_name=str(dataset),
+            split="test",
+            instance_ids=[p["instance_id"] for p in patched],
+            predictions_path=str(kept),
+            max_workers=workers,
+            open_file_limit=limit,
+            run_id=run_id,
+            timeout=timeout,
+            rewrite_reports=False,
+            modal=False,
+            report_dir=str(report_dir),
+        )
         report = json.loads(Path(report_path).read_text())
     if empty:
         instances = [rows[p["instance_id"]] for p in empty]
@@ -139,11 +147,16 @@ def referee(
     verdicts = [verdict_of(run_id, p.get("model_name_or_path", "None"), p["instance_id"]) for p in runnable]
     for instance_id, image in missing.items():
         model = next(p.get("model_name_or_path", "None") for p in preds if p["instance_id"] == instance_id)
-        verdicts.append({"instance_id": instance_id, "model": model, "resolved": None, "status": "IMAGE_MISSING",
-                         "detail": f"image {image} is not on the Docker engine"})  # fmt: skip
-    official = {
-        k: report.get(k, []) for k in ("resolved_ids", "unresolved_ids", "error_ids", "empty_patch_ids")
-    }
+        verdicts.append(
+            {
+                "instance_id": instance_id,
+                "model": model,
+                "resolved": None,
+                "status": "IMAGE_MISSING",
+                "detail": f"image {image} is not on the Docker engine",
+            }
+        )
+    official = {k: report.get(k, []) for k in ("resolved_ids", "unresolved_ids", "error_ids", "empty_patch_ids")}
     for verdict in verdicts:  # the run report and the instance's own report.json must say the same
         listed = verdict["instance_id"] in official["resolved_ids"]
         was_patched = any(p["instance_id"] == verdict["instance_id"] for p in patched)
@@ -153,8 +166,12 @@ def referee(
                 "status": "REPORT_MISMATCH",
                 "detail": f"report.json says resolved={verdict['resolved']}, the run report {listed}",
             }
-    return {"run_id": run_id, "verdicts": verdicts, "run_report": official,
-            "container_networks": sorted(set(CREATED_NETWORKS))}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "verdicts": verdicts,
+        "run_report": official,
+        "container_networks": sorted(set(CREATED_NETWORKS)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m swerl.grading.swebench_referee", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dataset", type=Path, required=True, help="a JSON list of SWE-bench 5 rows")
-    parser.add_argument(
-        "--predictions", type=Path, required=True, help="JSONL: instance_id, model_patch, ..."
-    )
+    parser.add_argument("--predictions", type=Path, required=True, help="JSONL: instance_id, model_patch, ...")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workers", type=int, default=2)

@@ -109,10 +109,16 @@ def _grade_swebench(task: TaskInstance, log: str, parser: str, harness: str) -> 
     if parser in SWESMITH_PARSERS:
         raise ValueError(f"{parser} is SWE-smith's reading: grade with harness='swesmith'")
     spec = TestSpec(
-        instance_id=task.instance_id, image=task.image, eval_script_list=[], repo=task.repo_key, version="",
-        FAIL_TO_PASS=list(task.FAIL_TO_PASS), PASS_TO_PASS=list(task.PASS_TO_PASS), log_parser=parser,
+        instance_id=task.instance_id,
+        image=task.image,
+        eval_script_list=[],
+        repo=task.repo_key,
+        version="",
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser=parser,
         eval_type=constants.EvalType.PASS_AND_FAIL.value,
-    )  # fmt: skip
+    )
     with tempfile.TemporaryDirectory(prefix="swerl-grade-") as tmp:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log)

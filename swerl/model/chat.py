@@ -159,9 +159,7 @@ def render_messages(
     tokenization of the full render (checked in tests).
     """
     if not any(message.get("role") == "assistant" for message in messages):
-        raise ValueError(
-            "conversation has no assistant turn: nothing to train on (the loss mask would be all 0)"
-        )
+        raise ValueError("conversation has no assistant turn: nothing to train on (the loss mask would be all 0)")
     if messages[0].get("role") == "assistant":
         raise ValueError("conversation starts with an assistant turn: it has no prompt to condition on")
     input_ids: list[int] = []

@@ -87,9 +87,7 @@ def build_tiny_model(
     return model
 
 
-def save_model_and_tokenizer(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
-) -> Path:
+def save_model_and_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Save model and tokenizer side by side in Hugging Face format; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path) 
     """Train a byte-level BPE tokenizer on local text and save it in Hugging Face format to out_dir."""
     special_tokens = [*CONTROL_TOKENS, *TOOL_TAG_TOKENS]
     if vocab_size < 256 + len(special_tokens):
-        raise ValueError(
-            f"vocab_size {vocab_size} is below the 256 byte tokens plus {len(special_tokens)} specials"
-        )
+        raise ValueError(f"vocab_size {vocab_size} is below the 256 byte tokens plus {len(special_tokens)} specials")
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [

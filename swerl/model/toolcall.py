@@ -1,5 +1,6 @@
-"""The tool-call format: `format_tool_call` writes one as the chat template lays `tool_calls` out, and `parse_tool_call`
-reads one Hermes/Qwen-style tool call from an assistant turn: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+"""The tool-call format: `format_tool_call` writes one as the chat template lays `tool_calls` out, and
+`parse_tool_call` reads one Hermes/Qwen-style tool call from an assistant turn:
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
 Policy (exactly one call per assistant turn):
 - Text before `<tool_call>` is allowed and kept as reasoning.
@@ -158,9 +159,7 @@ def _decode_envelope(text: str) -> tuple[Any, str] | ToolCallError:
         )
     after = text[close + len(TOOL_CALL_CLOSE) :]
     if TOOL_CALL_OPEN in after:
-        return _error(
-            ToolCallErrorKind.MULTIPLE_CALLS, "Make exactly one tool call per turn; you made several."
-        )
+        return _error(ToolCallErrorKind.MULTIPLE_CALLS, "Make exactly one tool call per turn; you made several.")
     if after.strip():
         return _error(
             ToolCallErrorKind.TEXT_AFTER_CALL,

@@ -92,15 +92,11 @@ class Architecture:
         common = attention + (2 * d if self.qk_norm else 0) + 2 * h
         dense_mlp = 3 * h * self.intermediate_size
         expert = 3 * h * self.moe_intermediate_size
-        shared = (
-            (3 * h * self.shared_expert_intermediate_size + h) if self.shared_expert_intermediate_size else 0
-        )
+        shared = (3 * h * self.shared_expert_intermediate_size + h) if self.shared_expert_intermediate_size else 0
         router = h * self.num_experts
         sparse, dense = self.sparse_layers, self.num_layers - self.sparse_layers
         experts = sparse * self.num_experts * expert
-        total = (
-            embed + lm_head + h + self.num_layers * common + dense * dense_mlp + sparse * (router + shared)
-        )
+        total = embed + lm_head + h + self.num_layers * common + dense * dense_mlp + sparse * (router + shared)
         total += experts
         active = total - experts + sparse * self.experts_per_token * expert
         largest_layer = common + max(dense_mlp if dense else 0, router + shared + self.num_experts * expert)
@@ -146,12 +142,8 @@ def architecture_from_hf(data: dict[str, Any], source: str) -> Architecture:
     layers = _int(data, "num_hidden_layers", source)
     heads = _int(data, "num_attention_heads", source)
     if heads == 0 or layers == 0 or hidden == 0:
-        raise PlanError(
-            f"model config {source}: hidden_size, num_hidden_layers and num_attention_heads must be > 0"
-        )
-    experts = _int(
-        data, "num_experts", source, data.get("num_local_experts", data.get("n_routed_experts", 0))
-    )
+        raise PlanError(f"model config {source}: hidden_size, num_hidden_layers and num_attention_heads must be > 0")
+    experts = _int(data, "num_experts", source, data.get("num_local_experts", data.get("n_routed_experts", 0)))
     step = _int(data, "decoder_sparse_step", source, 1) or 1
     mlp_only = data.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list):
@@ -247,6 +239,4 @@ def load_architecture(cfg: PipelineConfig) -> Architecture:
                 f"cluster.model_config {named!r} is neither a file nor a shipped architecture ({shipped}); "
                 f"sft.model_path {model_path} has no config.json here either"
             )
-    return architecture_from_hf(
-        _read_json(path), f"{_shown(path)} (cluster.model_config; {own} is absent here)"
-    )
+    return architecture_from_hf(_read_json(path), f"{_shown(path)} (cluster.model_config; {own} is absent here)")

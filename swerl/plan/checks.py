@@ -15,16 +15,24 @@ def model_checks(
     e = cfg.engine
     if arch.max_positions:
         ok = e.max_context_tokens <= arch.max_positions
-        checks.append(PlanCheck(
-            "context", ok, f"engine.max_context_tokens {e.max_context_tokens:,} vs the model's "
-            f"max_position_embeddings {arch.max_positions:,}",
-        ))  # fmt: skip
+        checks.append(
+            PlanCheck(
+                "context",
+                ok,
+                f"engine.max_context_tokens {e.max_context_tokens:,} vs the model's "
+                f"max_position_embeddings {arch.max_positions:,}",
+            )
+        )
     if e.kind == "sglang":
         ok = arch.num_heads % e.sglang.tp_size == 0
-        checks.append(PlanCheck(
-            "engine.sglang.tp_size", ok, f"tp_size {e.sglang.tp_size} {'divides' if ok else 'does not divide'} the "
-            f"model's {arch.num_heads} attention heads (SGLang splits heads over its GPUs)",
-        ))  # fmt: skip
+        checks.append(
+            PlanCheck(
+                "engine.sglang.tp_size",
+                ok,
+                f"tp_size {e.sglang.tp_size} {'divides' if ok else 'does not divide'} the "
+                f"model's {arch.num_heads} attention heads (SGLang splits heads over its GPUs)",
+            )
+        )
     for name, d in stages.items():
         if d.backend != "megatron":
             continue
@@ -36,18 +44,18 @@ def model_checks(
                 f"{arch.num_kv_heads} KV heads"
             )
         if arch.num_layers % m.pipeline_parallel:
-            problems.append(
-                f"pipeline_parallel {m.pipeline_parallel} must divide the {arch.num_layers} layers"
-            )
+            problems.append(f"pipeline_parallel {m.pipeline_parallel} must divide the {arch.num_layers} layers")
         if m.expert_parallel > 1 and (not arch.moe or arch.num_experts % m.expert_parallel):
-            problems.append(
-                f"expert_parallel {m.expert_parallel} must divide the model's {arch.num_experts} experts"
+            problems.append(f"expert_parallel {m.expert_parallel} must divide the model's {arch.num_experts} experts")
+        checks.append(
+            PlanCheck(
+                f"megatron.{name}",
+                not problems,
+                "; ".join(problems)
+                or f"TP {m.tensor_parallel}, PP {m.pipeline_parallel}, CP {m.context_parallel}, "
+                f"EP {m.expert_parallel} fit the model",
             )
-        checks.append(PlanCheck(
-            f"megatron.{name}", not problems,
-            "; ".join(problems) or f"TP {m.tensor_parallel}, PP {m.pipeline_parallel}, CP {m.context_parallel}, "
-            f"EP {m.expert_parallel} fit the model",
-        ))  # fmt: skip
+        )
 
 
 def port_checks(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer_gpus: list[int]) -> None:
@@ -75,8 +83,11 @@ def port_checks(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer
         if e.launch.base_port:
             last = e.launch.base_port + engines - 1
             ok = last <= 65535
-            plan.checks.append(PlanCheck("ports.engines", ok, f"engine ports {e.launch.base_port}-{last}"
-                                         + ("" if ok else ": past 65535")))  # fmt: skip
+            plan.checks.append(
+                PlanCheck(
+                    "ports.engines", ok, f"engine ports {e.launch.base_port}-{last}" + ("" if ok else ": past 65535")
+                )
+            )
             for i in range(engines):
                 node = (i * each) // per_node if engine_gpus else driver
                 used.append((node, e.launch.base_port + i, f"engine {i}"))
@@ -107,11 +118,16 @@ def port_checks(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer
     # sft and grpo run one after the other: their rendezvous may share a port
     bad = {k: v for k, v in clashes.items() if len(v) > 1 and set(v) != {"sft rendezvous", "grpo rendezvous"}}
     if used:
-        plan.checks.append(PlanCheck(
-            "ports", not bad,
-            "; ".join(f"node {node} port {number}: {' and '.join(owners)}" for (node, number), owners in bad.items())
-            or f"{len(used)} fixed ports, no two on one node alike",
-        ))  # fmt: skip
+        plan.checks.append(
+            PlanCheck(
+                "ports",
+                not bad,
+                "; ".join(
+                    f"node {node} port {number}: {' and '.join(owners)}" for (node, number), owners in bad.items()
+                )
+                or f"{len(used)} fixed ports, no two on one node alike",
+            )
+        )
 
 
 def launch_notes(cfg: PipelineConfig, plan: Plan, engine_gpus: list[int], trainer_gpus: list[int]) -> None:

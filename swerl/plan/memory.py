@@ -9,7 +9,8 @@ Engines (per GPU of an engine):
   the same GPUs for evaluation: the engines' fractions must then sum to at most 1.
 - local engines on cuda (local: one in the stage's process; http_local: one per engine): weights P x
   engine.local.dtype + KV (max_batch_size + local.prefix_cache_size) x max_context_tokens x KV per token in
-  engine.local.dtype, checked against gpu_memory x cluster.usable_memory_fraction. On cpu the same bytes count in the host's memory.
+  engine.local.dtype, checked against gpu_memory x cluster.usable_memory_fraction. On cpu the same bytes count in the
+  host's memory.
 
 Trainer (per rank; N ranks; b = bytes of distributed.param_dtype; U = the largest FSDP unit: a decoder layer, the
 embedding or the lm_head; T = tokens in one micro-batch: sft.seq_len x rows_per_micro_batch for SFT,
@@ -179,9 +180,7 @@ def gpu_memory_lines(
         if e.kind == "sglang":
             fraction = e.sglang.mem_fraction_static
             said = (
-                "engine.sglang.mem_fraction_static"
-                if fraction is not None
-                else "assumed: mem_fraction_static is None"
+                "engine.sglang.mem_fraction_static" if fraction is not None else "assumed: mem_fraction_static is None"
             )
             fraction = fraction if fraction is not None else SGLANG_ASSUMED_MEM_FRACTION
             budget = gpu_bytes * fraction
@@ -192,12 +191,14 @@ def gpu_memory_lines(
             extra = f"SGLang's KV pool: the rest of the budget, ~{pool:,} tokens"
             if beside:
                 ok = 2 * fraction <= 1
-                plan.checks.append(PlanCheck(
-                    "engine.eval_beside", ok,
-                    f"grpo.eval.every {cfg.grpo.eval.every} opens a second engine set on the same GPUs: 2 x "
-                    f"mem_fraction_static {fraction:g} = {2 * fraction:g} of each GPU"
-                    + ("" if ok else ": over 1"),
-                ))  # fmt: skip
+                plan.checks.append(
+                    PlanCheck(
+                        "engine.eval_beside",
+                        ok,
+                        f"grpo.eval.every {cfg.grpo.eval.every} opens a second engine set on the same GPUs: 2 x "
+                        f"mem_fraction_static {fraction:g} = {2 * fraction:g} of each GPU" + ("" if ok else ": over 1"),
+                    )
+                )
         else:
             budget = usable
             budget_text = f"{size_text(budget)} ({c.gpu_memory_gib:g} GiB x {c.usable_memory_fraction:g})"
@@ -211,11 +212,15 @@ def gpu_memory_lines(
             line = MemoryLine(
                 where=where_text(gpus, per_node),
                 who=f"engine{'s' if len(mine) > 1 else ''} {span_text(mine[0], mine[-1])}" + each_gpu(gpus),
-                items=items, budget=budget, budget_text=budget_text, extra=extra,
-            )  # fmt: skip
+                items=items,
+                budget=budget,
+                budget_text=budget_text,
+                extra=extra,
+            )
             plan.gpu_memory.append(line)
-            plan.checks.append(PlanCheck(f"memory.engines.node{node}", line.ok,
-                                         line.fits() if line.ok else line.shortfall()))  # fmt: skip
+            plan.checks.append(
+                PlanCheck(f"memory.engines.node{node}", line.ok, line.fits() if line.ok else line.shortfall())
+            )
     if trainer_gpus:
         budget_text = f"{size_text(usable)} ({c.gpu_memory_gib:g} GiB x {c.usable_memory_fraction:g})"
         for name, d in cuda_stages.items():
@@ -228,11 +233,14 @@ def gpu_memory_lines(
                     where=where_text(gpus, per_node),
                     who=f"{name} {d.backend} rank{'s' if len(gpus) > 1 else ''} {span_text(first, last)}, {tokens:,} "
                     f"tokens per micro-batch" + each_gpu(gpus),
-                    items=items, budget=usable, budget_text=budget_text,
-                )  # fmt: skip
+                    items=items,
+                    budget=usable,
+                    budget_text=budget_text,
+                )
                 plan.gpu_memory.append(line)
-                plan.checks.append(PlanCheck(f"memory.{name}.node{node}", line.ok,
-                                             line.fits() if line.ok else line.shortfall()))  # fmt: skip
+                plan.checks.append(
+                    PlanCheck(f"memory.{name}.node{node}", line.ok, line.fits() if line.ok else line.shortfall())
+                )
 
 
 def host_memory_lines(
@@ -298,9 +306,6 @@ def host_memory_lines(
             key=lambda pair: sum(pair[1].values()),
         )
         where = f"node {node}" if c.gpus_per_node else "this machine"
-        line = MemoryLine(
-            where=where, who=f"{peak_stage} stage", items=peak, budget=budget, budget_text=budget_text
-        )
+        line = MemoryLine(where=where, who=f"{peak_stage} stage", items=peak, budget=budget, budget_text=budget_text)
         plan.host_memory.append(line)
-        plan.checks.append(PlanCheck(f"host_memory.node{node}", line.ok,
-                                     line.fits() if line.ok else line.shortfall()))  # fmt: skip
+        plan.checks.append(PlanCheck(f"host_memory.node{node}", line.ok, line.fits() if line.ok else line.shortfall()))

@@ -38,9 +38,7 @@ def engine_count(cfg: PipelineConfig) -> int:
     return len(e.launch.urls) if e.launch.urls else e.launch.num_engines
 
 
-def place(
-    cfg: PipelineConfig, plan: Plan, cuda_stages: dict[str, DistributedConfig]
-) -> tuple[list[int], list[int]]:
+def place(cfg: PipelineConfig, plan: Plan, cuda_stages: dict[str, DistributedConfig]) -> tuple[list[int], list[int]]:
     """The engines' and the trainer's GPUs (global indices: node x gpus_per_node + index), with the checks that
     they exist: enough GPUs, engines within their nodes, one trainer rank per trainer GPU."""
     # Over 60 lines: GPU count, engine nodes, trainer GPUs and rank checks all read one set of indices.
@@ -55,9 +53,7 @@ def place(
     wanted = max((d.ranks for d in cuda_stages.values()), default=0)
     if (engine_need or cuda_stages) and per_node == 0:
         engine_user = "engine.kind sglang" if e.kind == "sglang" else f"engine.kind {e.kind} on device cuda"
-        users = ([engine_user] if engine_need else []) + [
-            f"{name}.distributed.device cuda" for name in cuda_stages
-        ]
+        users = ([engine_user] if engine_need else []) + [f"{name}.distributed.device cuda" for name in cuda_stages]
         verb = "needs" if len(users) == 1 else "need"
         plan.checks.append(
             PlanCheck("gpus", False, f"{' and '.join(users)} {verb} GPUs, but cluster.gpus_per_node is 0")
@@ -67,13 +63,17 @@ def place(
         if c.engine_nodes is not None:
             room = c.engine_nodes * per_node
             fits = engine_need <= room and c.engine_nodes <= c.nodes
-            plan.checks.append(PlanCheck(
-                "engines", fits,
-                f"{engines} engines x {engine_each} GPU{'s' if engine_each > 1 else ''} = {engine_need} GPUs in cluster.engine_nodes "
-                f"{c.engine_nodes} x {per_node} GPUs ({room})"
-                + ("" if engine_need <= room else f": {engine_need - room} GPUs short")
-                + ("" if c.engine_nodes <= c.nodes else f"; the cluster has only {c.nodes} nodes"),
-            ))  # fmt: skip
+            plan.checks.append(
+                PlanCheck(
+                    "engines",
+                    fits,
+                    f"{engines} engines x {engine_each} GPU{'s' if engine_each > 1 else ''} = {engine_need} GPUs in "
+                    f"cluster.engine_nodes "
+                    f"{c.engine_nodes} x {per_node} GPUs ({room})"
+                    + ("" if engine_need <= room else f": {engine_need - room} GPUs short")
+                    + ("" if c.engine_nodes <= c.nodes else f"; the cluster has only {c.nodes} nodes"),
+                )
+            )
             start = room
         start = min(start, total_gpus)
         engine_gpus = list(range(min(engine_need, total_gpus)))
@@ -89,9 +89,7 @@ def place(
         )
         if want:
             ranks = ", ".join(f"{name}.distributed.ranks {d.ranks}" for name, d in cuda_stages.items())
-            who.append(
-                f"the trainer {want} ({'cluster.trainer_gpus' if c.trainer_gpus is not None else ranks})"
-            )
+            who.append(f"the trainer {want} ({'cluster.trainer_gpus' if c.trainer_gpus is not None else ranks})")
         detail = f"the cluster has {total_gpus} GPUs ({layout})" + (f"; {' and '.join(who)}" if who else "")
         if c.engine_nodes is not None and want:
             detail += f", after the engines' {c.engine_nodes} node{'s' if c.engine_nodes != 1 else ''}"
@@ -100,28 +98,40 @@ def place(
         plan.checks.append(PlanCheck("gpus", short == 0, detail))
         trainer_gpus = list(range(start, start + min(given, available)))
         if c.trainer_gpus is not None and not cuda_stages:
-            plan.checks.append(PlanCheck(
-                "trainer_gpus", False,
-                f"cluster.trainer_gpus {c.trainer_gpus}, but no trainer runs on cuda (sft/grpo.distributed.device)",
-            ))  # fmt: skip
+            plan.checks.append(
+                PlanCheck(
+                    "trainer_gpus",
+                    False,
+                    f"cluster.trainer_gpus {c.trainer_gpus}, but no trainer runs on cuda (sft/grpo.distributed.device)",
+                )
+            )
         for name, d in cuda_stages.items():
             if d.ranks <= available and trainer_gpus:
                 ok = d.ranks == len(trainer_gpus)
-                plan.checks.append(PlanCheck(
-                    f"ranks.{name}", ok,
-                    f"{name}.distributed.ranks {d.ranks} vs {len(trainer_gpus)} trainer GPU"
-                    f"{'s' if len(trainer_gpus) > 1 else ''} "
-                    f"({where_text(trainer_gpus, per_node)}): one rank per GPU"
-                    + ("" if ok else "; set the ranks, or cluster.trainer_gpus, or give the engines the rest"),
-                ))  # fmt: skip
-        spans = [i for i in range(engines) if engine_each and (i * engine_each) // per_node
-                 != (i * engine_each + engine_each - 1) // per_node]  # fmt: skip
+                plan.checks.append(
+                    PlanCheck(
+                        f"ranks.{name}",
+                        ok,
+                        f"{name}.distributed.ranks {d.ranks} vs {len(trainer_gpus)} trainer GPU"
+                        f"{'s' if len(trainer_gpus) > 1 else ''} "
+                        f"({where_text(trainer_gpus, per_node)}): one rank per GPU"
+                        + ("" if ok else "; set the ranks, or cluster.trainer_gpus, or give the engines the rest"),
+                    )
+                )
+        spans = [
+            i
+            for i in range(engines)
+            if engine_each and (i * engine_each) // per_node != (i * engine_each + engine_each - 1) // per_node
+        ]
         if spans:
-            plan.checks.append(PlanCheck(
-                "engines.nodes", False,
-                f"engine {spans[0]} (tp_size {engine_each}) would span two nodes: tp_size must divide "
-                f"cluster.gpus_per_node {per_node}",
-            ))  # fmt: skip
+            plan.checks.append(
+                PlanCheck(
+                    "engines.nodes",
+                    False,
+                    f"engine {spans[0]} (tp_size {engine_each}) would span two nodes: tp_size must divide "
+                    f"cluster.gpus_per_node {per_node}",
+                )
+            )
         idle = total_gpus - len(engine_gpus) - len(trainer_gpus)
         if idle > 0 and not short:
             plan.notes.append(f"{idle} GPUs run nothing")
@@ -151,9 +161,7 @@ def placement_lines(
     started = "; at engine.launch.urls, started by you" if e.launch.urls and e.kind != "local" else ""
     if engine_gpus:
         for node in sorted({g // per_node for g in engine_gpus}):
-            mine = [
-                i for i in range(engines) if (i * each) // per_node == node and i * each < len(engine_gpus)
-            ]
+            mine = [i for i in range(engines) if (i * each) // per_node == node and i * each < len(engine_gpus)]
             if not mine:
                 continue
             gpus = [g for g in engine_gpus if g // per_node == node]
@@ -171,7 +179,8 @@ def placement_lines(
             first, last = gpus[0] - trainer_gpus[0], gpus[-1] - trainer_gpus[0]
             labels = "; ".join(_stage_label(name, d) for name, d in cuda_stages.items())
             plan.placement.append(
-                f"{where_text(gpus, per_node)}: trainer rank{'s' if last > first else ''} {span_text(first, last)} ({labels})"
+                f"{where_text(gpus, per_node)}: trainer rank{'s' if last > first else ''} "
+                f"{span_text(first, last)} ({labels})"
             )
     for name, d in trainer_stages(cfg).items():
         if d.device == "cpu":

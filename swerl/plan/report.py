@@ -91,9 +91,7 @@ class Plan:
 
     def refusal(self) -> str:
         """The failed checks, one per line (what `swerl run` prints when it refuses)."""
-        return "swerl plan refuses this config:\n  " + "\n  ".join(
-            f"{c.name}: {c.detail}" for c in self.failed
-        )
+        return "swerl plan refuses this config:\n  " + "\n  ".join(f"{c.name}: {c.detail}" for c in self.failed)
 
 
 def size_text(value: float) -> str:

@@ -130,11 +130,15 @@ async def collect_batch(
             group = await manager.get(deadline)
         except TimeoutError:
             returned = give_back(batch, manager, ledger, step)
-            raise BudgetSpent(
-                f"{returned} trainable groups of {settings.tasks_per_step} by the deadline"
-            ) from None
-        triage = triage_group(group.trajectories, version, settings.max_staleness, settings.staleness_policy,
-                              group.generation, settings.max_requeues)  # fmt: skip
+            raise BudgetSpent(f"{returned} trainable groups of {settings.tasks_per_step} by the deadline") from None
+        triage = triage_group(
+            group.trajectories,
+            version,
+            settings.max_staleness,
+            settings.staleness_policy,
+            group.generation,
+            settings.max_requeues,
+        )
         batch.stale_attempts += triage.stale
         if triage.action == "requeue":
             manager.requeue(group)
@@ -208,9 +212,7 @@ async def train_async(
             ledger.record_scored(trainer.step, update.scored)
             last_update_s = update.update_s
             total_s = time.monotonic() - step_started
-            timings = dict(
-                time_wait_rollouts_s=waited, time_weight_sync_s=update.sync_s, time_total_s=total_s
-            )
+            timings = dict(time_wait_rollouts_s=waited, time_weight_sync_s=update.sync_s, time_total_s=total_s)
             stats = update.stats | step_stats(update.stats, timings, batch, manager, totals, version)
             discarded = sum(batch.discarded.values())
             yield step_outcome(
@@ -236,8 +238,12 @@ def signal_stats(taken: list[FinishedGroup], totals: collections.Counter[str]) -
     (in `totals`, which this updates). Infra-error attempts count as rolled."""
     signal = sum(has_signal(t.reward for t in group.trajectories) for group in taken)
     episodes = sum(len(group.attempts) for group in taken)
-    totals.update(signal_groups=signal, groups_taken=len(taken), episodes_taken=episodes,
-                  probe_stopped=sum(group.stopped_early for group in taken))  # fmt: skip
+    totals.update(
+        signal_groups=signal,
+        groups_taken=len(taken),
+        episodes_taken=episodes,
+        probe_stopped=sum(group.stopped_early for group in taken),
+    )
     return {
         "signal/groups_per_100_episodes": _per_100(signal, episodes),
         "signal/group_share": signal / len(taken) if taken else 0.0,
@@ -261,8 +267,12 @@ def step_stats(
     update, log-prob recompute, weight sync, and their shares), the rollouts' state, what the batch discarded and
     left stale (this step and, in `totals`, which this updates, since the start), staleness and long-tail shape."""
     totals.update({f"groups_discarded/{k}": v for k, v in batch.discarded.items()})
-    totals.update(stale_attempts=batch.stale_attempts, stale_left_out=batch.stale_left_out,
-                  stale_requeued=batch.requeued, groups_dropped_few_valid=int(trainer_stats["groups_dropped"]))  # fmt: skip
+    totals.update(
+        stale_attempts=batch.stale_attempts,
+        stale_left_out=batch.stale_left_out,
+        stale_requeued=batch.requeued,
+        groups_dropped_few_valid=int(trainer_stats["groups_dropped"]),
+    )
     total = timings["time_total_s"]
     stats = timings | {
         "share_wait_rollouts": timings["time_wait_rollouts_s"] / total,

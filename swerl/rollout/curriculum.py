@@ -17,7 +17,8 @@ half the groups rolled had every attempt fail. Two rules, both deterministic fun
   v(p_s) / max_t v(p_t)), where p_s is the stratum's success rate estimated from every finished attempt so far
   (a Beta prior of `stratum_prior` pseudo-attempts at 1/2) and v(p) the groups with signal per episode a fresh
   group of that stratum is expected to give: (1 - (1 - p)^k - p^n) / (n - (n - k)(1 - p)^k) with a probe of k,
-  (1 - p^n - (1 - p)^n) / n without. Strata the policy never or always solves are visited less, never less than the floor.
+  (1 - p^n - (1 - p)^n) / n without. Strata the policy never or always solves are visited less, never less than the
+  floor.
 
 What this does to the gradient (binary rewards, attempts sampled independently): given a group's reward vector
 r, each attempt is a draw from the policy conditioned on its own reward, so the expected update of any group the
@@ -117,9 +118,13 @@ class GroupPlan:
         if source not in ("fresh", "replay"):
             raise ValueError(f"unknown group source {source!r}")
         return cls(
-            int(body["seq"]), int(body["task_index"]), source, int(body["probe"]), float(body["opened_at"]),
+            int(body["seq"]),
+            int(body["task_index"]),
+            source,
+            int(body["probe"]),
+            float(body["opened_at"]),
             int(body.get("position", -1)),
-        )  # fmt: skip
+        )
 
 
 def has_signal(rewards: Iterable[float | None]) -> bool:
@@ -209,8 +214,9 @@ class Curriculum:
         """Each stratum's chance that its fresh task is taken (None: the strata rule is off)."""
         if self.strata is None:
             return None
-        value = {stratum: self.settings.signal_per_episode(self.stratum_success(stratum))
-                 for stratum in self.stratum_names}  # fmt: skip
+        value = {
+            stratum: self.settings.signal_per_episode(self.stratum_success(stratum)) for stratum in self.stratum_names
+        }
         best = max(value.values())
         floor = self.settings.stratum_floor
         return {stratum: max(floor, v / best) if best > 0 else 1.0 for stratum, v in value.items()}
@@ -235,14 +241,16 @@ class Curriculum:
             stratum = self.strata[task]
             self.stratum_attempts[stratum] += len(valid)
             self.stratum_successes[stratum] += sum(1 for reward in valid if reward > 0)
-        if (self.settings.replay_share > 0 and has_signal(rewards) and self.visits[task] < self.settings.max_visits
-                and task not in self._queued):  # fmt: skip
+        if (
+            self.settings.replay_share > 0
+            and has_signal(rewards)
+            and self.visits[task] < self.settings.max_visits
+            and task not in self._queued
+        ):
             self.queue.append(task)
             self._queued.add(task)
 
-    def restore(
-        self, plans: Iterable[GroupPlan], finishes: Iterable[tuple[float, int, list[float | None]]]
-    ) -> None:
+    def restore(self, plans: Iterable[GroupPlan], finishes: Iterable[tuple[float, int, list[float | None]]]) -> None:
         """Rebuild the state from the journal: every opened group's plan, and every finished group as
         (finished_at, seq, rewards); the two are replayed in time order (an opening before a finish at the same
         instant), which is the order they happened in."""

@@ -61,9 +61,7 @@ class ProviderEnvironments(LocalEnvironments):
         return env_dir
 
 
-def group_by_environment(
-    tasks: Iterable[TaskInstance], backend: EnvironmentBackend
-) -> dict[str, list[TaskInstance]]:
+def group_by_environment(tasks: Iterable[TaskInstance], backend: EnvironmentBackend) -> dict[str, list[TaskInstance]]:
     """Tasks grouped by the environment they need, environments in order of first need."""
     groups: dict[str, list[TaskInstance]] = {}
     for task in tasks:
@@ -75,9 +73,7 @@ class EnvironmentPlanner:
     """Prepares each environment once, ahead of need, at most `pulls_per_minute` (token bucket) and `parallel`
     at a time; `environment(task)` returns the prepared handle, preparing it now if nobody asked before."""
 
-    def __init__(
-        self, backend: EnvironmentBackend, *, pulls_per_minute: float, burst: int, parallel: int = 2
-    ) -> None:
+    def __init__(self, backend: EnvironmentBackend, *, pulls_per_minute: float, burst: int, parallel: int = 2) -> None:
         self.backend = backend
         self.bucket = TokenBucket(pulls_per_minute / 60.0, burst)
         self._parallel = asyncio.Semaphore(parallel)

@@ -21,9 +21,7 @@ TaskT = TypeVar("TaskT", contravariant=True)
 class EpisodeFn(Protocol[TaskT]):
     """One episode of `task` with the policy behind `engine`; returns its trajectory (infra errors included)."""
 
-    def __call__(
-        self, engine: Engine, task: TaskT, *, attempt: int, group_id: str
-    ) -> Awaitable[Trajectory]: ...
+    def __call__(self, engine: Engine, task: TaskT, *, attempt: int, group_id: str) -> Awaitable[Trajectory]: ...
 
 
 async def rollout_groups(

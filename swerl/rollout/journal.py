@@ -61,8 +61,13 @@ class FinishedAttempt:
     @classmethod
     def from_json(cls, data: bytes) -> FinishedAttempt:
         body = json.loads(data)
-        return cls(body["seq"], body["generation"], Trajectory.model_validate(body["trajectory"]),
-                   body["started_at"], body["finished_at"])  # fmt: skip
+        return cls(
+            body["seq"],
+            body["generation"],
+            Trajectory.model_validate(body["trajectory"]),
+            body["started_at"],
+            body["finished_at"],
+        )
 
 
 @dataclass
@@ -113,8 +118,11 @@ class Ledger:
     def save(self, directory: Path) -> Path:
         path = directory / LEDGER_FILE
         tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        body = {"entries": self.entries, "scored": {str(step): pairs for step, pairs in self.scored.items()},
-                "written_at": time.time()}  # fmt: skip
+        body = {
+            "entries": self.entries,
+            "scored": {str(step): pairs for step, pairs in self.scored.items()},
+            "written_at": time.time(),
+        }
         tmp.write_text(json.dumps(body))
         os.replace(tmp, path)  # atomic: a crash leaves the old ledger or the new one, never half of one
         return path
@@ -129,13 +137,13 @@ class Ledger:
         try:
             body: dict[str, Any] = json.loads(path.read_text())
             entries = [(int(seq), int(step), str(reason)) for seq, step, reason in body["entries"]]
-            scored = {int(step): [(str(group), int(attempt)) for group, attempt in pairs]
-                      for step, pairs in body.get("scored", {}).items()}  # fmt: skip
+            scored = {
+                int(step): [(str(group), int(attempt)) for group, attempt in pairs]
+                for step, pairs in body.get("scored", {}).items()
+            }
             return cls(entries, scored)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the file is what is wrong
-            raise CorruptStoreFile(
-                str(path), f"not a valid rollout ledger ({type(exc).__name__}: {exc})"
-            ) from exc
+            raise CorruptStoreFile(str(path), f"not a valid rollout ledger ({type(exc).__name__}: {exc})") from exc
 
 
 @dataclass
@@ -186,9 +194,7 @@ class RolloutJournal:
         if self.store is not None:
             self.store.write_bytes(f"{self.prefix}/g{plan.seq:08d}/plan.json", plan.to_json())
 
-    def record_outcome(
-        self, seq: int, generation: int, rewards: list[float | None], finished_at: float
-    ) -> None:
+    def record_outcome(self, seq: int, generation: int, rewards: list[float | None], finished_at: float) -> None:
         """Write a finished group's rewards (what the curriculum observed), before the group can be consumed."""
         if self.store is not None:
             body = {"seq": seq, "generation": generation, "rewards": rewards, "finished_at": finished_at}
@@ -246,6 +252,9 @@ class RolloutJournal:
                     _log.warning("%s: skipped, its attempt reruns", exc)
             groups[seq] = (generation, attempts)
         if damaged:
-            _log.warning("rollout journal %s: %d damaged entries skipped (their attempts rerun)",
-                         self.store.uri(self.prefix), len(damaged))  # fmt: skip
+            _log.warning(
+                "rollout journal %s: %d damaged entries skipped (their attempts rerun)",
+                self.store.uri(self.prefix),
+                len(damaged),
+            )
         return JournalState(groups, max_seq, damaged)

@@ -101,9 +101,7 @@ class RolloutManager(Generic[TaskT]):
         eligible: Callable[[int], bool] | None = None,
     ) -> None:
         if curriculum is not None and curriculum.settings.adaptive and prewarm is not None and prewarm_groups:
-            raise ValueError(
-                "prewarm_groups needs every group's task in advance: not with a replay curriculum"
-            )
+            raise ValueError("prewarm_groups needs every group's task in advance: not with a replay curriculum")
         if prewarm_groups < 0:
             raise ValueError(f"prewarm_groups must be >= 0, got {prewarm_groups}")
         if n_attempts < 1 or max_in_flight < 1 or max_buffered_groups < 1:
@@ -183,9 +181,7 @@ class RolloutManager(Generic[TaskT]):
             # A group an earlier GRPO phase finished with more attempts than this phase's n is whole; one with fewer
             # is completed to n (its finished attempts kept)
             if len(finished) >= self.n_attempts or stopped:
-                reloaded.append(
-                    FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)], stopped)
-                )
+                reloaded.append(FinishedGroup(seq, generation, [finished[a] for a in sorted(finished)], stopped))
                 counts["reloaded_groups"] += 1
                 continue
             probing = probe > 0 and not all(a in finished for a in range(probe))
@@ -238,17 +234,16 @@ class RolloutManager(Generic[TaskT]):
         self._prewarmed_to = max(self._prewarmed_to, opened)
         while self._prewarmed_to < opened + self.prewarm_groups:
             self._prewarmed_to += 1
-            task = asyncio.create_task(
-                self._prewarm_one(self._prewarmed_to), name=f"prewarm-{self._prewarmed_to}"
-            )
+            task = asyncio.create_task(self._prewarm_one(self._prewarmed_to), name=f"prewarm-{self._prewarmed_to}")
             self._prewarming.add(task)
             task.add_done_callback(self._prewarming.discard)
 
     def _write_plan(self, seq: int) -> None:
         """Journal the plan (off the loop); the group's attempts wait for it before they are journaled."""
         plan = self._plans[seq]
-        self._plan_writes[seq] = asyncio.create_task(asyncio.to_thread(self.journal.record_plan, plan),
-                                                     name=f"plan-{seq}")  # fmt: skip
+        self._plan_writes[seq] = asyncio.create_task(
+            asyncio.to_thread(self.journal.record_plan, plan), name=f"plan-{seq}"
+        )
 
     def task_of(self, seq: int) -> TaskT:
         """The task group seq runs."""
@@ -289,9 +284,7 @@ class RolloutManager(Generic[TaskT]):
         stopped = group.target < self.n_attempts and probe_settles(rewards)
         if group.target < self.n_attempts and not stopped:  # the probe disagrees: the rest of the group runs
             group.target = self.n_attempts
-            self._pending.extendleft(
-                (seq, generation, a) for a in reversed(range(len(attempts), self.n_attempts))
-            )
+            self._pending.extendleft((seq, generation, a) for a in reversed(range(len(attempts), self.n_attempts)))
             return
         del self._open[seq]
         self._plan_writes.pop(seq, None)
@@ -358,7 +351,5 @@ class RolloutManager(Generic[TaskT]):
         if running:
             _, stuck = await asyncio.wait(running, timeout=timeout_s)
             if stuck:
-                logger.warning(
-                    "rollout manager: %d cancelled attempts did not finish in %.0f s", len(stuck), timeout_s
-                )
+                logger.warning("rollout manager: %d cancelled attempts did not finish in %.0f s", len(stuck), timeout_s)
         self._running.clear()

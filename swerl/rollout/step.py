@@ -42,9 +42,15 @@ class BroadcastingTrainer(PolicyTrainer, Protocol):
     def weight_specs(self, dtype: str) -> list[TensorSpec]: ...
 
     def open_weight_group(
-        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float, group_name: str,
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
         socket_ifname: str | None,
-    ) -> None: ...  # fmt: skip
+    ) -> None: ...
 
     def broadcast_weights(self, names: Sequence[str], dtype: str) -> int: ...
 
@@ -74,13 +80,27 @@ class DistributedWeights:
     async def _open(self, trainer: BroadcastingTrainer, engine: Engine) -> list[list[TensorSpec]]:
         world_size = 1 + await engine.weight_group_ranks()
         port = self.master_port or free_port(self.master_addr)
-        logger.info("weight sync: forming %s (%d ranks, %s) at %s:%d", self.group_name, world_size, self.backend,
-                    self.master_addr, port)  # fmt: skip
+        logger.info(
+            "weight sync: forming %s (%d ranks, %s) at %s:%d",
+            self.group_name,
+            world_size,
+            self.backend,
+            self.master_addr,
+            port,
+        )
         await asyncio.gather(
-            asyncio.to_thread(trainer.open_weight_group, self.master_addr, port, world_size, self.backend,
-                              self.timeout_s, self.group_name, self.socket_ifname),
+            asyncio.to_thread(
+                trainer.open_weight_group,
+                self.master_addr,
+                port,
+                world_size,
+                self.backend,
+                self.timeout_s,
+                self.group_name,
+                self.socket_ifname,
+            ),
             engine.init_weights_update_group(self.master_addr, port, 1, world_size, self.group_name, self.backend),
-        )  # fmt: skip
+        )
         specs = await asyncio.to_thread(trainer.weight_specs, self.dtype)
         return plan_buckets(specs, self.bucket_bytes)
 

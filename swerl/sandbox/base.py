@@ -69,9 +69,7 @@ class ImageEnvironment:
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image) or "\0" in self.image:
             raise ValueError(f"ImageEnvironment: {self.image!r} is not an image reference")
-        if self.repo_dir is not None and (
-            not self.repo_dir.startswith("/") or self.repo_dir.rstrip("/") == ""
-        ):
+        if self.repo_dir is not None and (not self.repo_dir.startswith("/") or self.repo_dir.rstrip("/") == ""):
             raise ValueError(
                 f"ImageEnvironment({self.image}): repo_dir {self.repo_dir!r} must be an absolute path other than /"
             )

@@ -133,9 +133,7 @@ class LocalSandbox(CommandSandbox):
             raise InfraError("sandbox_died", f"sandbox {self.root} was closed while running {argv!r}")
         if "child-pid" not in status and not timed_out:
             # bubblewrap itself failed before running anything: never the policy's doing.
-            raise InfraError(
-                "start_failed", f"bubblewrap failed (exit {proc.returncode}): {output.text().strip()}"
-            )
+            raise InfraError("start_failed", f"bubblewrap failed (exit {proc.returncode}): {output.text().strip()}")
         # 124 for a timeout follows timeout(1); otherwise the sandboxed command's own status, not bwrap's.
         exit_code = 124 if timed_out else int(status.get("exit-code", proc.returncode or 0))
         return ExecResult(exit_code=exit_code, output=output.text(), timed_out=timed_out, duration_s=duration)
@@ -257,9 +255,7 @@ class BubblewrapRuntime:
 
         def _environment(self, env: Mapping[str, str]) -> dict[str, str]: ...
 
-    async def _start_bubblewrap(
-        self, env_dir: Path, setup_patch: str | None, env: Mapping[str, str]
-    ) -> LocalSandbox:
+    async def _start_bubblewrap(self, env_dir: Path, setup_patch: str | None, env: Mapping[str, str]) -> LocalSandbox:
         """A sandbox for bubblewrap: its directory (a held tmpfs where this process may mount) made and filled on
         the host, then, once per provider, probed."""
         if self._tools is None:
@@ -341,13 +337,13 @@ class BubblewrapRuntime:
             self._tools |= holder_tools() or {}
             return True
         if self.workspace_quota == "tmpfs":
-            raise InfraError(
-                "start_failed", f"workspace_quota is tmpfs but {why} (needs root or CAP_SYS_ADMIN)"
-            )
+            raise InfraError("start_failed", f"workspace_quota is tmpfs but {why} (needs root or CAP_SYS_ADMIN)")
         log.warning(
             "local sandboxes: workspaces are not size-capped (%s); a command can fill %s file by file. Run as "
-            "root or set sandbox.workspace_quota: none to silence this.", why, parent,
-        )  # fmt: skip
+            "root or set sandbox.workspace_quota: none to silence this.",
+            why,
+            parent,
+        )
         return False
 
     def _prepare(
@@ -364,9 +360,7 @@ class BubblewrapRuntime:
 
         def in_workspace(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
             if holder is None:
-                return subprocess.run(
-                    argv, cwd=workspace, capture_output=True, text=True, timeout=120, **kwargs
-                )
+                return subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=120, **kwargs)
             # inside the holder's namespace; nsenter --wd would open its directory before entering it: cd there
             inner = str(holder.root / "workspace")
             command = [*holder.enter_args(), "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner, *argv]
@@ -375,17 +369,13 @@ class BubblewrapRuntime:
         if setup_patch:
             applied = in_workspace(["git", "apply", "--whitespace=nowarn", "-"], input=setup_patch)
             if applied.returncode != 0:
-                raise InfraError(
-                    "start_failed", f"setup patch does not apply to {env_dir}: {applied.stderr.strip()}"
-                )
+                raise InfraError("start_failed", f"setup patch does not apply to {env_dir}: {applied.stderr.strip()}")
         if self.git_baseline:
             # One shell for the three commands: each process chain (nsenter, sh, git) costs a spawn per start.
             in_workspace(["/bin/sh", "-c", GIT_BASELINE], check=True)
         etc = root / "etc"
         etc.mkdir()
-        (etc / "passwd").write_text(
-            f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash\n"
-        )
+        (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/bash\n")
         (etc / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\n")
         for dirpath, dirnames, filenames in os.walk(workspace):
             os.lchown(dirpath, uid, uid)
@@ -409,9 +399,14 @@ class BubblewrapRuntime:
         assert self._tools is not None and self._python_dirs is not None
         args = [
             self._tools[self.bwrap],
-            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session",
-        ]  # fmt: skip
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+        ]
         args += bwrap_rootfs_args(self.rootfs) if self.rootfs is not None else self._bwrap_host_system()
         args += [
             "--ro-bind",
@@ -424,9 +419,17 @@ class BubblewrapRuntime:
         # /tmp comes before the interpreter binds: an interpreter living under /tmp (a CI clone's venv) is then
         # bound on top of the private tmpfs instead of being hidden by it.
         args += [
-            "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(self.resources.tmp_size_mb * MiB), "--tmpfs", "/tmp",
-        ]  # fmt: skip
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(self.resources.tmp_size_mb * MiB),
+            "--tmpfs",
+            "/tmp",
+        ]
         made: set[str] = {"/usr", "/etc", "/tmp"}
         for prefix in self._python_dirs:
             for parent in ancestors(prefix):

@@ -57,9 +57,7 @@ _GATE = ["/bin/sh", "-c", 'head -c 1 >/dev/null; exec "$@"', "swerl-gate"]
 # Runs the command as a child, then kills whatever it left behind (kill -1 spares the caller and PID 1).
 # stderr joins stdout inside the container: one stream keeps the order the command wrote in (Docker frames two
 # streams from separate readers, so `print; echo >&2` could come back as err-then-out), as the local backend does.
-_WRAPPER = (
-    'exec 2>&1; cd -- "$1" || exit 1; /bin/bash -c "$2"; status=$?; kill -9 -1 2>/dev/null; exit $status'
-)
+_WRAPPER = 'exec 2>&1; cd -- "$1" || exit 1; /bin/bash -c "$2"; status=$?; kill -9 -1 2>/dev/null; exit $status'
 # PID 1: sleeps, reaps orphans (bash waits for any child on SIGCHLD), leaves after the lifetime.
 _INIT = "trap 'exit 0' TERM; end=$((SECONDS + {lifetime})); while [ $SECONDS -lt $end ]; do sleep 60 & wait $!; done"
 _PATCH_FAILED = 91
@@ -163,9 +161,7 @@ class DockerSandbox:
                 raise
             except InfraError:
                 if self._closed:
-                    raise InfraError(
-                        "sandbox_died", f"sandbox {self.name} was closed while running"
-                    ) from None
+                    raise InfraError("sandbox_died", f"sandbox {self.name} was closed while running") from None
                 raise
         if self._closed:
             raise InfraError("sandbox_died", f"sandbox {self.name} was closed while running {cmd[:200]!r}")
@@ -210,9 +206,7 @@ class DockerSandboxProvider:
         """The backend's own arguments are DockerSandboxConfig's fields; docker_host (None: the environment's
         DOCKER_HOST, or the default socket) and extra_env are not config."""
         self.allow_pull = allow_pull
-        self.pulls = WindowLimit(
-            pulls_per_hour, 3600.0, "docker image pulls (agent.sandbox.docker.pulls_per_hour)"
-        )
+        self.pulls = WindowLimit(pulls_per_hour, 3600.0, "docker image pulls (agent.sandbox.docker.pulls_per_hour)")
         self.resources = resources
         self.base_image = base_image
         self.cpus = cpus
@@ -258,9 +252,7 @@ class DockerSandboxProvider:
         try:
             async with asyncio.timeout(timeout_s):
                 container_id = await self.call(self._create_blocking, image, name, env or {}, abandoned)
-                sandbox = DockerSandbox(
-                    self, container_id, name, self.resources.max_output_bytes, self.kill_grace_s
-                )
+                sandbox = DockerSandbox(self, container_id, name, self.resources.max_output_bytes, self.kill_grace_s)
                 probe = await sandbox._run(
                     self._setup_script(setup_patch),
                     timeout_s,
@@ -282,12 +274,8 @@ class DockerSandboxProvider:
         if probe.exit_code != 0:
             await sandbox.close()
             if probe.exit_code == _PATCH_FAILED:
-                raise InfraError(
-                    "start_failed", f"setup patch does not apply to {env_dir}: {probe.output.strip()}"
-                )
-            raise InfraError(
-                "start_failed", f"sandbox set-up failed ({probe.exit_code}): {probe.output.strip()}"
-            )
+                raise InfraError("start_failed", f"setup patch does not apply to {env_dir}: {probe.output.strip()}")
+            raise InfraError("start_failed", f"sandbox set-up failed ({probe.exit_code}): {probe.output.strip()}")
         return sandbox
 
     async def environment_image(self, env_dir: Environment) -> PreparedImage:
@@ -344,9 +332,7 @@ class DockerSandboxProvider:
         try:
             tag, path, reused = await self.call(build_task_layer, client, env.image, env.repo_dir)
         except Exception as exc:  # the SDK raises several types; all mean "no image to run"
-            raise InfraError(
-                "image_missing", f"cannot build swerl's sandbox layer on {env.image}: {exc}"
-            ) from exc
+            raise InfraError("image_missing", f"cannot build swerl's sandbox layer on {env.image}: {exc}") from exc
         self.image_counters["reused" if reused else "built"] += 1
         return PreparedImage(tag, ":".join([*env.path_prepend, path or _DEFAULT_PATH]))
 
@@ -359,9 +345,7 @@ class DockerSandboxProvider:
         requirements = list(env.requirements) or ["pytest"]
         tag = f"{VENV_IMAGE_REPOSITORY}:{env.key or 'latest'}"
         try:
-            await self.call(
-                build_project_image, client, env.path, tag, requirements, env.python_path, self.base_image
-            )
+            await self.call(build_project_image, client, env.path, tag, requirements, env.python_path, self.base_image)
         except Exception as exc:  # pip, the SDK and the build raise several types; all mean "no image to run"
             raise InfraError(
                 "image_missing",
@@ -396,9 +380,7 @@ class DockerSandboxProvider:
     async def remove_all(self) -> int:
         """Remove every container this provider started that is still there; returns how many."""
         client = await self.call(self._docker)
-        found = await self.call(
-            client.api.containers, all=True, filters={"label": f"{LABEL}={self.id}"}, quiet=True
-        )
+        found = await self.call(client.api.containers, all=True, filters={"label": f"{LABEL}={self.id}"}, quiet=True)
         for container in found:
             await self.remove(container["Id"])
         return len(found)
@@ -435,9 +417,7 @@ class DockerSandboxProvider:
                     raise InfraError("start_failed", f"Docker engine not reachable: {exc}") from exc
             return self._client
 
-    def _create_blocking(
-        self, image: str, name: str, env: Mapping[str, str], abandoned: threading.Event
-    ) -> str:
+    def _create_blocking(self, image: str, name: str, env: Mapping[str, str], abandoned: threading.Event) -> str:
         import docker.errors
 
         api = self._docker().api
@@ -467,9 +447,7 @@ class DockerSandboxProvider:
         except docker.errors.ImageNotFound as exc:
             raise InfraError("image_missing", f"image {image} not found: {exc.explanation}") from exc
         except docker.errors.APIError as exc:
-            raise InfraError(
-                "start_failed", f"cannot start container from {image}: {exc.explanation}"
-            ) from exc
+            raise InfraError("start_failed", f"cannot start container from {image}: {exc.explanation}") from exc
         if abandoned.is_set():
             self._remove_blocking(name)
         return str(created["Id"])
@@ -494,7 +472,9 @@ class DockerSandboxProvider:
             ],
             read_only=True,
             tmpfs={
-                WORKSPACE: f"rw,exec,nosuid,nodev,size={res.workspace_mb}m,mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}",
+                WORKSPACE: (
+                    f"rw,exec,nosuid,nodev,size={res.workspace_mb}m,mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+                ),
                 "/tmp": f"rw,exec,nosuid,nodev,size={res.tmp_size_mb}m,mode=1777",
             },
             cap_drop=["ALL"],

@@ -130,9 +130,7 @@ class E2BSandbox:
 
         self._check_open()
         try:
-            return str(
-                await self.sdk_sandbox.files.read(self._abs(path), request_timeout=self._request_timeout_s)
-            )
+            return str(await self.sdk_sandbox.files.read(self._abs(path), request_timeout=self._request_timeout_s))
         except FileNotFoundException as exc:
             raise FileNotFoundError(f"cannot read {path} in sandbox: {exc}") from exc
         except Exception as exc:
@@ -229,9 +227,7 @@ class E2BSandboxProvider:
             try:
                 from e2b import AsyncSandbox
             except ImportError as exc:
-                raise InfraError(
-                    "start_failed", "the e2b backend needs the e2b extra: pip install swerl[e2b]"
-                ) from exc
+                raise InfraError("start_failed", "the e2b backend needs the e2b extra: pip install swerl[e2b]") from exc
             self._sdk = AsyncSandbox
         return self._sdk
 
@@ -317,13 +313,9 @@ class E2BSandboxProvider:
         git baseline made."""
         try:
             if payload is not None:
-                await sandbox.sdk_sandbox.files.write(
-                    _UPLOAD, payload, request_timeout=self.request_timeout_s
-                )
+                await sandbox.sdk_sandbox.files.write(_UPLOAD, payload, request_timeout=self.request_timeout_s)
             if setup_patch:
-                await sandbox.sdk_sandbox.files.write(
-                    _PATCH, setup_patch, request_timeout=self.request_timeout_s
-                )
+                await sandbox.sdk_sandbox.files.write(_PATCH, setup_patch, request_timeout=self.request_timeout_s)
         except Exception as exc:
             raise InfraError(infra_cause(exc, "exec"), f"e2b upload: {exc}") from exc
         git = "git -c user.name=swerl -c user.email=swerl@localhost -c init.defaultBranch=main"
@@ -342,9 +334,7 @@ class E2BSandboxProvider:
             ),
         ]
         for what, step, cwd in steps:
-            if (what == "setup patch" and not setup_patch) or (
-                what == "git baseline" and not self.git_baseline
-            ):
+            if (what == "setup patch" and not setup_patch) or (what == "git baseline" and not self.git_baseline):
                 continue
             result = await sandbox.exec(step, timeout=self.resources.start_timeout_s, cwd=cwd)
             if result.exit_code != 0:

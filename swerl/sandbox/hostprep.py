@@ -99,20 +99,12 @@ def interpreter_dirs(python_executable: str) -> list[str]:
     )
 
     try:
-        out = subprocess.run(
-            [python_executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60
-        )
+        out = subprocess.run([python_executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InfraError(
-            "start_failed", f"cannot run sandbox interpreter {python_executable}: {exc}"
-        ) from exc
+        raise InfraError("start_failed", f"cannot run sandbox interpreter {python_executable}: {exc}") from exc
     if out.returncode != 0:
-        raise InfraError(
-            "start_failed", f"sandbox interpreter {python_executable} failed: {out.stderr.strip()}"
-        )
-    dirs = sorted(
-        {os.path.realpath(p) for p in json.loads(out.stdout)} | {str(Path(python_executable).parent.parent)}
-    )
+        raise InfraError("start_failed", f"sandbox interpreter {python_executable} failed: {out.stderr.strip()}")
+    dirs = sorted({os.path.realpath(p) for p in json.loads(out.stdout)} | {str(Path(python_executable).parent.parent)})
     # /usr is bound whole; a prefix inside another one needs no bind of its own.
     outside = [d for d in dirs if d != "/" and not d.startswith("/usr/") and d != "/usr"]
     return [d for d in outside if not any(d != o and d.startswith(o + "/") for o in outside)]

@@ -81,9 +81,7 @@ def build_base(name: str = BASE_IMAGE, mirror: str | None = None, rebuild: bool 
         return name
     for tool in ("debootstrap", "docker"):
         if shutil.which(tool) is None:
-            raise RuntimeError(
-                f"{tool} not found (apt-get install {'docker.io' if tool == 'docker' else tool})"
-            )
+            raise RuntimeError(f"{tool} not found (apt-get install {'docker.io' if tool == 'docker' else tool})")
     mirror = mirror or debian_mirror()
     with tempfile.TemporaryDirectory(prefix="swerl-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -179,9 +177,17 @@ def build_offline(
                 tar.addfile(info, io.BytesIO(data))
         context.seek(0)
         log = client.api.build(
-            fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
-            network_mode="none", labels=labels, use_config_proxy=False, decode=True,
-        )  # fmt: skip
+            fileobj=context,
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            network_mode="none",
+            labels=labels,
+            use_config_proxy=False,
+            decode=True,
+        )
         errors = [str(entry["error"]).strip() for entry in log if "error" in entry]
     if errors:
         last = errors[-1].splitlines()[-1] if errors[-1] else errors[-1]
@@ -225,7 +231,8 @@ def task_layer_dockerfile(image: str, repo_dir: str, uid: int = SANDBOX_UID, use
             f'mv "{repo}" {ENV_SOURCE}',
             f"rm -rf {ENV_SOURCE}/.git",
             f'ln -s /workspace "{repo}"',
-            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd || echo '{user}:x:{uid}:{uid}:{user}:/tmp:/bin/bash' >> /etc/passwd)",
+            f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd "
+            f"|| echo '{user}:x:{uid}:{uid}:{user}:/tmp:/bin/bash' >> /etc/passwd)",
             f"(grep -q '^[^:]*:[^:]*:{uid}:' /etc/group || echo '{user}:x:{uid}:' >> /etc/group)",
             f"chown -R {uid}:{uid} {ENV_SOURCE} /workspace",
             "(command -v git >/dev/null || { echo 'swerl: the image has no git' >&2; exit 4; })",
@@ -287,7 +294,8 @@ def project_dockerfile(base: str, python_path: str) -> str:
     run = " && ".join(
         [
             f"python3 -m venv {PROJECT_VENV}",
-            f"{PROJECT_VENV}/bin/pip install --no-index --no-cache-dir --find-links /opt/wheels -r /opt/wheels/requirements.txt",
+            f"{PROJECT_VENV}/bin/pip install --no-index --no-cache-dir --find-links /opt/wheels "
+            "-r /opt/wheels/requirements.txt",
             f'echo {target} > "{site}/swerl-testbed.pth"',
             "rm -rf /opt/wheels",
             f"cd {PROJECT_REPO_DIR} && {git} init -q && {git} add -A && {git} commit -q -m base",
@@ -305,8 +313,10 @@ def download_wheels(requirements: list[str], dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["python3", "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(dest), *requirements],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"pip download {' '.join(requirements)} failed: {done.stderr.strip()[-800:]}")
     (dest / "requirements.txt").write_text("\n".join(requirements) + "\n")
@@ -326,9 +336,9 @@ def build_project_image(
     (pytest among them), fetched as wheels at build time. Returns the tag."""
     import docker.errors
 
-    digest = hashlib.sha256(
-        f"{env_digest(src_dir, base)}\0{sorted(requirements)}\0{python_path}".encode()
-    ).hexdigest()[:16]
+    digest = hashlib.sha256(f"{env_digest(src_dir, base)}\0{sorted(requirements)}\0{python_path}".encode()).hexdigest()[
+        :16
+    ]
     try:
         if client.images.get(tag).labels.get("org.swerl.project.digest") == digest:
             return tag
@@ -340,9 +350,13 @@ def build_project_image(
             download_wheels(requirements, wheels)
         labels = {LABEL: "project", "org.swerl.project.digest": digest}
         build_offline(
-            client, tag, project_dockerfile(base, python_path), labels, trees={"src": src_dir, "wheels": wheels},
+            client,
+            tag,
+            project_dockerfile(base, python_path),
+            labels,
+            trees={"src": src_dir, "wheels": wheels},
             what=f"from {src_dir}",
-        )  # fmt: skip
+        )
     return tag
 
 
@@ -411,17 +425,13 @@ def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m swerl.sandbox.images", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m swerl.sandbox.images", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     base = sub.add_parser("base", help="build the base image offline (reused when present)")
     base.add_argument("--name", default=BASE_IMAGE)
     base.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses)")
     base.add_argument("--rebuild", action="store_true")
-    env = sub.add_parser(
-        "env", help="build a repository's environment image on the base (reused when present)"
-    )
+    env = sub.add_parser("env", help="build a repository's environment image on the base (reused when present)")
     env.add_argument("env_dir", type=Path)
     env.add_argument("--base", default=BASE_IMAGE)
     project = sub.add_parser(
@@ -435,9 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     instance = sub.add_parser("instance", help="a SWE-bench-style instance image: a project image + a bug")
     instance.add_argument("project_image")
     instance.add_argument("bug_patch", type=Path)
-    instance.add_argument(
-        "--tag", required=True, help="e.g. swebench/sweb.eval.x86_64.owner_1776_name-1:latest"
-    )
+    instance.add_argument("--tag", required=True, help="e.g. swebench/sweb.eval.x86_64.owner_1776_name-1:latest")
     e2b = sub.add_parser("e2b-template", help="write the e2b template files of a task image")
     e2b.add_argument("image")
     e2b.add_argument("out_dir", type=Path)
@@ -457,11 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         print(build_env(client, args.env_dir.resolve(), args.base))
     elif args.command == "project":
         requirements = args.requirement or ["pytest"]
-        print(
-            build_project_image(
-                client, args.src_dir.resolve(), args.tag, requirements, args.python_path, args.base
-            )
-        )
+        print(build_project_image(client, args.src_dir.resolve(), args.tag, requirements, args.python_path, args.base))
     else:
         print(build_instance_image(client, args.project_image, args.bug_patch.read_text(), args.tag))
 

@@ -83,9 +83,7 @@ class LocalSandboxProvider(BubblewrapRuntime):
         if runtime not in ("auto", "supervisor", "bubblewrap"):
             raise ValueError(f"runtime must be auto, supervisor or bubblewrap, not {runtime!r}")
         if runtime == "supervisor" and workspace_quota == "none":
-            raise ValueError(
-                "runtime supervisor always caps the workspace: it cannot run with workspace_quota none"
-            )
+            raise ValueError("runtime supervisor always caps the workspace: it cannot run with workspace_quota none")
         self.python_executable = os.path.abspath(python_executable)
         self.resources = resources
         self._python_ok = False
@@ -106,9 +104,7 @@ class LocalSandboxProvider(BubblewrapRuntime):
         self._pythons: dict[str, LocalSandboxProvider] = {}
         self._launcher: Launcher | None = None
         self._mount: bool | None = None
-        self._first_start_lock = (
-            threading.Lock()
-        )  # decided at the first start (auto: whether this process may mount)
+        self._first_start_lock = threading.Lock()  # decided at the first start (auto: whether this process may mount)
         self._tools: dict[str, str] | None = None
         self._python_dirs: list[str] | None = None
         self._seccomp: bytes | None = None
@@ -199,11 +195,19 @@ class LocalSandboxProvider(BubblewrapRuntime):
             if env not in self._images:
                 rootfs, path = await asyncio.to_thread(self._export_image, env)
                 self._images[env] = LocalSandboxProvider(
-                    self.python_executable, self.resources, root_dir=self.root_dir,
-                    workspace_quota=self.workspace_quota, runtime=self.runtime, kill_grace_s=self.kill_grace_s,
-                    extra_env=self.extra_env, git_baseline=self.git_baseline, uid_range=self.uid_range,
-                    bwrap=self.bwrap, rootfs=rootfs, rootfs_path=":".join([*env.path_prepend, path]),
-                )  # fmt: skip
+                    self.python_executable,
+                    self.resources,
+                    root_dir=self.root_dir,
+                    workspace_quota=self.workspace_quota,
+                    runtime=self.runtime,
+                    kill_grace_s=self.kill_grace_s,
+                    extra_env=self.extra_env,
+                    git_baseline=self.git_baseline,
+                    uid_range=self.uid_range,
+                    bwrap=self.bwrap,
+                    rootfs=rootfs,
+                    rootfs_path=":".join([*env.path_prepend, path]),
+                )
             return self._images[env]
 
     def python_provider(self, python: str) -> LocalSandboxProvider:
@@ -220,10 +224,17 @@ class LocalSandboxProvider(BubblewrapRuntime):
             )
         if python not in self._pythons:
             self._pythons[python] = LocalSandboxProvider(
-                python, self.resources, root_dir=self.root_dir, workspace_quota=self.workspace_quota,
-                runtime=self.runtime, kill_grace_s=self.kill_grace_s, extra_env=self.extra_env,
-                git_baseline=self.git_baseline, uid_range=self.uid_range, bwrap=self.bwrap,
-            )  # fmt: skip
+                python,
+                self.resources,
+                root_dir=self.root_dir,
+                workspace_quota=self.workspace_quota,
+                runtime=self.runtime,
+                kill_grace_s=self.kill_grace_s,
+                extra_env=self.extra_env,
+                git_baseline=self.git_baseline,
+                uid_range=self.uid_range,
+                bwrap=self.bwrap,
+            )
         return self._pythons[python]
 
     def _export_image(self, env: ImageEnvironment) -> tuple[Path, str]:
@@ -310,8 +321,10 @@ class LocalSandboxProvider(BubblewrapRuntime):
         if self.rootfs is not None:
             return [
                 *rootfs_layout(self.rootfs),
-                ["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", self.resources.tmp_size_mb, 0o1777],
-            ]  # fmt: skip
+                ["proc", "/proc"],
+                ["dev", "/dev"],
+                ["tmpfs", "/tmp", self.resources.tmp_size_mb, 0o1777],
+            ]
         layout: list[list[Any]] = [["ro-bind", "/usr", "/usr"]]
         for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / link
@@ -367,9 +380,14 @@ class LocalSandboxProvider(BubblewrapRuntime):
             Cgroups.remove(cgroups)
             raise
         sandbox = SupervisedSandbox(
-            root, uid, control, 0, self.resources.max_output_bytes, self.kill_grace_s,
+            root,
+            uid,
+            control,
+            0,
+            self.resources.max_output_bytes,
+            self.kill_grace_s,
             on_close=(lambda: Cgroups.remove(cgroups)) if cgroups else None,
-        )  # fmt: skip
+        )
         sandbox.cgroups = cgroups
         try:
             try:
@@ -394,15 +412,9 @@ class LocalSandboxProvider(BubblewrapRuntime):
                     argv, self.resources.start_timeout_s, WORKSPACE, None if stdin is None else stdin.encode()
                 )
                 if result.timed_out:
-                    raise InfraError(
-                        "start_timeout", f"sandbox did not start within {self.resources.start_timeout_s}s"
-                    )
+                    raise InfraError("start_timeout", f"sandbox did not start within {self.resources.start_timeout_s}s")
                 if result.exit_code != 0:
-                    what = (
-                        "setup patch does not apply to"
-                        if stdin is not None
-                        else "sandbox start check failed for"
-                    )
+                    what = "setup patch does not apply to" if stdin is not None else "sandbox start check failed for"
                     raise InfraError("start_failed", f"{what} {env_dir}: {result.output.strip()}")
         except BaseException:
             await asyncio.shield(sandbox.close())

@@ -185,9 +185,7 @@ class SandboxPool:
     # ------------------------------------------------------------------------------------------------------------
     # Warm pool
 
-    def keep_warm(
-        self, env_dir: Environment | str, setup_patch: str | None = None, size: int | None = None
-    ) -> None:
+    def keep_warm(self, env_dir: Environment | str, setup_patch: str | None = None, size: int | None = None) -> None:
         """Keep `size` (default warm_size) sandboxes of this starting state ready; refilled after each hand-out."""
         target = self.pool_limits.warm_size if size is None else size
         key = warm_key(env_dir, setup_patch)
@@ -311,10 +309,7 @@ class SandboxPool:
                 return await self._start_once(env_dir, setup_patch)
             except InfraError as exc:
                 self.counters[f"start_error.{exc.cause}"] += 1
-                if (
-                    exc.cause not in self.pool_limits.retry_causes
-                    or attempt == self.pool_limits.start_retries
-                ):
+                if exc.cause not in self.pool_limits.retry_causes or attempt == self.pool_limits.start_retries:
                     raise
                 self.counters[f"start_retry.{exc.cause}"] += 1
                 await asyncio.sleep(delay)
@@ -395,8 +390,12 @@ class SandboxPool:
         total = self.sandbox_seconds()
         step = total - self._reported_seconds
         self._reported_seconds = total
-        metrics = {"sandbox_seconds_step": step, "sandbox_cost_usd_step": self.cost_usd(step),
-                   "sandbox_seconds_total": total, "sandbox_cost_usd_total": self.cost_usd(total)}  # fmt: skip
+        metrics = {
+            "sandbox_seconds_step": step,
+            "sandbox_cost_usd_step": self.cost_usd(step),
+            "sandbox_seconds_total": total,
+            "sandbox_cost_usd_total": self.cost_usd(total),
+        }
         return metrics | {f"pool/{name}": float(count) for name, count in sorted(self.counters.items())}
 
     @property

@@ -143,9 +143,7 @@ def refuse_nul(**fields: str) -> ExecResult | None:
     bad = [name for name, value in fields.items() if "\0" in value]
     if not bad:
         return None
-    message = (
-        f"swerl: the {' and '.join(bad)} holds a NUL byte, which no command line can carry; nothing ran\n"
-    )
+    message = f"swerl: the {' and '.join(bad)} holds a NUL byte, which no command line can carry; nothing ran\n"
     return ExecResult(exit_code=2, output=message, timed_out=False, duration_s=0.0)
 
 

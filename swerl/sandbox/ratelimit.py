@@ -48,9 +48,7 @@ class WindowLimit:
     """At most `limit` acquisitions in any `window_s` seconds (Docker Hub's pulls per hour are counted so);
     a caller past it waits, and the wait is logged with what it waits for."""
 
-    def __init__(
-        self, limit: int, window_s: float, what: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, limit: int, window_s: float, what: str, clock: Callable[[], float] = time.monotonic) -> None:
         if limit < 1 or window_s <= 0:
             raise ValueError(f"WindowLimit needs limit >= 1 and window_s > 0, got {limit}, {window_s}")
         self.limit = limit
@@ -79,8 +77,11 @@ class WindowLimit:
                 pause = max(0.0, self._times[0] + self.window_s - self.clock())
                 log.warning(
                     "%s: %d in the last %.0f s (the limit): waiting %.1f s for the next one",
-                    self.what, len(self._times), self.window_s, pause,
-                )  # fmt: skip
+                    self.what,
+                    len(self._times),
+                    self.window_s,
+                    pause,
+                )
                 await asyncio.sleep(pause)
                 waited += pause
                 self._expire()

@@ -59,9 +59,7 @@ def exported_rootfs(client: Any, tag: str, cache: Path) -> Path:
                 untar.stdin.write(chunk)
             untar.stdin.close()
             if untar.wait() != 0:
-                raise RuntimeError(
-                    f"extracting the root file system of {tag} failed (tar exit {untar.returncode})"
-                )
+                raise RuntimeError(f"extracting the root file system of {tag} failed (tar exit {untar.returncode})")
             if not (staging / ENV_SOURCE.lstrip("/")).is_dir():
                 raise RuntimeError(f"{tag} has no {ENV_SOURCE}: not an image with swerl's sandbox layer")
             try:

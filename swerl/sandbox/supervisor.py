@@ -89,9 +89,7 @@ def helper_binary() -> Path:
                 # atomic: a concurrent build of the same source wrote the same bytes
                 os.replace(built, target)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise InfraError(
-                "start_failed", f"cannot build the sandbox supervisor into {target}: {exc}"
-            ) from exc
+            raise InfraError("start_failed", f"cannot build the sandbox supervisor into {target}: {exc}") from exc
     return _trusted(target)
 
 
@@ -146,9 +144,15 @@ def encode_start(
     if bad:
         raise ValueError(f"environment variable names must be non-empty and hold no '=': {bad!r}")
     return encode(
-        "start", root, uid, env_dir, len(cgroups), *cgroups, len(env),
+        "start",
+        root,
+        uid,
+        env_dir,
+        len(cgroups),
+        *cgroups,
+        len(env),
         *(f"{name}={value}" for name, value in env.items()),
-    )  # fmt: skip
+    )
 
 
 def seccomp_program(helper: Path) -> bytes:
@@ -587,9 +591,7 @@ class SupervisedSandbox(CommandSandbox):
         command, result = self.control.expect()
         started = time.monotonic()
         try:
-            await self.control.send(
-                "exec", command, cwd, len(argv), *argv, fds=[out_w] + ([in_r] if in_r >= 0 else [])
-            )
+            await self.control.send("exec", command, cwd, len(argv), *argv, fds=[out_w] + ([in_r] if in_r >= 0 else []))
         except BaseException:
             os.close(out_r)
             if in_w >= 0:
@@ -646,9 +648,7 @@ class SupervisedSandbox(CommandSandbox):
         output: BoundedOutput,
         result: asyncio.Future[dict[str, Any]],
     ) -> dict[str, Any]:
-        writer = (
-            asyncio.ensure_future(asyncio.to_thread(_write_all, in_w, stdin)) if stdin is not None else None
-        )
+        writer = asyncio.ensure_future(asyncio.to_thread(_write_all, in_w, stdin)) if stdin is not None else None
         try:
             await _read_until_eof(out_r, output)
             if writer is not None:

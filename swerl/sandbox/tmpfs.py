@@ -136,12 +136,24 @@ async def hold_tmpfs(root: Path, size_mb: int, tools: dict[str, str], timeout_s:
         "SWERL_TMPFS_SOURCE": SOURCE.decode(),
     }
     proc = await asyncio.create_subprocess_exec(
-        tools["setpriv"], "--pdeathsig", "KILL", "--",
-        tools["unshare"], "--mount", "--propagation", "private", "--",
-        "/bin/sh", "-c", _HOLDER_SCRIPT,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=env, start_new_session=True,
-    )  # fmt: skip
+        tools["setpriv"],
+        "--pdeathsig",
+        "KILL",
+        "--",
+        tools["unshare"],
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        _HOLDER_SCRIPT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     holder = TmpfsHolder(proc, root, tools["nsenter"])
     assert proc.stdout is not None
     try:

@@ -155,9 +155,7 @@ def episode_limits(agent: AgentConfig) -> EpisodeLimits:
 
 def input_manifest(ctx: StageContext, stage: str) -> Manifest:
     if stage not in ctx.inputs:
-        raise ValueError(
-            f"stage {ctx.stage} needs the output of stage {stage!r}; inputs: {sorted(ctx.inputs)}"
-        )
+        raise ValueError(f"stage {ctx.stage} needs the output of stage {stage!r}; inputs: {sorted(ctx.inputs)}")
     return ctx.inputs[stage]
 
 
@@ -217,14 +215,10 @@ async def episode_with_retries(
     for retry in range(1, retries + 1):
         if trajectory.status is not EpisodeStatus.INFRA_ERROR:
             break
-        counts[f"infra_error.{trajectory.infra_cause}"] = (
-            counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
-        )
+        counts[f"infra_error.{trajectory.infra_cause}"] = counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
         trajectory = await run(retry)
     if trajectory.status is EpisodeStatus.INFRA_ERROR:
-        counts[f"infra_error.{trajectory.infra_cause}"] = (
-            counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
-        )
+        counts[f"infra_error.{trajectory.infra_cause}"] = counts.get(f"infra_error.{trajectory.infra_cause}", 0) + 1
         counts["infra_error.gave_up"] = counts.get("infra_error.gave_up", 0) + 1
     return trajectory
 

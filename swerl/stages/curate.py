@@ -17,9 +17,9 @@ untouched bug graded unresolved and the reference fix (the candidate's fix patch
 ids that disagree with the validation run dropped and counted. One that yields no task fails the stage, with the
 runner's output and what to set. Their contents are part of the stage key (`content_key`).
 
-Harbor tasks (`curate.harbor`, swerl.data.harbor; swerl/stages/curate_harbor.py): each directory's image is built offline, its
-reference patch is the diff solution/solve.sh makes in a fresh sandbox of it, and it is kept only when its own
-verifier, through the one grader, gives that patch 1 and the empty patch 0; the rest are counted by reason. Their
+Harbor tasks (`curate.harbor`, swerl.data.harbor; swerl/stages/curate_harbor.py): each directory's image is built
+offline, its reference patch is the diff solution/solve.sh makes in a fresh sandbox of it, and it is kept only when its
+own verifier, through the one grader, gives that patch 1 and the empty patch 0; the rest are counted by reason. Their
 split is their own rule (`harbor_eval_keys`), their directories' contents part of the stage key.
 
 Loaded SWE-bench-style rows whose image is on the Docker engine are gold-checked (`curate.gold_check`,
@@ -115,21 +115,25 @@ async def _clean_output(
     except Exception as exc:  # noqa: BLE001 - the message must say what the sandbox did, whatever it was
         return f"(the clean run could not run: {type(exc).__name__}: {exc})"
     tail = result.output[-CLEAN_OUTPUT_CHARS:]
-    return (f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''} in {result.duration_s:.1f} s, "
-            f"{len(outcomes)} test outcomes parsed; output{' (tail)' if len(result.output) > len(tail) else ''}:"
-            f"\n{tail}")  # fmt: skip
+    return (
+        f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''} in {result.duration_s:.1f} s, "
+        f"{len(outcomes)} test outcomes parsed; output{' (tail)' if len(result.output) > len(tail) else ''}:"
+        f"\n{tail}"
+    )
 
 
 def _check_yield(
-    ctx: StageContext, specs: Sequence[RepoSpec], reports: Sequence[RepoReport], provider: SandboxProvider,
-    timeout_s: float, real: Mapping[str, RealRepo] | None = None,
-) -> None:  # fmt: skip
+    ctx: StageContext,
+    specs: Sequence[RepoSpec],
+    reports: Sequence[RepoReport],
+    provider: SandboxProvider,
+    timeout_s: float,
+    real: Mapping[str, RealRepo] | None = None,
+) -> None:
     """Warn per repository without a task; fail, with clean runs' output, when no repository yields one or when
     a real repository (a RepoSource entry) yields none."""
     real = real or {}
-    empty = [
-        (spec, report) for spec, report in zip(specs, reports, strict=True) if not sum(report.valid.values())
-    ]
+    empty = [(spec, report) for spec, report in zip(specs, reports, strict=True) if not sum(report.valid.values())]
     for spec, report in empty:
         ctx.log.warning("curate: repository %s yielded no task (%s)", spec.name, _why_no_task(report))
     empty_real = [(spec, report) for spec, report in empty if spec.name in real]
@@ -269,8 +273,7 @@ def resolve_sources(sources: Sequence[RepoSource]) -> list[RepoSpec]:
         # The tasks name the repository and the environment it runs in (venv://): every later stage runs them
         # with that environment's interpreter, and another machine can rebuild it from the reference.
         image = str(env_reference(path, source.install, source.python_path))
-        specs.append(RepoSpec(name=name, path=path, repo=f"local/{name}", image=image,
-                              test_cmd=source.test_cmd))  # fmt: skip
+        specs.append(RepoSpec(name=name, path=path, repo=f"local/{name}", image=image, test_cmd=source.test_cmd))
     return specs
 
 
@@ -302,14 +305,13 @@ def _merge_micro_reports(reports: Sequence[RepoReport], micro: Sequence[RepoSpec
     return merged
 
 
-def _load_sources(
-    sources: Sequence[DatasetSource], strict: bool
-) -> tuple[list[TaskInstance], list[LoadReport]]:
+def _load_sources(sources: Sequence[DatasetSource], strict: bool) -> tuple[list[TaskInstance], list[LoadReport]]:
     tasks: list[TaskInstance] = []
     reports = []
     for source in sources:
-        loaded, report = load_tasks(source.path, source.schema_name, source.split, source.limit, strict,
-                                    source.revision)  # fmt: skip
+        loaded, report = load_tasks(
+            source.path, source.schema_name, source.split, source.limit, strict, source.revision
+        )
         tasks += loaded
         reports.append(report)
     return tasks, reports
@@ -353,8 +355,15 @@ def yield_table(reports: Sequence[RepoReport]) -> list[dict[str, Any]]:
                 }
             )
         if report.skipped:
-            rows.append({"repo": report.name, "modifier": f"(skipped: {report.skipped})", "sites": 0,
-                         "candidates": 0, "valid": 0})  # fmt: skip
+            rows.append(
+                {
+                    "repo": report.name,
+                    "modifier": f"(skipped: {report.skipped})",
+                    "sites": 0,
+                    "candidates": 0,
+                    "valid": 0,
+                }
+            )
     return rows
 
 
@@ -365,14 +374,10 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     specs = resolve_repos([e for e in cfg.repos if isinstance(e, str)]) + real_specs
     names = [s.name for s in specs]
     if duplicates := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(
-            f"repositories listed more than once (by name; set `name` to tell them apart): {duplicates}"
-        )
+        raise ValueError(f"repositories listed more than once (by name; set `name` to tell them apart): {duplicates}")
     micro = micro_specs(cfg.micro) if cfg.micro else []
     _check_micro_names(specs, micro)
-    synthesized, repo_reports = _synthesize_logged(
-        cfg, ctx, specs, micro, dict(zip(real_specs, sources, strict=True))
-    )
+    synthesized, repo_reports = _synthesize_logged(cfg, ctx, specs, micro, dict(zip(real_specs, sources, strict=True)))
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     # Rows whose image is present: the fix must resolve, the empty patch must not.
@@ -416,21 +421,23 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         metrics |= {"harbor_tasks": harbor.report["tasks"], "harbor_kept": harbor.report["kept"]}
         metrics |= {f"harbor_rejected.{why}": n for why, n in harbor.report["rejections"].items()}
     ctx.log_metrics(metrics)
-    summary = (
-        f"{synth['valid']}/{synth['candidates']} candidates valid; "
-        f"{len(train)} train, {len(held_out)} eval tasks"
-    )
+    summary = f"{synth['valid']}/{synth['candidates']} candidates valid; {len(train)} train, {len(held_out)} eval tasks"
     markdown = _markdown(synth, report["split"], decontam_report)
     if harbor.report:
-        markdown += (f"\nHarbor tasks: {harbor.report['kept']} of {harbor.report['tasks']} kept "
-                     f"(rejections: {harbor.report['rejections'] or 'none'})\n")  # fmt: skip
+        markdown += (
+            f"\nHarbor tasks: {harbor.report['kept']} of {harbor.report['tasks']} kept "
+            f"(rejections: {harbor.report['rejections'] or 'none'})\n"
+        )
     if gold.report.get("checked"):
         g = gold.report
-        markdown += (f"\nGold check of loaded rows: {g['checked']} checked in their images, {g['dropped']} dropped "
-                     f"({g['causes'] or 'none'}), {g['infra_errors']} infrastructure errors, {g['no_image']} "
-                     "without their image (unchecked)\n")  # fmt: skip
-    return StageResult(metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown},
-                       summary=summary)  # fmt: skip
+        markdown += (
+            f"\nGold check of loaded rows: {g['checked']} checked in their images, {g['dropped']} dropped "
+            f"({g['causes'] or 'none'}), {g['infra_errors']} infrastructure errors, {g['no_image']} "
+            "without their image (unchecked)\n"
+        )
+    return StageResult(
+        metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown}, summary=summary
+    )
 
 
 def _check_micro_names(specs: Sequence[RepoSpec], micro: Sequence[RepoSpec]) -> None:
@@ -455,15 +462,22 @@ def _build_real(
         ctx.log.info("curate: %s tests with %s (%s)", spec.name, env.python, ", ".join(env.installed))
         provider = sandbox_provider(cfg.sandbox.model_copy(update={"python": env.python}))
         real[spec.name] = RealRepo(source, env, provider)
-        built[spec.name] = {"python": env.python, "env_key": env.key, "python_path": env.python_path,
-                            "installed": list(env.installed)}  # fmt: skip
+        built[spec.name] = {
+            "python": env.python,
+            "env_key": env.key,
+            "python_path": env.python_path,
+            "installed": list(env.installed),
+        }
     return real, built
 
 
 def _synthesize_logged(
-    cfg: CurateConfig, ctx: StageContext, specs: list[RepoSpec], micro: list[RepoSpec],
+    cfg: CurateConfig,
+    ctx: StageContext,
+    specs: list[RepoSpec],
+    micro: list[RepoSpec],
     sources: Mapping[RepoSpec, RepoSource] | None = None,
-) -> tuple[list[TaskInstance], list[RepoReport]]:  # fmt: skip
+) -> tuple[list[TaskInstance], list[RepoReport]]:
     """Tasks synthesized from every repository, in sandboxes whose enforced limits are logged first."""
     real, built = _build_real(cfg, ctx, sources or {})
     if built:
@@ -556,8 +570,11 @@ def _markdown(synth: dict[str, Any], split: dict[str, Any], decontam: dict[str, 
         lines.append(f"| {modifier} | {counts['candidates']} | {counts['valid']} |")
     real = {name: r for name, r in synth["by_repo"].items() if "environment" in r}
     if real:  # repositories with their own environment: what the grader confirmed, what was left out
-        lines += ["", "| repository | candidates | valid | gold-resolved | clean tests left out | ids dropped |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "| repository | candidates | valid | gold-resolved | clean tests left out | ids dropped |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for name, r in real.items():
             lines.append(
                 f"| {name} | {sum(r['candidates'].values())} | {sum(r['valid'].values())} | {r['gold_resolved']} "

@@ -110,8 +110,11 @@ def gold_check(cfg: CurateConfig, ctx: StageContext, tasks: list[TaskInstance]) 
     checked = [t for t in tasks if images.get(t.instance_id) in present]
     rows: list[dict[str, Any]] = []
     if checked:
-        ctx.log.info("curate: gold check of %d loaded rows in their images (%d without one on the engine)",
-                     len(checked), len(images) - len(checked))  # fmt: skip
+        ctx.log.info(
+            "curate: gold check of %d loaded rows in their images (%d without one on the engine)",
+            len(checked),
+            len(images) - len(checked),
+        )
         provider = sandbox_provider(cfg.sandbox, git_baseline=True)
         gate = asyncio.Semaphore(cfg.validation_workers)
 
@@ -131,13 +134,24 @@ def gold_check(cfg: CurateConfig, ctx: StageContext, tasks: list[TaskInstance]) 
     infra = Counter(r["infra"] for r in rows if "infra" in r)
     for r in rows:
         if r.get("causes"):
-            ctx.log.warning("curate: gold check dropped %s: %s (gold %s, empty %s)", r["instance_id"],
-                            ", ".join(r["causes"]), r["gold"], r["empty"])  # fmt: skip
+            ctx.log.warning(
+                "curate: gold check dropped %s: %s (gold %s, empty %s)",
+                r["instance_id"],
+                ", ".join(r["causes"]),
+                r["gold"],
+                r["empty"],
+            )
     shown = sorted(rows, key=lambda r: (not r.get("causes") and "infra" not in r, r["instance_id"]))
     report = {
-        "enabled": True, "checked": len(checked), "kept_checked": len(checked) - len(dropped),
-        "dropped": len(dropped), "causes": dict(sorted(causes.items())), "infra_errors": sum(infra.values()),
-        "infra_causes": dict(sorted(infra.items())), "no_image": len(images) - len(checked),
-        "not_image_rows": len(tasks) - len(images), "rows": shown[:DETAIL_ROWS],
-    }  # fmt: skip
+        "enabled": True,
+        "checked": len(checked),
+        "kept_checked": len(checked) - len(dropped),
+        "dropped": len(dropped),
+        "causes": dict(sorted(causes.items())),
+        "infra_errors": sum(infra.values()),
+        "infra_causes": dict(sorted(infra.items())),
+        "no_image": len(images) - len(checked),
+        "not_image_rows": len(tasks) - len(images),
+        "rows": shown[:DETAIL_ROWS],
+    }
     return GoldCheckResult([t for t in tasks if t.instance_id not in dropped], report)

@@ -73,9 +73,7 @@ async def _gold_check_harbor(directory: Path, provider: SandboxProvider, timeout
     except HarborFormatError as exc:
         return rejected("format_error", str(exc))
     if not harbor.has_solution:
-        return rejected(
-            "no_solution", f"{directory}: no solution/solve.sh to take a reference patch from", harbor
-        )
+        return rejected("no_solution", f"{directory}: no solution/solve.sh to take a reference patch from", harbor)
     try:
         await asyncio.to_thread(build_harbor_image, harbor)
         sandbox = await start_task_sandbox(provider, task)
@@ -84,17 +82,24 @@ async def _gold_check_harbor(directory: Path, provider: SandboxProvider, timeout
         finally:
             await sandbox.close()
         if not patch.strip():
-            return rejected("solution_changes_nothing", f"{directory}: solution/solve.sh left the repository as it was",
-                            harbor)  # fmt: skip
+            return rejected(
+                "solution_changes_nothing", f"{directory}: solution/solve.sh left the repository as it was", harbor
+            )
         task, _ = await asyncio.to_thread(load_harbor_task, directory, reference_patch=patch)
         gold = await grade_patch(provider, task, patch, timeout_s)
         if gold.status != RESOLVED_FULL:
-            return rejected("gold_unresolved", f"the reference patch graded {gold.status}, reward {gold.reward} "
-                            f"({gold.detail}): {gold.log[-300:]}", harbor)  # fmt: skip
+            return rejected(
+                "gold_unresolved",
+                f"the reference patch graded {gold.status}, reward {gold.reward} ({gold.detail}): {gold.log[-300:]}",
+                harbor,
+            )
         empty = await grade_patch(provider, task, "", timeout_s)
         if empty.reward != 0.0:
-            return rejected("empty_patch_rewarded", f"the empty patch graded {empty.status}, reward {empty.reward} "
-                            f"({empty.detail})", harbor)  # fmt: skip
+            return rejected(
+                "empty_patch_rewarded",
+                f"the empty patch graded {empty.status}, reward {empty.reward} ({empty.detail})",
+                harbor,
+            )
     except SolutionFailed as exc:
         return rejected("solution_failed", exc.message, harbor)
     except InfraError as exc:
@@ -106,8 +111,12 @@ def _harbor_limits(harbor: HarborTask, cfg: CurateConfig) -> dict[str, Any]:
     """task.toml's limits next to what swerl applies: the verifier timeout is the task's own; the agent timeout
     runs solve.sh here but is not an episode's cap (agent.episode_timeout_s is one value per stage); cpus and
     memory_mb are per provider in swerl (sandbox.docker.cpus, sandbox.memory_mb), never per task."""
-    limits: dict[str, Any] = {"verifier_timeout_s": harbor.verifier_timeout_s, "agent_timeout_s": harbor.agent_timeout_s,
-                              "cpus": harbor.cpus, "memory_mb": harbor.memory_mb}  # fmt: skip
+    limits: dict[str, Any] = {
+        "verifier_timeout_s": harbor.verifier_timeout_s,
+        "agent_timeout_s": harbor.agent_timeout_s,
+        "cpus": harbor.cpus,
+        "memory_mb": harbor.memory_mb,
+    }
     above = []
     if harbor.memory_mb is not None and harbor.memory_mb > cfg.sandbox.memory_mb:
         above.append(f"memory_mb {harbor.memory_mb} > sandbox.memory_mb {cfg.sandbox.memory_mb}")
@@ -133,9 +142,7 @@ def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
     for directory in directories:
         by_name.setdefault(directory.name, []).append(str(directory))
     if clashing := {name: paths for name, paths in by_name.items() if len(paths) > 1}:
-        raise ValueError(
-            f"curate.harbor: Harbor tasks share a directory name (their instance id): {clashing}"
-        )
+        raise ValueError(f"curate.harbor: Harbor tasks share a directory name (their instance id): {clashing}")
     ctx.log.info("curate: %d Harbor tasks from %s", len(directories), cfg.harbor)
     provider = sandbox_provider(cfg.sandbox, git_baseline=True)
     gate = asyncio.Semaphore(cfg.validation_workers)
@@ -167,8 +174,11 @@ def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
             continue
         limits[name] = _harbor_limits(outcome.harbor, cfg)
         if "above_sandbox" in limits[name]:
-            ctx.log.warning("curate: Harbor task %s asks for more than swerl's sandboxes give (per provider, "
-                            "not per task): %s", name, limits[name]["above_sandbox"])  # fmt: skip
+            ctx.log.warning(
+                "curate: Harbor task %s asks for more than swerl's sandboxes give (per provider, not per task): %s",
+                name,
+                limits[name]["above_sandbox"],
+            )
         keys = harbor_eval_keys(outcome.harbor) & wanted
         matched |= keys
         if keys:
@@ -180,7 +190,13 @@ def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
             f"curate: none of the {len(directories)} Harbor tasks passed the gold check (reference patch 1, empty "
             "patch 0):\n" + "\n".join(f"--- {name}: {why[:2000]}" for name, why in rejected.items())
         )
-    report = {"tasks": len(directories), "kept": len(train) + len(held_out), "train": len(train),
-              "eval": len(held_out), "rejections": dict(sorted(rejections.items())), "rejected": rejected,
-              "limits": limits}  # fmt: skip
+    report = {
+        "tasks": len(directories),
+        "kept": len(train) + len(held_out),
+        "train": len(train),
+        "eval": len(held_out),
+        "rejections": dict(sorted(rejections.items())),
+        "rejected": rejected,
+        "limits": limits,
+    }
     return HarborCuration(train, held_out, frozenset(matched), report)

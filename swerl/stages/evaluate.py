@@ -122,17 +122,16 @@ def models_to_evaluate(cfg: EvaluateConfig, ctx: StageContext) -> list[str]:
     return names
 
 
-def evaluation_tasks(
-    cfg: EvaluateConfig, ctx: StageContext, curate: Manifest
-) -> tuple[list[TaskInstance], str]:
+def evaluation_tasks(cfg: EvaluateConfig, ctx: StageContext, curate: Manifest) -> tuple[list[TaskInstance], str]:
     """The tasks to draw the subset from: `evaluate.dataset` (through `datasets`), or the curate stage's held-out
     split (or its training split, `evaluate.split: train`)."""
     if cfg.dataset is not None:
         d = cfg.dataset
         tasks, report = load_dataset_tasks(d.path, d.schema_name, d.split, d.limit, revision=d.revision)
         if report.rejected:
-            ctx.log.warning("evaluate.dataset %s: %d row(s) rejected, e.g. %s", d.path, len(report.rejected),
-                            report.rejected[0])  # fmt: skip
+            ctx.log.warning(
+                "evaluate.dataset %s: %d row(s) rejected, e.g. %s", d.path, len(report.rejected), report.rejected[0]
+            )
         at = f" at revision {d.revision}" if d.revision else ""
         source = f"evaluate.dataset {d.path}{at} (split {d.split}, schema {d.schema_name})"
     elif cfg.split == "train":
@@ -170,8 +169,7 @@ async def evaluate_model(
     tokenizer = load_tokenizer(path)  # the engine loads the weights; the episodes need only the tokenizer
     limits = episode_limits(cfg.agent)
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn,
-                              temperature=cfg.evaluate.temperature)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=cfg.evaluate.temperature)
     gate = asyncio.Semaphore(cfg.evaluate.concurrency)
     grades: list[dict[str, Any]] = []
     async with (
@@ -183,8 +181,17 @@ async def evaluate_model(
 
         async def one(task: TaskInstance, attempt: int) -> Trajectory:
             async def once(retry: int) -> Trajectory:
-                trajectory = await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
-                                               group_id=task.instance_id, rid=f"{task.instance_id}/{attempt}/{retry}")  # fmt: skip
+                trajectory = await run_episode(
+                    task,
+                    engine,
+                    provider,
+                    tokenizer,
+                    limits,
+                    sampling,
+                    attempt=attempt,
+                    group_id=task.instance_id,
+                    rid=f"{task.instance_id}/{attempt}/{retry}",
+                )
                 if cfg.evaluate.grader == "episode" or trajectory.status is EpisodeStatus.INFRA_ERROR:
                     return trajectory
                 return await regrade(task, trajectory, retry)
@@ -193,14 +200,30 @@ async def evaluate_model(
                 try:
                     graded = await grade_attempt(provider, task, trajectory.patch, cfg.agent.test_timeout_s)
                 except InfraError as exc:  # the attempt is rerun, like any infrastructure failure
-                    return trajectory.model_copy(update={"status": EpisodeStatus.INFRA_ERROR, "reward": None,
-                                                         "infra_cause": exc.cause, "infra_message": exc.message})  # fmt: skip
+                    return trajectory.model_copy(
+                        update={
+                            "status": EpisodeStatus.INFRA_ERROR,
+                            "reward": None,
+                            "infra_cause": exc.cause,
+                            "infra_message": exc.message,
+                        }
+                    )
                 reward = 1.0 if graded.grade.resolved else 0.0
-                grades.append({"task_id": task.instance_id, "attempt": attempt, "retry": retry,
-                               "episode_reward": trajectory.reward, "reward": reward, "status": graded.grade.status,
-                               "parser": graded.grade.parser, "tests": graded.grade.tests,
-                               "infra_reason": graded.grade.infra_reason, "detail": graded.detail,
-                               **_sealed_fields(graded)})  # fmt: skip
+                grades.append(
+                    {
+                        "task_id": task.instance_id,
+                        "attempt": attempt,
+                        "retry": retry,
+                        "episode_reward": trajectory.reward,
+                        "reward": reward,
+                        "status": graded.grade.status,
+                        "parser": graded.grade.parser,
+                        "tests": graded.grade.tests,
+                        "infra_reason": graded.grade.infra_reason,
+                        "detail": graded.detail,
+                        **_sealed_fields(graded),
+                    }
+                )
                 status = trajectory.status
                 if status in (EpisodeStatus.RESOLVED, EpisodeStatus.UNRESOLVED):
                     status = EpisodeStatus.RESOLVED if reward == 1.0 else EpisodeStatus.UNRESOLVED
@@ -215,9 +238,7 @@ async def evaluate_model(
         jobs = [(t, k) for t in tasks for k in range(n)]
         order = [i * n + k for i in environment_order(tasks) for k in range(n)]
         ran = await asyncio.gather(*(one(*jobs[i]) for i in order))
-        trajectories = [
-            trajectory for _, trajectory in sorted(zip(order, ran, strict=True), key=lambda p: p[0])
-        ]
+        trajectories = [trajectory for _, trajectory in sorted(zip(order, ran, strict=True), key=lambda p: p[0])]
     return trajectories, grades
 
 
@@ -226,8 +247,13 @@ def _sealed_fields(graded: AttemptGrade) -> dict[str, Any]:
     sealed = graded.sealed
     if sealed is None:
         return {}
-    return {"sealed": sealed.sealed, "dropped": list(sealed.dropped), "tampered": list(sealed.tampered),
-            "forged_lines": sealed.forged_lines, "introspection_lines": sealed.introspection_lines}  # fmt: skip
+    return {
+        "sealed": sealed.sealed,
+        "dropped": list(sealed.dropped),
+        "tampered": list(sealed.tampered),
+        "forged_lines": sealed.forged_lines,
+        "introspection_lines": sealed.introspection_lines,
+    }
 
 
 def pass_at_ks(attempts: int) -> list[int]:
@@ -237,9 +263,12 @@ def pass_at_ks(attempts: int) -> list[int]:
 
 
 def summarize(
-    trajectories: list[Trajectory], tasks: list[TaskInstance], cfg: EvaluateConfig, seed: int,
+    trajectories: list[Trajectory],
+    tasks: list[TaskInstance],
+    cfg: EvaluateConfig,
+    seed: int,
     subset: Subset | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     by_id = {t.instance_id: t for t in tasks}
     rewards: dict[str, list[float | None]] = {t.instance_id: [] for t in tasks}
     for trajectory in trajectories:
@@ -260,9 +289,7 @@ def summarize(
     population = subset.population if subset else dict(Counter(stratum_of.values()))
     statuses = Counter(t.status.value for t in trajectories)
     scored = [t for t in trajectories if t.reward is not None]
-    ks = [
-        pass_at_k(rewards, k, cfg.bootstrap_samples, cfg.confidence, seed) for k in pass_at_ks(cfg.attempts)
-    ]
+    ks = [pass_at_k(rewards, k, cfg.bootstrap_samples, cfg.confidence, seed) for k in pass_at_ks(cfg.attempts)]
     return {
         **overall.to_dict(),
         "pass@k": [
@@ -275,14 +302,12 @@ def summarize(
                 "excluded": s.excluded,
             }
             for s in ks
-        ],  # fmt: skip
+        ],
         "statuses": dict(statuses),
         "malformed_calls_mean": sum(t.malformed_tool_calls for t in scored) / max(1, len(scored)),
         "turns_mean": sum(t.num_turns for t in scored) / max(1, len(scored)),
         "tasks_any_resolved": sum(any(v == 1.0 for v in values) for values in rewards.values()),
-        "by_stratum": stratum_table(
-            rewards, stratum_of, population, cfg.bootstrap_samples, cfg.confidence, seed
-        ),
+        "by_stratum": stratum_table(rewards, stratum_of, population, cfg.bootstrap_samples, cfg.confidence, seed),
         "by_repo": table("repo"),
         "by_modifier": table("modifier"),
         "per_task": rewards,
@@ -296,24 +321,42 @@ def grading_summary(grades: list[dict[str, Any]], grader: str) -> str:
     disagree = sum(g["episode_reward"] is not None and g["episode_reward"] != g["reward"] for g in grades)
     parsers = sorted({g["parser"] for g in grades})
     sealed = sum(bool(g.get("sealed")) for g in grades)
-    return (f"swebench verdicts on {len(grades)} regraded attempt(s), {sealed} by the sealed runner "
-            f"({dict(statuses)}; parsers {parsers}); {disagree} disagree with the episode's grade")  # fmt: skip
+    return (
+        f"swebench verdicts on {len(grades)} regraded attempt(s), {sealed} by the sealed runner "
+        f"({dict(statuses)}; parsers {parsers}); {disagree} disagree with the episode's grade"
+    )
 
 
 def episodes_jsonl(trajectories: list[Trajectory], grades: list[dict[str, Any]]) -> bytes:
     by_attempt = {(g["task_id"], g["attempt"]): g for g in grades}
-    return ("\n".join(
-        json.dumps({"task_id": t.task_id, "attempt": t.attempt, "status": t.status.value, "reward": t.reward,
-                    "turns": t.num_turns, "malformed": t.malformed_tool_calls, "infra_cause": t.infra_cause,
-                    "grade": by_attempt.get((t.task_id, t.attempt)), "patch": t.patch, "messages": t.messages[2:]})
-        for t in trajectories
-    ) + "\n").encode()  # fmt: skip
+    return (
+        "\n".join(
+            json.dumps(
+                {
+                    "task_id": t.task_id,
+                    "attempt": t.attempt,
+                    "status": t.status.value,
+                    "reward": t.reward,
+                    "turns": t.num_turns,
+                    "malformed": t.malformed_tool_calls,
+                    "infra_cause": t.infra_cause,
+                    "grade": by_attempt.get((t.task_id, t.attempt)),
+                    "patch": t.patch,
+                    "messages": t.messages[2:],
+                }
+            )
+            for t in trajectories
+        )
+        + "\n"
+    ).encode()
 
 
 def model_metrics(name: str, summary: dict[str, Any]) -> dict[str, float]:
     """The stage run's per-model metrics (MODEL/pass_at_1, ...); each model's eval run has them unprefixed."""
-    out = {f"{name}/{key.replace('@', '_at_')}": float(summary[key])
-           for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}  # fmt: skip
+    out = {
+        f"{name}/{key.replace('@', '_at_')}": float(summary[key])
+        for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing")
+    }
     out |= {f"{name}/pass_at_{row['k']}": float(row["value"]) for row in summary["pass@k"]}
     out[f"{name}/malformed_calls_mean"] = float(summary["malformed_calls_mean"])
     out[f"{name}/wall_s"] = float(summary["wall_s"])
@@ -345,25 +388,44 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
         counts: dict[str, int] = {}
         trajectories, grades = run_async(evaluate_model(paths[name], tasks, cfg, ctx.seed, counts))
         summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed, subset)
-        summary |= {"failures": counts, "grading": grading_summary(grades, cfg.evaluate.grader),
-                    "wall_s": time.monotonic() - model_started}  # fmt: skip
+        summary |= {
+            "failures": counts,
+            "grading": grading_summary(grades, cfg.evaluate.grader),
+            "wall_s": time.monotonic() - model_started,
+        }
         results[name], episodes[name] = summary, episodes_jsonl(trajectories, grades)
         metrics |= model_metrics(name, summary)
-        ctx.log.info("evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s", name,
-                     summary["pass@1"], summary["ci_low"], summary["ci_high"], summary["tasks"], summary["missing"],
-                     cfg.evaluate.attempts, summary["statuses"], summary["wall_s"])  # fmt: skip
+        ctx.log.info(
+            "evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s",
+            name,
+            summary["pass@1"],
+            summary["ci_low"],
+            summary["ci_high"],
+            summary["tasks"],
+            summary["missing"],
+            cfg.evaluate.attempts,
+            summary["statuses"],
+            summary["wall_s"],
+        )
     markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri, source)
     for c in comparisons:
         metrics[f"compare/{c['b']}_vs_{c['a']}/difference"] = float(c["difference"])
         metrics[f"compare/{c['b']}_vs_{c['a']}/p_value"] = float(c["p_value"])
     metrics["wall_s"] = time.monotonic() - started
-    table = [{"model": name, **{k: round(float(r[k]), 4) for k in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}}
-             for name, r in results.items()]  # fmt: skip
+    table = [
+        {"model": name, **{k: round(float(r[k]), 4) for k in ("pass@1", "ci_low", "ci_high", "tasks", "missing")}}
+        for name, r in results.items()
+    ]
     summary_line = ", ".join(f"{n} {r['pass@1']:.3f} (n={r['tasks']})" for n, r in results.items())
     ctx.progress(len(names), len(names), "every model evaluated")
     images = {"pass_at_1_by_stratum": (ctx.workdir / "pass_at_1_by_stratum.png").read_bytes()}
-    return StageResult(metrics=metrics, tables={"pass-at-1": table}, markdown={"evaluation": markdown},
-                       summary=f"pass@1: {summary_line}", images=images)  # fmt: skip
+    return StageResult(
+        metrics=metrics,
+        tables={"pass-at-1": table},
+        markdown={"evaluation": markdown},
+        summary=f"pass@1: {summary_line}",
+        images=images,
+    )
 
 
 class TooManyMissingError(RuntimeError):
@@ -395,39 +457,74 @@ def check_missing(ev: EvaluateConfig, results: dict[str, Any]) -> None:
 
 
 def publish(
-    ev: EvaluateConfig, ctx: StageContext, results: dict[str, Any], episodes: dict[str, bytes], subset: Subset,
-    subset_uri: str, source: str = "",
-) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
+    ev: EvaluateConfig,
+    ctx: StageContext,
+    results: dict[str, Any],
+    episodes: dict[str, bytes],
+    subset: Subset,
+    subset_uri: str,
+    source: str = "",
+) -> tuple[str, list[dict[str, Any]]]:
     """Comparisons, report, plot; then (every model evaluated) the artifacts and one MLflow eval run per model.
 
     Nothing is published for an evaluation that lost too many tasks (check_missing)."""
     check_missing(ev, results)
     per_task = {name: r["per_task"] for name, r in results.items()}
     comparisons = compare_consecutive(per_task, ev.comparison_samples, ev.confidence, ctx.seed)
-    markdown = markdown_report(results, comparisons, attempts=ev.attempts, temperature=ev.temperature,
-                               confidence=ev.confidence, samples=ev.bootstrap_samples, subset_note=subset.note,
-                               subset_uri=subset_uri, by_difficulty=subset.by_difficulty, source=source,
-                               training_split=ev.dataset is None and ev.split == "train")  # fmt: skip
+    markdown = markdown_report(
+        results,
+        comparisons,
+        attempts=ev.attempts,
+        temperature=ev.temperature,
+        confidence=ev.confidence,
+        samples=ev.bootstrap_samples,
+        subset_note=subset.note,
+        subset_uri=subset_uri,
+        by_difficulty=subset.by_difficulty,
+        source=source,
+        training_split=ev.dataset is None and ev.split == "train",
+    )
     plot = plot_strata(results, ctx.workdir / "pass_at_1_by_stratum.png", ev.confidence)
     ctx.write_artifact("eval_tasks.json", json.dumps(subset.instance_ids, indent=1).encode())
     ctx.write_artifact("eval_subset.json", subset.to_json())
     for name, body in episodes.items():
         ctx.write_artifact(f"episodes_{name}.jsonl", body)
-    ctx.write_artifact("eval_results.json", json.dumps({"models": results, "comparisons": comparisons},
-                                                       indent=2, sort_keys=True).encode())  # fmt: skip
+    ctx.write_artifact(
+        "eval_results.json",
+        json.dumps({"models": results, "comparisons": comparisons}, indent=2, sort_keys=True).encode(),
+    )
     ctx.put_artifact("pass_at_1_by_stratum.png", plot)
     ctx.write_artifact("report.md", markdown.encode())
     ctx.run.log_file(plot)
-    links = {name: {"swerl.checkpoint.stage": source_of(name)[0],
-                    "swerl.checkpoint.manifest": ctx.inputs[source_of(name)[0]].uri,
-                    "swerl.checkpoint.run_id": ctx.inputs[source_of(name)[0]].mlflow_run_id or "",
-                    "swerl.checkpoint.artifact": source_of(name)[1]} for name in results}  # fmt: skip
-    shared = {"swerl.eval": "true", "swerl.eval.subset": subset_uri, "swerl.stage": "evaluate-model",
-              "swerl.eval.split": "dataset" if ev.dataset is not None else ev.split,
-              "swerl.eval.curate_manifest": ctx.inputs["curate"].uri}  # fmt: skip
+    links = {
+        name: {
+            "swerl.checkpoint.stage": source_of(name)[0],
+            "swerl.checkpoint.manifest": ctx.inputs[source_of(name)[0]].uri,
+            "swerl.checkpoint.run_id": ctx.inputs[source_of(name)[0]].mlflow_run_id or "",
+            "swerl.checkpoint.artifact": source_of(name)[1],
+        }
+        for name in results
+    }
+    shared = {
+        "swerl.eval": "true",
+        "swerl.eval.subset": subset_uri,
+        "swerl.stage": "evaluate-model",
+        "swerl.eval.split": "dataset" if ev.dataset is not None else ev.split,
+        "swerl.eval.curate_manifest": ctx.inputs["curate"].uri,
+    }
     subset_digest = hashlib.sha256(subset.to_json()).hexdigest()
     dataset = dataset_input("eval_subset", subset_uri, subset_digest, "evaluation")
-    run_ids = log_eval_runs(ctx.run.client, ctx.run.run_id, results, per_task, links, shared, plot, markdown,
-                            params=ev.model_dump(mode="json", by_alias=True), dataset=dataset)  # fmt: skip
+    run_ids = log_eval_runs(
+        ctx.run.client,
+        ctx.run.run_id,
+        results,
+        per_task,
+        links,
+        shared,
+        plot,
+        markdown,
+        params=ev.model_dump(mode="json", by_alias=True),
+        dataset=dataset,
+    )
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})
     return markdown, comparisons

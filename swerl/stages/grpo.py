@@ -69,11 +69,21 @@ def phase_stage(cfg: PipelineConfig, index: int, phases: Sequence[ResolvedPhase]
     p = phases[index]
     ref = None
     if cfg.grpo.phases is not None:
-        ref = GRPOPhaseRef(name=p.name, index=p.index, previous=phases[index - 1].stage if index else None,
-                           reset_optimizer=p.reset_optimizer, tasks=p.tasks)  # fmt: skip
-    return GRPOStage(grpo=p.grpo, agent=p.agent, engine=p.engine, phase=ref,
-                     eval_agent=cfg.agent if p.agent != cfg.agent else None,
-                     eval_engine=cfg.engine if p.engine != cfg.engine else None)  # fmt: skip
+        ref = GRPOPhaseRef(
+            name=p.name,
+            index=p.index,
+            previous=phases[index - 1].stage if index else None,
+            reset_optimizer=p.reset_optimizer,
+            tasks=p.tasks,
+        )
+    return GRPOStage(
+        grpo=p.grpo,
+        agent=p.agent,
+        engine=p.engine,
+        phase=ref,
+        eval_agent=cfg.agent if p.agent != cfg.agent else None,
+        eval_engine=cfg.engine if p.engine != cfg.engine else None,
+    )
 
 
 def task_filter(cfg: GRPOStage, order: list[TaskInstance]) -> Callable[[int], bool] | None:
@@ -83,8 +93,11 @@ def task_filter(cfg: GRPOStage, order: list[TaskInstance]) -> Callable[[int], bo
         return None
     allowed = [f.matches(t.difficulty, t.repo, t.modifier) for t in order]
     if not any(allowed):
-        present = {"difficulties": sorted({str(t.difficulty) for t in order}),
-                   "repos": sorted({t.repo for t in order}), "modifiers": sorted({str(t.modifier) for t in order})}  # fmt: skip
+        present = {
+            "difficulties": sorted({str(t.difficulty) for t in order}),
+            "repos": sorted({t.repo for t in order}),
+            "modifiers": sorted({str(t.modifier) for t in order}),
+        }
         raise ValueError(
             f"grpo.phases[{cfg.phase.index}] ({cfg.phase.name}): tasks {f.model_dump()} match none of the "  # type: ignore[union-attr]
             f"{len(order)} training tasks; they have {present}"
@@ -93,8 +106,10 @@ def task_filter(cfg: GRPOStage, order: list[TaskInstance]) -> Callable[[int], bo
 
 
 def check_config(cfg: GRPOStage, context: int) -> None:
-    caps = {"agent.max_trajectory_tokens": cfg.agent.max_trajectory_tokens,
-            "engine.max_context_tokens": cfg.engine.max_context_tokens}  # fmt: skip
+    caps = {
+        "agent.max_trajectory_tokens": cfg.agent.max_trajectory_tokens,
+        "engine.max_context_tokens": cfg.engine.max_context_tokens,
+    }
     over = {k: v for k, v in caps.items() if context and v > context}
     if over:
         raise ValueError(f"token caps exceed the model's context of {context} tokens: {over}")
@@ -120,14 +135,17 @@ def distributed_weights(engine: EngineConfig, g: GRPOConfig) -> DistributedWeigh
     w = engine.weight_sync
     if w.method != "distributed":
         return None
-    backend = (
-        w.process_group
-        if w.process_group != "auto"
-        else ("nccl" if g.distributed.device == "cuda" else "gloo")
+    backend = w.process_group if w.process_group != "auto" else ("nccl" if g.distributed.device == "cuda" else "gloo")
+    return DistributedWeights(
+        master_addr=w.master_addr,
+        master_port=w.master_port,
+        backend=backend,
+        group_name=w.group_name,
+        bucket_bytes=w.bucket_mb << 20,
+        dtype=engine.local.dtype,
+        timeout_s=w.timeout_s,
+        socket_ifname=w.socket_ifname,
     )
-    return DistributedWeights(master_addr=w.master_addr, master_port=w.master_port, backend=backend,
-                              group_name=w.group_name, bucket_bytes=w.bucket_mb << 20, dtype=engine.local.dtype,
-                              timeout_s=w.timeout_s, socket_ifname=w.socket_ifname)  # fmt: skip
 
 
 def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
@@ -153,16 +171,23 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
         if cfg.phase is None:
             raise
         raise ValueError(f"grpo.phases[{cfg.phase.index}] ({cfg.phase.name}): {exc}") from None
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature,
-                              top_p=g.rollout.top_p)  # fmt: skip
+    sampling = SamplingParams(
+        max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature, top_p=g.rollout.top_p
+    )
     trainer: Trainer
     temperature = logprob_temperature(sampling)
     if g.distributed.backend != "torch":
         # N ranks, each loading and sharding while this process opens the engine and the sandboxes.
-        ranks = DistributedTrainer(build_rank_trainer, start_dir, g, temperature, ctx.seed,
-                                   config=g.distributed, wait=False)  # fmt: skip
-        ctx.log.info("grpo: %s trainer, %d ranks on %s (pids %s)", g.distributed.backend, g.distributed.ranks,
-                     g.distributed.device, ranks.pids)  # fmt: skip
+        ranks = DistributedTrainer(
+            build_rank_trainer, start_dir, g, temperature, ctx.seed, config=g.distributed, wait=False
+        )
+        ctx.log.info(
+            "grpo: %s trainer, %d ranks on %s (pids %s)",
+            g.distributed.backend,
+            g.distributed.ranks,
+            g.distributed.device,
+            ranks.pids,
+        )
         trainer = ranks
     elif g.trainer_process:
         # The child imports and loads while this process opens the engine and the sandboxes.
@@ -171,8 +196,19 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     else:
         trainer = build_trainer(start_dir, g, temperature, ctx.seed)
     try:
-        return _run_grpo(cfg, ctx, trainer, tokenizer, sampling, start_dir, durable, resume, order, started,
-                         PhaseContext(start, handoff, eligible))  # fmt: skip
+        return _run_grpo(
+            cfg,
+            ctx,
+            trainer,
+            tokenizer,
+            sampling,
+            start_dir,
+            durable,
+            resume,
+            order,
+            started,
+            PhaseContext(start, handoff, eligible),
+        )
     finally:
         if isinstance(trainer, TrainerProcess | DistributedTrainer):
             trainer.close()
@@ -198,8 +234,16 @@ def build_trainer(
         if reference is not None:
             torch.nn.Module.to(reference, device_of(d))
     bf16 = ranks is None and d.param_dtype == "bfloat16"  # sharded: FSDP2's mixed-precision policy casts
-    return GRPOTrainer(model, update_settings(g.algorithm), ref_model=reference, logprob_temperature=temperature,
-                       seed=seed, tokenizer=tokenizer, bf16=bf16, ranks=ranks)  # fmt: skip
+    return GRPOTrainer(
+        model,
+        update_settings(g.algorithm),
+        ref_model=reference,
+        logprob_temperature=temperature,
+        seed=seed,
+        tokenizer=tokenizer,
+        bf16=bf16,
+        ranks=ranks,
+    )
 
 
 def build_rank_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int) -> Any:
@@ -235,15 +279,14 @@ def _run_grpo(
     and the handoff to the next phase."""
     phase = phase or PhaseContext()
     # The loops count steps from 0: a later phase trains up to its first step + its own steps.
-    g = cfg.grpo.model_copy(update={"schedule": cfg.grpo.schedule.model_copy(
-        update={"steps": phase.first_step + cfg.grpo.schedule.steps})})  # fmt: skip
+    g = cfg.grpo.model_copy(
+        update={"schedule": cfg.grpo.schedule.model_copy(update={"steps": phase.first_step + cfg.grpo.schedule.steps})}
+    )
     cfg = cfg.model_copy(update={"grpo": g})
     serve_dir = _load_start(cfg, ctx, trainer, start_dir, resume, phase)
     run = open_run(cfg, ctx, trainer, durable, order, resume, phase, started)
     run_async(_sample_and_train(run, tokenizer, sampling, serve_dir))
-    if (
-        run.history or resume is None
-    ):  # the final state, whatever the checkpoint interval (the next phase's start)
+    if run.history or resume is None:  # the final state, whatever the checkpoint interval (the next phase's start)
         run.save()
     if run.asynchronous is not None:
         run.asynchronous.log_histograms()
@@ -271,9 +314,15 @@ def _load_start(
     if phase.handoff is not None and phase.start is not None and cfg.phase is not None:
         reset = cfg.phase.reset_optimizer
         trainer.load(phase.handoff, optimizer=not reset)
-        ctx.log.info("grpo phase %s: starts at step %d, data position %d, from %s's checkpoint %s (%s)",
-                     cfg.phase.name, trainer.step, phase.start.data_position, phase.start.stage, phase.start.checkpoint,
-                     "fresh optimizer" if reset else "its optimizer state")  # fmt: skip
+        ctx.log.info(
+            "grpo phase %s: starts at step %d, data position %d, from %s's checkpoint %s (%s)",
+            cfg.phase.name,
+            trainer.step,
+            phase.start.data_position,
+            phase.start.stage,
+            phase.start.checkpoint,
+            "fresh optimizer" if reset else "its optimizer state",
+        )
         return phase.handoff
     return start_dir
 
@@ -284,17 +333,24 @@ def _check_trained(run: GRPORun) -> None:
     g, ctx, step = run.cfg.grpo, run.ctx, run.trainer.step
     steps, first = g.schedule.steps, run.phase.first_step
     if steps == first:
-        ctx.log.warning("grpo: %s is 0: the model is the %s model, unchanged", "grpo.schedule.steps"
-                        if first == 0 and run.phase.start is None else "this phase's steps",
-                        run.phase.start.stage if run.phase.start else "SFT")  # fmt: skip
+        ctx.log.warning(
+            "grpo: %s is 0: the model is the %s model, unchanged",
+            "grpo.schedule.steps" if first == 0 and run.phase.start is None else "this phase's steps",
+            run.phase.start.stage if run.phase.start else "SFT",
+        )
         return
     if step >= steps:
         return
     run.ended_by_budget = True  # the loops return early only when the budget is spent
     ctx.run.set_tags({"swerl.grpo.ended_by_budget": f"step {step} of {steps}"})
-    ctx.log.warning("grpo: the time budget of %s s ended the stage at step %d of %d (%.0f s spent): raise "
-                    "grpo.schedule.time_budget_s or lower grpo.schedule.steps", g.schedule.time_budget_s, step,
-                    steps, run.elapsed_s)  # fmt: skip
+    ctx.log.warning(
+        "grpo: the time budget of %s s ended the stage at step %d of %d (%.0f s spent): raise "
+        "grpo.schedule.time_budget_s or lower grpo.schedule.steps",
+        g.schedule.time_budget_s,
+        step,
+        steps,
+        run.elapsed_s,
+    )
     if step == first:
         raise RuntimeError(
             f"grpo: trained 0 of {steps - first} steps before the time budget of {g.schedule.time_budget_s} s ran out "
@@ -310,14 +366,22 @@ async def _sample_and_train(
     one body for both modes: its metrics and log line, the evaluation of its export, its checkpoint when due."""
     cfg, ctx, g, trainer, provider = run.cfg, run.ctx, run.cfg.grpo, run.trainer, run.provider
     pool_cfg = cfg.agent.sandbox.pool
-    planner = EnvironmentPlanner(ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute,
-                                 burst=pool_cfg.pull_burst)  # fmt: skip
+    planner = EnvironmentPlanner(
+        ProviderEnvironments(provider), pulls_per_minute=pool_cfg.pulls_per_minute, burst=pool_cfg.pull_burst
+    )
     ctx.log.info("grpo: the engine starts from %s at weight version %d", serve_dir, trainer.step)
-    async with provider, planner, open_engine(
-        cfg.engine, serve_dir, seed=ctx.seed, weight_version=trainer.step,
-        concurrency=g.rollout.max_in_flight if run.asynchronous else g.rollout.concurrency,
-        log_dir=ctx.workdir / "engines",
-    ) as engine:  # fmt: skip
+    async with (
+        provider,
+        planner,
+        open_engine(
+            cfg.engine,
+            serve_dir,
+            seed=ctx.seed,
+            weight_version=trainer.step,
+            concurrency=g.rollout.max_in_flight if run.asynchronous else g.rollout.concurrency,
+            log_dir=ctx.workdir / "engines",
+        ) as engine,
+    ):
         episode = _episode_fn(run, tokenizer, sampling)
         if run.evaluator is not None and g.eval.at_start and trainer.step == 0:
             # a private copy of the start weights, evaluated beside step 1
@@ -348,17 +412,29 @@ def _steps(
         return run.asynchronous.steps(trainer, engine, episode, run.counts, exports, prewarm, weights)
     budget = g.schedule.time_budget_s
     deadline = None if budget is None else run.started + budget - run.elapsed_before_s
-    settings = SyncSettings(steps=g.schedule.steps, tasks_per_step=g.schedule.tasks_per_step,
-                            attempts_per_task=g.rollout.attempts_per_task, concurrency=g.rollout.concurrency,
-                            checkpoint_every=g.schedule.checkpoint_every, deadline=deadline,
-                            max_empty_steps=g.schedule.max_empty_steps)  # fmt: skip
-    return train_sync(trainer, engine, run.order, episode, settings, export_dir=exports, progress=run.progress,
-                      infra_counts=run.counts, weights=weights)  # fmt: skip
+    settings = SyncSettings(
+        steps=g.schedule.steps,
+        tasks_per_step=g.schedule.tasks_per_step,
+        attempts_per_task=g.rollout.attempts_per_task,
+        concurrency=g.rollout.concurrency,
+        checkpoint_every=g.schedule.checkpoint_every,
+        deadline=deadline,
+        max_empty_steps=g.schedule.max_empty_steps,
+    )
+    return train_sync(
+        trainer,
+        engine,
+        run.order,
+        episode,
+        settings,
+        export_dir=exports,
+        progress=run.progress,
+        infra_counts=run.counts,
+        weights=weights,
+    )
 
 
-def _episode_fn(
-    run: GRPORun, tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams
-) -> EpisodeFn[TaskInstance]:
+def _episode_fn(run: GRPORun, tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams) -> EpisodeFn[TaskInstance]:
     """One attempt at a task in the stage's sandboxes, rerun on infrastructure errors (agent.infra_retries),
     its failures counted by cause into run.counts."""
     cfg, provider = run.cfg, run.provider
@@ -366,17 +442,24 @@ def _episode_fn(
 
     async def episode(engine: Engine, task: TaskInstance, *, attempt: int, group_id: str) -> Trajectory:
         async def once(retry: int) -> Trajectory:
-            return await run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=attempt,
-                                     group_id=group_id, rid=f"{group_id}/{attempt}/{retry}")  # fmt: skip
+            return await run_episode(
+                task,
+                engine,
+                provider,
+                tokenizer,
+                limits,
+                sampling,
+                attempt=attempt,
+                group_id=group_id,
+                rid=f"{group_id}/{attempt}/{retry}",
+            )
 
         return await episode_with_retries(once, cfg.agent.infra_retries, run.counts)
 
     return episode
 
 
-def _prewarm_fn(
-    run: GRPORun, planner: EnvironmentPlanner
-) -> Callable[[TaskInstance], Awaitable[Callable[[], None]]]:
+def _prewarm_fn(run: GRPORun, planner: EnvironmentPlanner) -> Callable[[TaskInstance], Awaitable[Callable[[], None]]]:
     """grpo.rollout.prewarm_groups: prepare a group's environment ahead of its opening."""
     g, provider = run.cfg.grpo, run.provider
 

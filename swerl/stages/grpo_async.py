@@ -25,12 +25,17 @@ from swerl.train.grpo_step import Trainer
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:
     return AsyncSettings(
-        steps=g.schedule.steps, tasks_per_step=g.schedule.tasks_per_step, max_staleness=g.rollout.max_staleness,
-        staleness_policy=StalenessPolicy(g.rollout.staleness_policy), max_requeues=g.rollout.max_requeues,
-        dynamic_sampling=g.rollout.dynamic_sampling, max_extra_groups_per_step=g.rollout.max_extra_groups_per_step,
-        checkpoint_every=g.schedule.checkpoint_every, time_budget_s=g.schedule.time_budget_s,
+        steps=g.schedule.steps,
+        tasks_per_step=g.schedule.tasks_per_step,
+        max_staleness=g.rollout.max_staleness,
+        staleness_policy=StalenessPolicy(g.rollout.staleness_policy),
+        max_requeues=g.rollout.max_requeues,
+        dynamic_sampling=g.rollout.dynamic_sampling,
+        max_extra_groups_per_step=g.rollout.max_extra_groups_per_step,
+        checkpoint_every=g.schedule.checkpoint_every,
+        time_budget_s=g.schedule.time_budget_s,
         max_empty_steps=g.schedule.max_empty_steps,
-    )  # fmt: skip
+    )
 
 
 def task_stratum(task: TaskInstance, attribute: str) -> str:
@@ -47,9 +52,14 @@ def curriculum_for(
 ) -> Curriculum | None:
     """The curriculum grpo.rollout asks for over the seeded task order (None: no probe, replay or strata)."""
     settings = CurriculumSettings(
-        r.attempts_per_task, r.probe_attempts, r.replay_share, r.max_visits,
-        stratum_floor=r.stratum_floor if r.stratify_by else 1.0, stratum_prior=r.stratum_prior, seed=seed,
-    )  # fmt: skip
+        r.attempts_per_task,
+        r.probe_attempts,
+        r.replay_share,
+        r.max_visits,
+        stratum_floor=r.stratum_floor if r.stratify_by else 1.0,
+        stratum_prior=r.stratum_prior,
+        seed=seed,
+    )
     if not (settings.probe_attempts or settings.adaptive):
         return None
     strata = [task_stratum(task, r.stratify_by) for task in order] if r.stratify_by else None
@@ -137,18 +147,33 @@ class AsyncGRPO:
         outcome); prewarm(task) starts the sandboxes of a group grpo.rollout.prewarm_groups ahead of its opening."""
         g, ctx = self.g, self.ctx
         curriculum, plans = self.curriculum()
-        manager = RolloutManager(engine, episode, self.task_at, n_attempts=g.rollout.attempts_per_task,
-                                 max_in_flight=g.rollout.max_in_flight, max_buffered_groups=g.buffered_groups,
-                                 journal=self.journal, prewarm=prewarm,
-                                 prewarm_groups=g.rollout.prewarm_groups, curriculum=curriculum,
-                                 eligible=self.eligible)  # fmt: skip
-        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans,
-                                       self.start_position)  # fmt: skip
+        manager = RolloutManager(
+            engine,
+            episode,
+            self.task_at,
+            n_attempts=g.rollout.attempts_per_task,
+            max_in_flight=g.rollout.max_in_flight,
+            max_buffered_groups=g.buffered_groups,
+            journal=self.journal,
+            prewarm=prewarm,
+            prewarm_groups=g.rollout.prewarm_groups,
+            curriculum=curriculum,
+            eligible=self.eligible,
+        )
+        self.resumed = manager.restore(self.journal.load(self.ledger.consumed), self.ledger, plans, self.start_position)
         self.manager = manager
         ctx.log.info("grpo async: data position %d, resume %s", manager.next_seq, self.resumed)
         self.started = time.monotonic()
-        return train_async(trainer, engine, manager, settings_from_config(g), self.ledger, export_dir=export_dir,
-                           infra_counts=infra_counts, weights=weights)  # fmt: skip
+        return train_async(
+            trainer,
+            engine,
+            manager,
+            settings_from_config(g),
+            self.ledger,
+            export_dir=export_dir,
+            infra_counts=infra_counts,
+            weights=weights,
+        )
 
     def record(self, outcome: StepOutcome) -> None:
         """A step's rollouts for the stage's histograms: the duration and turns of every attempt it took."""

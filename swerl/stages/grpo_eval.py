@@ -77,12 +77,17 @@ def checkpoint_evaluator(
         )
     pool = agent.sandbox.pool.model_copy(update={"max_concurrent": g.eval.concurrency, "warm_size": 0})
     cfg = EvaluateStage(
-        evaluate=EvaluateConfig(max_tasks=g.eval.tasks, attempts=g.eval.attempts, temperature=g.eval.temperature,
-                                concurrency=g.eval.concurrency, grader=g.eval.grader),
+        evaluate=EvaluateConfig(
+            max_tasks=g.eval.tasks,
+            attempts=g.eval.attempts,
+            temperature=g.eval.temperature,
+            concurrency=g.eval.concurrency,
+            grader=g.eval.grader,
+        ),
         agent=agent.model_copy(update={"sandbox": agent.sandbox.model_copy(update={"pool": pool})}),
         # its own servers never take the rollouts' ports
         engine=engine.model_copy(update={"launch": engine.launch.model_copy(update={"base_port": 0})}),
-    )  # fmt: skip
+    )
     subset, subset_uri = load_or_draw_subset(ctx.store, held_out, cfg.evaluate, ctx.seed)
     return CheckpointEvaluator(ctx, g.eval.every, cfg, subset.select(held_out), subset, subset_uri)
 
@@ -91,9 +96,14 @@ class CheckpointEvaluator:
     """Starts, skips, logs and closes the evaluations of one stage (see the module docstring)."""
 
     def __init__(
-        self, ctx: StageContext, every: int, cfg: EvaluateStage, tasks: list[TaskInstance], subset: Subset,
+        self,
+        ctx: StageContext,
+        every: int,
+        cfg: EvaluateStage,
+        tasks: list[TaskInstance],
+        subset: Subset,
         subset_uri: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.ctx, self.every, self.cfg, self.tasks = ctx, every, cfg, tasks
         self.subset, self.subset_uri = subset, subset_uri
         self.root = ctx.workdir / "eval_checkpoints"
@@ -102,9 +112,7 @@ class CheckpointEvaluator:
         self.cancelled: list[int] = []
         self.errors: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="swerl-grpo-eval"
-        )
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="swerl-grpo-eval")
         self._cancel = threading.Event()
         self._inner: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -140,13 +148,22 @@ class CheckpointEvaluator:
             self.ctx.log.info("grpo eval: evaluation of step %d cancelled", step)
             return
         self.entries.append(entry)
-        metrics = {f"eval/{key.replace('@', '_at_')}": float(entry[key])
-                   for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing", "wall_s")}  # fmt: skip
+        metrics = {
+            f"eval/{key.replace('@', '_at_')}": float(entry[key])
+            for key in ("pass@1", "ci_low", "ci_high", "tasks", "missing", "wall_s")
+        }
         metrics |= {f"eval/pass_at_{row['k']}": float(row["value"]) for row in entry["pass@k"]}
         self.ctx.log_metrics(metrics, step=step)
-        self.ctx.log.info("grpo eval: step %d pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing), %.0f s", step,
-                          entry["pass@1"], entry["ci_low"], entry["ci_high"], entry["tasks"], entry["missing"],
-                          entry["wall_s"])  # fmt: skip
+        self.ctx.log.info(
+            "grpo eval: step %d pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing), %.0f s",
+            step,
+            entry["pass@1"],
+            entry["ci_low"],
+            entry["ci_high"],
+            entry["tasks"],
+            entry["missing"],
+            entry["wall_s"],
+        )
 
     def _thread_main(self, step: int, path: Path) -> dict[str, Any] | None:
         """On the evaluation's thread: its own event loop; None when it was cancelled."""
@@ -167,11 +184,28 @@ class CheckpointEvaluator:
         counts: dict[str, int] = {}
         trajectories, _ = await evaluate_model(path, self.tasks, self.cfg, self.ctx.seed, counts)
         summary = summarize(trajectories, self.tasks, self.cfg.evaluate, self.ctx.seed, self.subset)
-        keep = ("pass@1", "ci_low", "ci_high", "tasks", "attempts", "missing", "pass@k", "statuses",
-                "tasks_any_resolved", "turns_mean", "malformed_calls_mean")  # fmt: skip
-        return {"step": step, **{k: summary[k] for k in keep if k in summary}, "failures": counts,
-                "attempts_per_task": self.cfg.evaluate.attempts, "started_at": started_at, "finished_at": time.time(),
-                "wall_s": time.monotonic() - started}  # fmt: skip
+        keep = (
+            "pass@1",
+            "ci_low",
+            "ci_high",
+            "tasks",
+            "attempts",
+            "missing",
+            "pass@k",
+            "statuses",
+            "tasks_any_resolved",
+            "turns_mean",
+            "malformed_calls_mean",
+        )
+        return {
+            "step": step,
+            **{k: summary[k] for k in keep if k in summary},
+            "failures": counts,
+            "attempts_per_task": self.cfg.evaluate.attempts,
+            "started_at": started_at,
+            "finished_at": time.time(),
+            "wall_s": time.monotonic() - started,
+        }
 
     def _cancel_inner(self) -> None:
         self._cancel.set()
@@ -195,17 +229,27 @@ class CheckpointEvaluator:
             try:
                 await asyncio.wait_for(asyncio.shield(task), CANCEL_TIMEOUT_S if cancel else None)
             except TimeoutError:
-                self.ctx.log.warning("grpo eval: the cancelled evaluation of step %s did not end in %.0f s",
-                                     step, CANCEL_TIMEOUT_S)  # fmt: skip
+                self.ctx.log.warning(
+                    "grpo eval: the cancelled evaluation of step %s did not end in %.0f s", step, CANCEL_TIMEOUT_S
+                )
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def report(self) -> dict[str, Any]:
-        return {"every": self.every, "subset": self.subset_uri, "task_ids": [t.instance_id for t in self.tasks],
-                "evaluated": self.entries, "skipped": self.skipped, "cancelled": self.cancelled,
-                "errors": self.errors}  # fmt: skip
+        return {
+            "every": self.every,
+            "subset": self.subset_uri,
+            "task_ids": [t.instance_id for t in self.tasks],
+            "evaluated": self.entries,
+            "skipped": self.skipped,
+            "cancelled": self.cancelled,
+            "errors": self.errors,
+        }
 
     def summary_line(self) -> str:
         done = ", ".join(f"step {e['step']} pass@1 {e['pass@1']:.2f} (n={e['tasks']})" for e in self.entries)
-        extra = [f"{len(v)} {name}" for name, v in
-                 (("skipped", self.skipped), ("cancelled", self.cancelled), ("failed", self.errors)) if v]  # fmt: skip
+        extra = [
+            f"{len(v)} {name}"
+            for name, v in (("skipped", self.skipped), ("cancelled", self.cancelled), ("failed", self.errors))
+            if v
+        ]
         return (done or "none finished") + (f"; {', '.join(extra)}" if extra else "")

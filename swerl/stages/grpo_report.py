@@ -54,23 +54,39 @@ def stage_result(run: GRPORun, resume: Path | None) -> StageResult:
     if curve["evaluations"]:
         phases = curve["phases"]
         title = f"GRPO: held-out pass@1 every {g.eval.every} steps" + (
-            f" (phases {', '.join(name for _, name in phases)})" if len(phases) > 1 else "")  # fmt: skip
-        png = plot_learning_curve(curve["evaluations"], curve["history"], run.ctx.workdir / "learning_curve.png",
-                                  title, boundaries=[(int(step), str(name)) for step, name in phases[1:]])  # fmt: skip
+            f" (phases {', '.join(name for _, name in phases)})" if len(phases) > 1 else ""
+        )
+        png = plot_learning_curve(
+            curve["evaluations"],
+            curve["history"],
+            run.ctx.workdir / "learning_curve.png",
+            title,
+            boundaries=[(int(step), str(name)) for step, name in phases[1:]],
+        )
         run.ctx.put_artifact("learning_curve.png", png)
         run.ctx.run.log_file(png)
     run.ctx.write_artifact("grpo_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     run.ctx.write_artifact(HANDOFF_FILE, json.dumps(handoff(run, curve), indent=2, sort_keys=True).encode())
-    metrics = {"steps": float(trainer.step), "wall_s": report["wall_s"], "max_steps": float(g.schedule.steps),
-               "ended_by_budget": float(run.ended_by_budget),
-               "skipped_batches": float(run.progress.skipped_batches)}  # fmt: skip
+    metrics = {
+        "steps": float(trainer.step),
+        "wall_s": report["wall_s"],
+        "max_steps": float(g.schedule.steps),
+        "ended_by_budget": float(run.ended_by_budget),
+        "skipped_batches": float(run.progress.skipped_batches),
+    }
     if rewards:
         third = max(1, len(rewards) // 3)
-        metrics |= {"reward_first_third": sum(rewards[:third]) / third,
-                    "reward_last_third": sum(rewards[-third:]) / third}  # fmt: skip
-    return StageResult(metrics=metrics, markdown={"grpo": markdown(run, rewards)}, images=grpo_images(run),
-                       summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
-                       f"{rewards[-1] if rewards else 0:.2f}")  # fmt: skip
+        metrics |= {
+            "reward_first_third": sum(rewards[:third]) / third,
+            "reward_last_third": sum(rewards[-third:]) / third,
+        }
+    return StageResult(
+        metrics=metrics,
+        markdown={"grpo": markdown(run, rewards)},
+        images=grpo_images(run),
+        summary=f"{trainer.step} steps, reward {rewards[0] if rewards else 0:.2f} -> "
+        f"{rewards[-1] if rewards else 0:.2f}",
+    )
 
 
 def stage_report(run: GRPORun, resume: Path | None, rewards: list[float]) -> dict[str, Any]:
@@ -98,13 +114,19 @@ def stage_report(run: GRPORun, resume: Path | None, rewards: list[float]) -> dic
         "skipped_batches": run.progress.skipped_batches,
         "skipped_reasons": run.progress.skipped_reasons,
         "sft_passed_on": g.schedule.steps == 0,
-        "phase": None if run.cfg.phase is None else {
-            "name": run.cfg.phase.name, "index": run.cfg.phase.index, "previous": run.cfg.phase.previous,
-            "first_step": run.phase.first_step, "steps": g.schedule.steps - run.phase.first_step,
+        "phase": None
+        if run.cfg.phase is None
+        else {
+            "name": run.cfg.phase.name,
+            "index": run.cfg.phase.index,
+            "previous": run.cfg.phase.previous,
+            "first_step": run.phase.first_step,
+            "steps": g.schedule.steps - run.phase.first_step,
             "started_from": run.phase.start.checkpoint if run.phase.start else None,
             "reset_optimizer": run.cfg.phase.reset_optimizer,
-            "tasks": run.cfg.phase.tasks.model_dump() if run.cfg.phase.tasks else None},
-    }  # fmt: skip
+            "tasks": run.cfg.phase.tasks.model_dump() if run.cfg.phase.tasks else None,
+        },
+    }
     if run.asynchronous is not None:
         ledger = run.asynchronous.ledger
         report |= {
@@ -122,9 +144,13 @@ def stage_report(run: GRPORun, resume: Path | None, rewards: list[float]) -> dic
 def markdown(run: GRPORun, rewards: list[float]) -> str:
     """The stage's markdown: steps, rewards, failures, the budget's end, the evaluations, where step time went."""
     g, trainer, history, counts = run.cfg.grpo, run.trainer, run.history, run.counts
-    lines = ["# GRPO", "", f"- {trainer.step} steps of {g.schedule.tasks_per_step} tasks x {g.rollout.attempts_per_task} attempts",
-             f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
-             f"- infrastructure failures: {counts or 'none'}"]  # fmt: skip
+    lines = [
+        "# GRPO",
+        "",
+        f"- {trainer.step} steps of {g.schedule.tasks_per_step} tasks x {g.rollout.attempts_per_task} attempts",
+        f"- reward by step: {', '.join(f'{r:.2f}' for r in rewards) or 'none'}",
+        f"- infrastructure failures: {counts or 'none'}",
+    ]
     if run.ended_by_budget:
         lines.append(f"- **ended by the time budget** at step {trainer.step} of {g.schedule.steps}")
     if run.evaluator is not None:

@@ -80,17 +80,24 @@ class PhaseStart:
             return None
         manifest = input_manifest(ctx, ref.previous)
         if HANDOFF_FILE not in manifest.artifacts:
-            raise ValueError(f"grpo phase {ref.name}: the previous phase's manifest {manifest.uri} has no "
-                             f"{HANDOFF_FILE} (written by an older swerl): rerun it with --force {ref.previous}")  # fmt: skip
+            raise ValueError(
+                f"grpo phase {ref.name}: the previous phase's manifest {manifest.uri} has no "
+                f"{HANDOFF_FILE} (written by an older swerl): rerun it with --force {ref.previous}"
+            )
         body = json.loads(read_input(ctx.store, manifest, HANDOFF_FILE))
-        return cls(ref.previous, int(body["step"]), int(body["data_position"]), str(body["checkpoints"]),
-                   str(body["checkpoint"]), [str(j) for j in body["journals"]], dict(body["curve"]))  # fmt: skip
+        return cls(
+            ref.previous,
+            int(body["step"]),
+            int(body["data_position"]),
+            str(body["checkpoints"]),
+            str(body["checkpoint"]),
+            [str(j) for j in body["journals"]],
+            dict(body["curve"]),
+        )
 
     def restore(self, ctx: StageContext) -> Path:
         """Download the previous phase's final checkpoint (model, optimizer, RNG, ledger, counts)."""
-        return CheckpointMirror(ctx.store, self.checkpoints, ctx.workdir / "phase_start").restore(
-            self.checkpoint
-        )
+        return CheckpointMirror(ctx.store, self.checkpoints, ctx.workdir / "phase_start").restore(self.checkpoint)
 
 
 @dataclass(frozen=True)
@@ -133,8 +140,16 @@ class GRPORun:
 
     def save(self) -> Path:
         """A checkpoint of this attempt: the trainer's state with the stage's (save)."""
-        return save(self.trainer, self.durable, self.cfg.grpo, len(self.order), self.counts, self.asynchronous,
-                    skipped_batches=self.progress.skipped_batches, elapsed_s=self.elapsed_s)  # fmt: skip
+        return save(
+            self.trainer,
+            self.durable,
+            self.cfg.grpo,
+            len(self.order),
+            self.counts,
+            self.asynchronous,
+            skipped_batches=self.progress.skipped_batches,
+            elapsed_s=self.elapsed_s,
+        )
 
 
 def open_run(
@@ -157,22 +172,42 @@ def open_run(
     if budget is not None and before_s > 0:
         ctx.log.info("grpo: %.0f s of the %.0f s time budget spent by earlier attempts", before_s, budget)
     # The async loop measures its budget from its own start: it gets what earlier attempts left.
-    g_async = g if budget is None else g.model_copy(update={"schedule": g.schedule.model_copy(
-        update={"time_budget_s": max(1e-6, budget - before_s)})})  # fmt: skip
+    g_async = (
+        g
+        if budget is None
+        else g.model_copy(
+            update={"schedule": g.schedule.model_copy(update={"time_budget_s": max(1e-6, budget - before_s)})}
+        )
+    )
     asynchronous = None
     if g.mode == "async":
         start = phase.start
-        asynchronous = AsyncGRPO(ctx, g_async, order, resume or phase.handoff,
-                                 earlier_journals=start.journals if start else (),
-                                 start_position=start.data_position if start else 0, eligible=phase.eligible)  # fmt: skip
+        asynchronous = AsyncGRPO(
+            ctx,
+            g_async,
+            order,
+            resume or phase.handoff,
+            earlier_journals=start.journals if start else (),
+            start_position=start.data_position if start else 0,
+            eligible=phase.eligible,
+        )
     return GRPORun(
-        cfg, ctx, trainer, durable, order, sandbox_pool(cfg.agent.sandbox, git_baseline=True),
-        load_failure_counts(resume or phase.handoff), asynchronous,
+        cfg,
+        ctx,
+        trainer,
+        durable,
+        order,
+        sandbox_pool(cfg.agent.sandbox, git_baseline=True),
+        load_failure_counts(resume or phase.handoff),
+        asynchronous,
         checkpoint_evaluator(ctx, g, cfg.eval_agent or cfg.agent, cfg.eval_engine or cfg.engine)
-        if asynchronous is not None else None,
-        started=started, elapsed_before_s=before_s, phase=phase,
+        if asynchronous is not None
+        else None,
+        started=started,
+        elapsed_before_s=before_s,
+        phase=phase,
         progress=SyncProgress(skipped_batches=int(skipped)),
-    )  # fmt: skip
+    )
 
 
 def save(
@@ -188,19 +223,11 @@ def save(
 ) -> Path:
     # Async: the data position is the manager's (groups opened); the ledger of consumed groups joins the checkpoint.
     # Sync: steps and skipped batches (nothing trainable) both took B tasks.
-    position = (
-        asynchronous.next_seq
-        if asynchronous
-        else (trainer.step + skipped_batches) * g.schedule.tasks_per_step
-    )
-    stream = StreamPosition(
-        epoch=position // num_tasks, example_index=position % num_tasks, num_examples=num_tasks
-    )
+    position = asynchronous.next_seq if asynchronous else (trainer.step + skipped_batches) * g.schedule.tasks_per_step
+    stream = StreamPosition(epoch=position // num_tasks, example_index=position % num_tasks, num_examples=num_tasks)
     path = trainer.save(durable.local_root, stream, keep_last=durable.keep)
     save_failure_counts(path, counts)
-    (path / SCHEDULE_FILE).write_text(
-        json.dumps({"elapsed_s": elapsed_s, "skipped_batches": skipped_batches})
-    )
+    (path / SCHEDULE_FILE).write_text(json.dumps({"elapsed_s": elapsed_s, "skipped_batches": skipped_batches}))
     if asynchronous is not None:
         asynchronous.write_state(path)
     durable.sync()
@@ -233,14 +260,19 @@ def handoff(run: GRPORun, curve: dict[str, Any]) -> dict[str, Any]:
     at the end of the stage), its step and data position, and every rollout journal so far."""
     names = run.durable.complete()
     if not names:
-        raise RuntimeError(
-            f"grpo: no complete checkpoint under {run.durable.prefix} to hand to the next phase"
-        )
+        raise RuntimeError(f"grpo: no complete checkpoint under {run.durable.prefix} to hand to the next phase")
     journals = list(run.phase.start.journals) if run.phase.start is not None else []
     if run.asynchronous is not None:
         journals.append(run.asynchronous.journal.prefix)
         position = run.asynchronous.next_seq
     else:
         position = (run.trainer.step + run.progress.skipped_batches) * run.cfg.grpo.schedule.tasks_per_step
-    return {"stage": run.ctx.stage, "checkpoints": run.durable.prefix, "checkpoint": names[-1],
-            "step": run.trainer.step, "data_position": position, "journals": journals, "curve": curve}  # fmt: skip
+    return {
+        "stage": run.ctx.stage,
+        "checkpoints": run.durable.prefix,
+        "checkpoint": names[-1],
+        "step": run.trainer.step,
+        "data_position": position,
+        "journals": journals,
+        "curve": curve,
+    }

@@ -2,9 +2,9 @@
 
 A stage is a plain function `fn(stage_config, ctx) -> StageResult`. `run_stage` computes the stage's key from its
 config hash, the fingerprints of its input manifests and the run seed; if `stages/NAME/KEY/manifest.json` exists
-the stage is skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced rerun never
-overwrites the artifacts a published manifest points to, and the manifest is written last, atomically. A failed
-stage leaves no manifest, and the next run resumes there.
+the stage is skipped. Otherwise it runs in a fresh attempt folder `stages/NAME/KEY/ATTEMPT/`, so a failed or forced
+rerun never overwrites the artifacts a published manifest points to, and the manifest is written last, atomically. A
+failed stage leaves no manifest, and the next run resumes there.
 
 Manifests record store-relative paths (artifacts, inputs, their own), so a store copied or synced elsewhere is
 reused as it is; `load_manifest` resolves them against the store it reads from. A damaged manifest (truncated,
@@ -110,9 +110,7 @@ class Manifest(BaseModel):
 
     def artifact(self, name: str) -> ArtifactRecord:
         if name not in self.artifacts:
-            raise KeyError(
-                f"stage {self.stage} manifest has no artifact {name!r}; has {sorted(self.artifacts)}"
-            )
+            raise KeyError(f"stage {self.stage} manifest has no artifact {name!r}; has {sorted(self.artifacts)}")
         return self.artifacts[name]
 
     def as_input(self) -> InputRef:
@@ -168,8 +166,9 @@ class StageContext:
 
         experiment_id = self.run.client.get_run(self.run.run_id).info.experiment_id
         uri = self.store.uri(f"{self.prefix}/{artifact}")
-        return log_and_register(self.run, experiment_id, local_dir, stage=self.stage, checkpoint_uri=uri,
-                                registered=self.registered_model)  # fmt: skip
+        return log_and_register(
+            self.run, experiment_id, local_dir, stage=self.stage, checkpoint_uri=uri, registered=self.registered_model
+        )
 
     def progress(self, done: float, total: float, note: str = "") -> None:
         """Report `done` of `total` (steps, models, tasks) to whoever watches the stage; errors only logged."""
@@ -209,8 +208,11 @@ def stage_key(stage: str, cfg: BaseModel, inputs: list[Manifest], seed: int = 0,
     and `content`, a fingerprint of what the stage reads from outside the store (curate: the repositories'
     contents, curate.content_key); an empty one leaves the key as it was without it."""
     fields: dict[str, Any] = {
-        "stage": stage, "config": config_hash(cfg), "inputs": [m.fingerprint for m in inputs], "seed": seed
-    }  # fmt: skip
+        "stage": stage,
+        "config": config_hash(cfg),
+        "inputs": [m.fingerprint for m in inputs],
+        "seed": seed,
+    }
     if content:
         fields["content"] = content
     body = json.dumps(fields, sort_keys=True)
@@ -271,9 +273,7 @@ def read_force_epoch(store: Store, stage: str, key: str) -> ForceEpoch | None:
     try:
         return store.read_parsed(rel, ForceEpoch.model_validate_json, "force epoch record")
     except CorruptStoreFile as exc:
-        raise CorruptStoreFile(
-            exc.uri, f"{exc.reason}; rerun with --force {stage} to start it afresh"
-        ) from exc
+        raise CorruptStoreFile(exc.uri, f"{exc.reason}; rerun with --force {stage} to start it afresh") from exc
 
 
 def _rebase(store: Store, uri: str) -> str:
@@ -371,8 +371,10 @@ def remove_dead_workdirs(stage: str, log: logging.Logger | None = None) -> list[
         removed.append(workdir)
         (log or logging.getLogger(f"swerl.{stage}")).warning(
             "stage %s: removed workdir %s left by process %s, which is gone (a killed run)",
-            stage, workdir, owner.get("pid"),
-        )  # fmt: skip
+            stage,
+            workdir,
+            owner.get("pid"),
+        )
     return removed
 
 
@@ -471,9 +473,14 @@ def run_stage(
             log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
             return StageOutcome(manifest=existing, skipped=True)
         if existing is not None:
-            log.warning("stage %s: the forced run of %s (force epoch %s) did not finish; resuming it (the published "
-                        "manifest %s stays until it does)", stage, current.forced_at if current else "?", epoch,
-                        existing.uri)  # fmt: skip
+            log.warning(
+                "stage %s: the forced run of %s (force epoch %s) did not finish; resuming it (the published "
+                "manifest %s stays until it does)",
+                stage,
+                current.forced_at if current else "?",
+                epoch,
+                existing.uri,
+            )
 
     prefix = f"stages/{stage}/{key}/{attempt}"
     started, t0 = _now(), time.monotonic()
@@ -522,6 +529,10 @@ def _open_force_epoch(store: Store, stage: str, key: str, attempt: str, log: log
         previous = None
     record = ForceEpoch(epoch=attempt, forced_at=_now(), previous=previous.epoch if previous else "")
     store.write_bytes(force_epoch_path(stage, key), record.model_dump_json(indent=2).encode())
-    log.info("stage %s: forced: force epoch %s, durable state (checkpoints) in %s, none of earlier attempts' reused",
-             stage, attempt, store.uri(durable_root(stage, key, attempt)))  # fmt: skip
+    log.info(
+        "stage %s: forced: force epoch %s, durable state (checkpoints) in %s, none of earlier attempts' reused",
+        stage,
+        attempt,
+        store.uri(durable_root(stage, key, attempt)),
+    )
     return attempt

@@ -84,9 +84,7 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
                 problems.append(f"{manifest.uri}: {exc}")
                 continue
             if curate.fingerprint != ref.fingerprint:
-                problems.append(
-                    f"{manifest.uri}: its curate manifest {ref.uri} was rerun since (other tasks)"
-                )
+                problems.append(f"{manifest.uri}: its curate manifest {ref.uri} was rerun since (other tasks)")
                 continue
             pending.append(PendingCheckpoint(manifest, curate))
     # oldest first; within one timestamp (a fast pipeline), in pipeline order (sft before grpo, a GRPO phase after
@@ -97,14 +95,18 @@ def pending_evaluations(store: Store) -> tuple[list[PendingCheckpoint], list[str
         earlier = [by_uri[ref.uri] for ref in m.inputs if ref.uri in by_uri and ref.stage.startswith("grpo")]
         return 1 + max(map(depth, earlier)) if earlier else 0
 
-    pending.sort(key=lambda p: (p.checkpoint.finished_at, _pipeline_rank(p.checkpoint.stage), depth(p.checkpoint),
-                                p.checkpoint.uri))  # fmt: skip
+    pending.sort(
+        key=lambda p: (
+            p.checkpoint.finished_at,
+            _pipeline_rank(p.checkpoint.stage),
+            depth(p.checkpoint),
+            p.checkpoint.uri,
+        )
+    )
     return pending, problems
 
 
-def schedule_report(
-    evaluated: list[tuple[PendingCheckpoint, str]], problems: list[str], store_uri: str
-) -> str:
+def schedule_report(evaluated: list[tuple[PendingCheckpoint, str]], problems: list[str], store_uri: str) -> str:
     """Markdown summary of one scheduled evaluation run: what was evaluated, with what result, what was not."""
     lines = ["# Scheduled evaluation", "", f"Store: `{store_uri}`", ""]
     if not evaluated and not problems:

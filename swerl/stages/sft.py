@@ -123,18 +123,22 @@ def base_model(
         if "curate" in ctx.inputs:
             images = sorted({t.image for t in load_tasks(ctx.store, ctx.inputs["curate"], "train.parquet")})
             repo_dirs = [
-                resolve_environment(image)
-                for image in images
-                if image.startswith(("local://", "micro://", "venv://"))
+                resolve_environment(image) for image in images if image.startswith(("local://", "micro://", "venv://"))
             ]
-        tokenizer = train_tokenizer(
-            tokenizer_corpus(rows, repo_dirs), tiny.vocab_size, ctx.workdir / "tokenizer"
-        )
+        tokenizer = train_tokenizer(tokenizer_corpus(rows, repo_dirs), tiny.vocab_size, ctx.workdir / "tokenizer")
         model = build_tiny_model(
-            tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads, tiny.ffn_size,
-            tiny.max_positions, moe=tiny.moe, num_experts=tiny.num_experts,
-            num_experts_per_tok=tiny.experts_per_token, seed=ctx.seed,
-        )  # fmt: skip
+            tokenizer,
+            tiny.hidden_size,
+            tiny.num_layers,
+            tiny.num_heads,
+            tiny.num_kv_heads,
+            tiny.ffn_size,
+            tiny.max_positions,
+            moe=tiny.moe,
+            num_experts=tiny.num_experts,
+            num_experts_per_tok=tiny.experts_per_token,
+            seed=ctx.seed,
+        )
     check_caps(cfg, model_context(model))
     save_model_and_tokenizer(model, tokenizer, out)
     return model, tokenizer
@@ -156,8 +160,14 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     s = cfg.sft
     budget = _Budget(ctx, s, durable.local_root, resume)
     guard = "" if s.time_budget_s is None else f" (time budget {s.time_budget_s:.0f} s as a guard)"
-    ctx.log.info("sft: %d examples (mean %.0f tokens, %.0f trained), %d steps%s", len(examples),
-                 statistics.fmean(lengths), statistics.fmean(targets), s.max_steps, guard)  # fmt: skip
+    ctx.log.info(
+        "sft: %d examples (mean %.0f tokens, %.0f trained), %d steps%s",
+        len(examples),
+        statistics.fmean(lengths),
+        statistics.fmean(targets),
+        s.max_steps,
+        guard,
+    )
 
     curve: list[StepMetrics] = []
     on_step = _step_logger(ctx, durable, budget, s.max_steps, curve)
@@ -167,10 +177,16 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         if s.distributed.device == "cuda":
             torch.nn.Module.to(model, device_of(s.distributed))
         result = train_sft(
-            model, examples, **sft_arguments(s, ctx.seed, tokenizer), checkpoint_dir=durable.local_root,
-            checkpoint_every=s.checkpoint_every, keep_last=s.keep_checkpoints, resume_from=resume_from,
-            on_step=on_step, stop=budget.stop,
-        )  # fmt: skip
+            model,
+            examples,
+            **sft_arguments(s, ctx.seed, tokenizer),
+            checkpoint_dir=durable.local_root,
+            checkpoint_every=s.checkpoint_every,
+            keep_last=s.keep_checkpoints,
+            resume_from=resume_from,
+            on_step=on_step,
+            stop=budget.stop,
+        )
         state = result.state
         train_s = _synced(budget, durable)
         save_model_and_tokenizer(model, tokenizer, out)  # after the final checkpoint is in the store
@@ -179,10 +195,22 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
         start_dir = resume if resume is not None else ctx.workdir / "base"
         ranks = SFTRanks(build_sft_rank, start_dir, examples, s, ctx.seed, resume_from, config=s.distributed)
         try:
-            ctx.log.info("sft: %s trainer, %d ranks on %s (pids %s)", s.distributed.backend, s.distributed.ranks,
-                         s.distributed.device, ranks.pids)  # fmt: skip
-            run_sft_steps(ranks, s.max_steps, checkpoint_dir=durable.local_root, checkpoint_every=s.checkpoint_every,
-                          keep_last=s.keep_checkpoints, on_step=on_step, stop=budget.stop)  # fmt: skip
+            ctx.log.info(
+                "sft: %s trainer, %d ranks on %s (pids %s)",
+                s.distributed.backend,
+                s.distributed.ranks,
+                s.distributed.device,
+                ranks.pids,
+            )
+            run_sft_steps(
+                ranks,
+                s.max_steps,
+                checkpoint_dir=durable.local_root,
+                checkpoint_every=s.checkpoint_every,
+                keep_last=s.keep_checkpoints,
+                on_step=on_step,
+                stop=budget.stop,
+            )
             state = ranks.trainer_state()
             train_s = _synced(budget, durable)
             ranks.save_model(out)  # after the final checkpoint is in the store
@@ -226,12 +254,21 @@ def _synced(budget: _Budget, durable: DurableCheckpoints) -> float:
 def sft_arguments(s: SFTConfig, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     """sft.* as the SFT trainer's keyword arguments (the same in one process and in every rank)."""
     return dict(
-        seq_len=s.seq_len, max_steps=s.max_steps, rows_per_micro_batch=s.rows_per_micro_batch,
-        grad_accum_steps=s.grad_accum_steps, lr=s.lr, min_lr_ratio=s.min_lr_ratio, warmup_steps=_warmup(s),
-        weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
-        bf16=s.bf16 or (s.distributed.backend == "torch" and s.distributed.param_dtype == "bfloat16"), seed=seed,
-        truncate_overlong=s.truncate_overlong, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer,
-    )  # fmt: skip
+        seq_len=s.seq_len,
+        max_steps=s.max_steps,
+        rows_per_micro_batch=s.rows_per_micro_batch,
+        grad_accum_steps=s.grad_accum_steps,
+        lr=s.lr,
+        min_lr_ratio=s.min_lr_ratio,
+        warmup_steps=_warmup(s),
+        weight_decay=s.weight_decay,
+        max_grad_norm=s.max_grad_norm,
+        bf16=s.bf16 or (s.distributed.backend == "torch" and s.distributed.param_dtype == "bfloat16"),
+        seed=seed,
+        truncate_overlong=s.truncate_overlong,
+        pad_token_id=tokenizer.pad_token_id,
+        tokenizer=tokenizer,
+    )
 
 
 def build_sft_rank(
@@ -246,9 +283,7 @@ def build_sft_rank(
     ranks = init_rank(s.distributed)
     model = load_sharded_model(start_dir, ranks, s.distributed.attn_implementation)
     tokenizer = load_tokenizer(start_dir)
-    return SFTTrainer(
-        model, examples, **sft_arguments(s, seed, tokenizer), resume_from=resume_from, ranks=ranks
-    )
+    return SFTTrainer(model, examples, **sft_arguments(s, seed, tokenizer), resume_from=resume_from, ranks=ranks)
 
 
 def _trace_rows(ctx: StageContext) -> list[dict[str, Any]]:
@@ -308,8 +343,12 @@ class _Budget:
         self.ctx.log.warning(
             "sft: the time budget of %.0f s ended the stage at step %d of %d (%.0f s spent, %.0f s of them before "
             "this attempt): the model is NOT the configured one; raise sft.time_budget_s or lower sft.max_steps",
-            budget, step, self.sft.max_steps, self.elapsed_s, self.before_s,
-        )  # fmt: skip
+            budget,
+            step,
+            self.sft.max_steps,
+            self.elapsed_s,
+            self.before_s,
+        )
         return True
 
     def stamp(self) -> None:
@@ -319,9 +358,14 @@ class _Budget:
                 (folder / BUDGET_FILE).write_text(json.dumps({"elapsed_s": self.elapsed_s}))
 
     def report(self) -> dict[str, Any]:
-        return {"time_budget_s": self.sft.time_budget_s, "elapsed_s": self.elapsed_s,
-                "elapsed_before_s": self.before_s, "ended_by_budget": self.ended_at is not None,
-                "ended_at_step": self.ended_at, "max_steps": self.sft.max_steps}  # fmt: skip
+        return {
+            "time_budget_s": self.sft.time_budget_s,
+            "elapsed_s": self.elapsed_s,
+            "elapsed_before_s": self.before_s,
+            "ended_by_budget": self.ended_at is not None,
+            "ended_at_step": self.ended_at,
+            "max_steps": self.sft.max_steps,
+        }
 
 
 SFT_DENSE_LOG_STEPS = 100
@@ -342,17 +386,21 @@ def _step_logger(
         curve.append(metrics)
         if metrics.step <= SFT_DENSE_LOG_STEPS or metrics.step % every == 0 or metrics.step == max_steps:
             ctx.log_metrics(
-                {"train/loss": metrics.loss, "train/lr": metrics.lr, "train/grad_norm": metrics.grad_norm,
-                 "train/tokens_per_second": metrics.tokens_per_second, "train/epoch": metrics.epoch,
-                 "train/padding_fraction": metrics.padding_fraction},
+                {
+                    "train/loss": metrics.loss,
+                    "train/lr": metrics.lr,
+                    "train/grad_norm": metrics.grad_norm,
+                    "train/tokens_per_second": metrics.tokens_per_second,
+                    "train/epoch": metrics.epoch,
+                    "train/padding_fraction": metrics.padding_fraction,
+                },
                 step=metrics.step,
-            )  # fmt: skip
+            )
         if metrics.step % max(1, max_steps // 10) == 0:
-            ctx.log.info("sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss,
-                         metrics.tokens_per_second)  # fmt: skip
-        ctx.progress(
-            metrics.step, max_steps, f"SFT step {metrics.step} of {max_steps}, loss {metrics.loss:.3f}"
-        )
+            ctx.log.info(
+                "sft step %d/%d loss %.3f %.0f tok/s", metrics.step, max_steps, metrics.loss, metrics.tokens_per_second
+            )
+        ctx.progress(metrics.step, max_steps, f"SFT step {metrics.step} of {max_steps}, loss {metrics.loss:.3f}")
         budget.stamp()
         durable.sync()  # checkpoints written after the previous step reach the store now
 
@@ -390,5 +438,8 @@ def _stage_result(cfg: SFTStage, report: dict[str, Any], curve: list[StepMetrics
             ),
         ]
     )
-    return StageResult(metrics=metrics, markdown={"sft": markdown + "\n"},
-                       summary=f"{report['steps']} steps, loss {metrics['final_loss']:.3f}")  # fmt: skip
+    return StageResult(
+        metrics=metrics,
+        markdown={"sft": markdown + "\n"},
+        summary=f"{report['steps']} steps, loss {metrics['final_loss']:.3f}",
+    )

@@ -78,9 +78,7 @@ def run_traces(cfg: TracesStage, ctx: StageContext) -> StageResult:
         "messages_by_role": dict(roles),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    ctx.write_artifact(
-        "traces_report.json", json.dumps(report, indent=2, sort_keys=True, default=str).encode()
-    )
+    ctx.write_artifact("traces_report.json", json.dumps(report, indent=2, sort_keys=True, default=str).encode())
     skipped = report.get("oracle", {}).get("skipped", {})
     return StageResult(
         metrics=_metrics(rows, roles, skipped),
@@ -123,10 +121,17 @@ def _oracle_rows(cfg: TracesStage, ctx: StageContext) -> tuple[list[dict[str, An
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     ctx.log.info("traces: oracle on %d of %d training tasks, %d workers", len(chosen), len(tasks), t.workers)
     oracle = generate_oracle_traces(
-        chosen, provider, episode_limits(cfg.agent), recovery_prob=t.recovery_prob, workers=t.workers,
-        context_lines=t.context_lines, view_whole_file_lines=t.view_whole_file_lines,
-        view_function_lines=t.view_function_lines, test_command=t.test_command, seed=ctx.seed,
-    )  # fmt: skip
+        chosen,
+        provider,
+        episode_limits(cfg.agent),
+        recovery_prob=t.recovery_prob,
+        workers=t.workers,
+        context_lines=t.context_lines,
+        view_whole_file_lines=t.view_whole_file_lines,
+        view_function_lines=t.view_function_lines,
+        test_command=t.test_command,
+        seed=ctx.seed,
+    )
     traces, oracle_report = run_async(closing(provider, oracle))
     return oracle_rows(traces), oracle_report.to_dict()
 

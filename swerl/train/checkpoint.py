@@ -114,7 +114,8 @@ class TrainerState:
 
 
 def check_seed(state: TrainerState, seed: int, path: str | Path) -> None:
-    """A checkpoint resumes only the run it was trained in: its seed (which drew every data order) must be this one's."""
+    """A checkpoint resumes only the run it was trained in: its seed (which drew every data order) must be this
+    one's."""
     if state.shuffle_seed != seed:
         raise ValueError(f"checkpoint {path} was trained with seed {state.shuffle_seed}, this run has {seed}")
 
@@ -218,8 +219,9 @@ def _save_sharded_checkpoint(
     engines load the folder as they load any other) and trainer_state.pt without an optimizer (marked sharded).
     The temporary directory is named by rank 0 and renamed by it after every rank has written.
     """
-    with sharded_checkpoint(checkpoint_dir, state, keep_last, ranks.is_main, ranks.broadcast_object,
-                            ranks.barrier) as temp:  # fmt: skip
+    with sharded_checkpoint(
+        checkpoint_dir, state, keep_last, ranks.is_main, ranks.broadcast_object, ranks.barrier
+    ) as temp:
         save_sharded(temp, model, optimizer)
         torch.save(capture_rng_state(), temp / RANK_RNG_FILE.format(rank=ranks.rank))
         weights = full_state_dict(model, ranks)  # collective
@@ -227,8 +229,12 @@ def _save_sharded_checkpoint(
             model.save_pretrained(temp, state_dict=weights, safe_serialization=True)
             if tokenizer is not None:
                 save_tokenizer(tokenizer, temp)
-            payload = {"trainer_state": asdict(state), "optimizer": None, "sharded": ranks.world_size,
-                       "rng": capture_rng_state()}  # fmt: skip
+            payload = {
+                "trainer_state": asdict(state),
+                "optimizer": None,
+                "sharded": ranks.world_size,
+                "rng": capture_rng_state(),
+            }
             torch.save(payload, temp / STATE_FILE)
     return Path(checkpoint_dir) / checkpoint_name(state.step)
 
@@ -395,9 +401,7 @@ def _load_sharded_checkpoint(
     """Every rank: its shards of model and optimizer state (DCP reshards across world sizes) and its RNG states."""
     check_checkpoint_dir(directory)
     if not (directory / DCP_DIR).is_dir():
-        raise ValueError(
-            f"checkpoint {directory} has no {DCP_DIR}/ folder: it was not written by sharded ranks"
-        )
+        raise ValueError(f"checkpoint {directory} has no {DCP_DIR}/ folder: it was not written by sharded ranks")
     load_sharded(directory, model, optimizer)
     payload = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
     rng = directory / RANK_RNG_FILE.format(rank=ranks.rank)
@@ -416,9 +420,7 @@ class CheckpointMirror:
     published result references). A pruned folder loses its marker first, so it never counts as complete.
     """
 
-    def __init__(
-        self, store: Store, prefix: str, local_root: Path, keep: int = 2, protect: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, store: Store, prefix: str, local_root: Path, keep: int = 2, protect: Iterable[str] = ()) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.store = store
@@ -450,8 +452,10 @@ class CheckpointMirror:
         """Download the complete checkpoint `name` into local_root and verify it (what a later GRPO phase starts
         from); CorruptStoreFile, CheckpointCorrupt or FileNotFoundError naming it when it is not intact."""
         if not self.store.exists(f"{self.prefix}/{name}/{COMPLETE_MARKER}"):
-            raise FileNotFoundError(f"checkpoint {self.store.uri(f'{self.prefix}/{name}')} has no "
-                                    f"{COMPLETE_MARKER} marker: it is incomplete or was pruned")  # fmt: skip
+            raise FileNotFoundError(
+                f"checkpoint {self.store.uri(f'{self.prefix}/{name}')} has no "
+                f"{COMPLETE_MARKER} marker: it is incomplete or was pruned"
+            )
         target = self.local_root / name
         for rel in self._files(name):
             self.store.get_file(f"{self.prefix}/{name}/{rel}", target / rel)
@@ -467,33 +471,36 @@ class CheckpointMirror:
             except (CorruptStoreFile, CheckpointCorrupt, FileNotFoundError) as exc:
                 shutil.rmtree(target, ignore_errors=True)
                 self.damaged.append(self.store.uri(f"{self.prefix}/{name}"))
-                _log.warning("checkpoint %s is damaged (%s); trying an older one",
-                             self.store.uri(f"{self.prefix}/{name}"), exc)  # fmt: skip
+                _log.warning(
+                    "checkpoint %s is damaged (%s); trying an older one", self.store.uri(f"{self.prefix}/{name}"), exc
+                )
                 continue
             if self.damaged:
-                _log.warning("resuming from checkpoint %s instead of the damaged %s",
-                             self.store.uri(f"{self.prefix}/{name}"), ", ".join(self.damaged))  # fmt: skip
+                _log.warning(
+                    "resuming from checkpoint %s instead of the damaged %s",
+                    self.store.uri(f"{self.prefix}/{name}"),
+                    ", ".join(self.damaged),
+                )
             self.uploaded.add(name)
             return target
         if self.damaged:
-            _log.warning("no intact checkpoint under %s (damaged: %s): starting afresh",
-                         self.store.uri(self.prefix), ", ".join(self.damaged))  # fmt: skip
+            _log.warning(
+                "no intact checkpoint under %s (damaged: %s): starting afresh",
+                self.store.uri(self.prefix),
+                ", ".join(self.damaged),
+            )
         return None
 
     def sync(self) -> list[str]:
         """Upload local checkpoint folders not uploaded yet (marker last), then prune; returns the new names."""
         done = []
-        for folder in sorted(
-            p for p in self.local_root.glob("step_*") if p.is_dir() and _STEP_DIR.match(p.name)
-        ):
+        for folder in sorted(p for p in self.local_root.glob("step_*") if p.is_dir() and _STEP_DIR.match(p.name)):
             if folder.name in self.uploaded:
                 continue
             files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
             for rel in files:
                 self.store.put_file(folder / rel, f"{self.prefix}/{folder.name}/{rel}")
-            self.store.write_bytes(
-                f"{self.prefix}/{folder.name}/{COMPLETE_MARKER}", json.dumps(files).encode()
-            )
+            self.store.write_bytes(f"{self.prefix}/{folder.name}/{COMPLETE_MARKER}", json.dumps(files).encode())
             self.uploaded.add(folder.name)
             done.append(folder.name)
         self.prune()

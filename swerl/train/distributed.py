@@ -100,9 +100,7 @@ def rank_environment() -> tuple[int, int, int]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         text = os.environ.get(name)
         if text is None or not text.isdigit():
-            raise ValueError(
-                f"trainer rank: environment variable {name} is {text!r}, not a non-negative integer"
-            )
+            raise ValueError(f"trainer rank: environment variable {name} is {text!r}, not a non-negative integer")
         values.append(int(text))
     rank, world, local = values
     if rank >= world:
@@ -136,9 +134,7 @@ def device_of(config: DistributedConfig, local_rank: int = 0) -> torch.device:
     if config.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(
-            "distributed.device is cuda but torch sees no GPU (torch.cuda.is_available() is False)"
-        )
+        raise RuntimeError("distributed.device is cuda but torch sees no GPU (torch.cuda.is_available() is False)")
     if local_rank >= torch.cuda.device_count():
         raise RuntimeError(f"local rank {local_rank} has no GPU: torch sees {torch.cuda.device_count()}")
     return torch.device("cuda", local_rank)
@@ -167,19 +163,13 @@ def shard_model(model: ModuleT, ctx: RankContext, *, trainable: bool = True) -> 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     config = ctx.config
-    if not any(
-        parameter.is_meta for parameter in model.parameters()
-    ):  # a meta model is allocated after sharding
+    if not any(parameter.is_meta for parameter in model.parameters()):  # a meta model is allocated after sharding
         model.to(ctx.device)
     if trainable and config.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
-    policy = MixedPrecisionPolicy(
-        param_dtype=dtype_of(config.param_dtype), reduce_dtype=dtype_of(config.reduce_dtype)
-    )
+    policy = MixedPrecisionPolicy(param_dtype=dtype_of(config.param_dtype), reduce_dtype=dtype_of(config.reduce_dtype))
     for layer in decoder_layers(model):
-        fully_shard(
-            layer, mesh=ctx.mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward
-        )
+        fully_shard(layer, mesh=ctx.mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
     fully_shard(model, mesh=ctx.mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
     return model
 
@@ -195,9 +185,7 @@ def load_sharded_model(model_dir: Path, ctx: RankContext, attn_implementation: s
     check_model_dir(model_dir)  # never a hub id: a clear error naming what the folder lacks
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if ctx.is_main:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, local_files_only=True, dtype=torch.float32, **extra
-        )
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32, **extra)
         weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     else:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)

@@ -55,9 +55,7 @@ class PolicyLossStats:
     tis_clip_fraction: float  # tokens whose raw weight exceeded the cap
     logprob_diff_mean: float  # |old - behaviour|: trainer vs engine log-prob mismatch
     ess_ratio: float  # (sum w)^2 / (n sum w^2) of the raw weights; 1 when trainer and engine agree
-    mis_mask_fraction: float = (
-        0.0  # tokens masked out by MIS (their own or their sequence's weight out of bounds)
-    )
+    mis_mask_fraction: float = 0.0  # tokens masked out by MIS (their own or their sequence's weight out of bounds)
 
 
 def group_advantages(
@@ -202,9 +200,7 @@ class LossSettings:
 def _check_loss_bounds(settings: LossSettings) -> None:
     clip_eps_low, clip_eps_high = settings.clip_eps_low, settings.clip_eps_high
     if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
-        raise ValueError(
-            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
-        )
+        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
     if settings.tis_cap <= 0:
         raise ValueError(f"tis_cap must be > 0, got {settings.tis_cap}")
     mis_low, mis_high = settings.mis_low, settings.mis_high
@@ -298,9 +294,7 @@ def policy_loss(
         loss = loss + settings.kl_coef * kl_value
 
     per_token = (clipped, ratio, tis_log_weight, tis_weight, mis_keep)
-    return loss, _loss_stats(
-        mask, num_tokens, pg_loss, kl_value, per_token, old_logprobs, behaviour_logprobs, settings
-    )
+    return loss, _loss_stats(mask, num_tokens, pg_loss, kl_value, per_token, old_logprobs, behaviour_logprobs, settings)
 
 
 @torch.no_grad()

@@ -232,9 +232,7 @@ class UpdateSettings:
                 f"and num_minibatches >= 1 ({self.num_minibatches})"
             )
         if self.loss_aggregation not in ("token_mean", "sequence_mean"):
-            raise ValueError(
-                f"loss_aggregation must be token_mean or sequence_mean, not {self.loss_aggregation!r}"
-            )
+            raise ValueError(f"loss_aggregation must be token_mean or sequence_mean, not {self.loss_aggregation!r}")
 
     def loss_settings(self, reference: bool) -> LossSettings:
         """The loss's part, as policy_loss takes it; without a reference model (`reference` False) no KL term."""
@@ -321,9 +319,7 @@ class StepSums:
         self.kl += stats.kl
 
     def _names(self, with_loss: bool) -> list[str]:
-        return ["entropy", "tokens", "clipped", "mis_masked", "pg_loss", "kl"] + (
-            ["loss"] if with_loss else []
-        )
+        return ["entropy", "tokens", "clipped", "mis_masked", "pg_loss", "kl"] + (["loss"] if with_loss else [])
 
     def vector(self, with_loss: bool) -> list[float]:
         """Every sum (`loss` only with_loss), the mismatch's last: what a reduction over ranks adds up."""

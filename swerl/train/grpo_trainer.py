@@ -121,9 +121,7 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
         self.optimizer = build_optimizer(model, settings.lr, settings.weight_decay, betas, adam_eps)
         # (lr, weight decay) per parameter group as these settings build them: restored after a checkpoint loads
         self._hyperparameters = [(g["lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
-        self.ref_model = (
-            use_packed_attention(ref_model).eval().requires_grad_(False) if ref_model is not None else None
-        )
+        self.ref_model = use_packed_attention(ref_model).eval().requires_grad_(False) if ref_model is not None else None
         self.loss_settings = settings.loss_settings(reference=ref_model is not None)
         self.logprob_temperature = logprob_temperature
         self.bf16 = bf16
@@ -183,9 +181,7 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
         at its K scored tokens (`_logprobs`), where entropy is taken."""
         mask = micro.loss_mask[:, 1:]  # (B, T-1): the scored tokens, shifted like old
         sums.entropy += float(token_entropy(logits.detach().float() / self.logprob_temperature).sum())
-        sums.mismatch += importance_sums(
-            old, micro.behaviour_logprobs[:, 1:], mask, self.loss_settings.tis_cap
-        )
+        sums.mismatch += importance_sums(old, micro.behaviour_logprobs[:, 1:], mask, self.loss_settings.tis_cap)
 
     def _update(self, minibatch: Sequence[MicroBatch], first: int, fixed: _Fixed, sums: StepSums) -> float:
         """One optimizer update on a minibatch, accumulated over its micro-batches; returns the grad norm.
@@ -248,12 +244,8 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
         keep = keep[real].unsqueeze(0)  # (1, N), in the packed row's order (row-major)
         positions = torch.arange(length, device=real.device).expand_as(real)[real].unsqueeze(0)  # (1, N)
         with torch.set_grad_enabled(grad):
-            logits = kept_logits(
-                model, micro.input_ids[real].unsqueeze(0), positions, keep, self.bf16
-            )  # (K, V)
-            selected = token_logprobs(
-                logits, micro.input_ids[:, 1:][scored], self.logprob_temperature
-            )  # (K,)
+            logits = kept_logits(model, micro.input_ids[real].unsqueeze(0), positions, keep, self.bf16)  # (K, V)
+            selected = token_logprobs(logits, micro.input_ids[:, 1:][scored], self.logprob_temperature)  # (K,)
             logprobs = torch.zeros(scored.shape, dtype=selected.dtype, device=selected.device)
             logprobs = logprobs.index_put(scored.nonzero(as_tuple=True), selected)  # (B, T-1)
         return logprobs, logits
@@ -309,14 +301,18 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
     def weight_specs(self, dtype: str) -> list[TensorSpec]:
         """Name, dtype and full shape of every tensor the engines get (the model's state dict under its HF names),
         in the dtype they travel in."""
-        return [
-            TensorSpec(name, dtype, tuple(tensor.shape)) for name, tensor in self.model.state_dict().items()
-        ]
+        return [TensorSpec(name, dtype, tuple(tensor.shape)) for name, tensor in self.model.state_dict().items()]
 
     def open_weight_group(
-        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float,
-        group_name: str, socket_ifname: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
+        socket_ifname: str | None = None,
+    ) -> None:
         """Rank 0 hosts the weight group as its rank 0 (the engines join as ranks 1..world_size-1 meanwhile); the
         other ranks have no part in it. A group formed before is closed first."""
         if not self.is_main:
@@ -326,9 +322,16 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
             old.close()
         backend_name: GroupBackend = "nccl" if backend == "nccl" else "gloo"
         self._weight_group = open_group(
-            master_addr, master_port, 0, world_size, backend_name, timeout_s, self.device,
-            group_name=group_name, socket_ifname=socket_ifname,
-        )  # fmt: skip
+            master_addr,
+            master_port,
+            0,
+            world_size,
+            backend_name,
+            timeout_s,
+            self.device,
+            group_name=group_name,
+            socket_ifname=socket_ifname,
+        )
 
     def broadcast_weights(self, names: Sequence[str], dtype: str) -> int:
         """One bucket: every rank gathers each named tensor in full (a collective when sharded), rank 0 broadcasts
@@ -362,9 +365,7 @@ class GRPOTrainer(BaseGRPOTrainer[_Fixed]):
         The reference model is not saved (it never changes).
         """
         state = TrainerState.at(self.step, self.seed, position)
-        return save_checkpoint(
-            checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last, self.ranks
-        )
+        return save_checkpoint(checkpoint_dir, self.model, self.optimizer, state, self.tokenizer, keep_last, self.ranks)
 
     def load(self, path: str | Path, *, optimizer: bool = True) -> TrainerState:
         """Restore a checkpoint written by `save` (same model architecture and seed); returns its state.

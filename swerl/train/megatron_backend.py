@@ -221,9 +221,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
 
         bridge = AutoBridge.from_hf_pretrained(str(self.model_dir), trust_remote_code=False)
         provider = bridge.to_megatron_provider(load_weights=True)
-        for name, value in provider_overrides(
-            self.config, transformer_engine=self.transformer_engine
-        ).items():
+        for name, value in provider_overrides(self.config, transformer_engine=self.transformer_engine).items():
             setattr(provider, name, value)
         if not self.transformer_engine:
             provider.transformer_layer_spec = local_layer_spec
@@ -235,9 +233,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
             bf16=bf16,
             fp16=False,
         )
-        optimizer_config = OptimizerConfig(
-            **optimizer_config_kwargs(self.settings, self.config, betas, adam_eps)
-        )
+        optimizer_config = OptimizerConfig(**optimizer_config_kwargs(self.settings, self.config, betas, adam_eps))
         self.optimizer = get_megatron_optimizer(optimizer_config, model)
         set_lr_and_weight_decay(self.optimizer.param_groups, self.settings.lr, self.settings.weight_decay)
         # What megatron's own training loop sets on the model config before its first step.
@@ -256,9 +252,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
         from megatron.core import parallel_state
 
         normalizer = float(max(1, sum(micro.num_loss_tokens for micro in minibatch)))
-        mine, extra = data_parallel_share(
-            len(minibatch), self.sizes.data, parallel_state.get_data_parallel_rank()
-        )
+        mine, extra = data_parallel_share(len(minibatch), self.sizes.data, parallel_state.get_data_parallel_rank())
         multiple = sequence_multiple(self.config.megatron)
         cp, cp_rank = self.sizes.context, parallel_state.get_context_parallel_rank()
 
@@ -328,9 +322,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
             logprobs.detach(), item.arrays.behaviour_logprobs, mask, self.loss_settings.tis_cap
         )
 
-    def _fixed_logprobs(
-        self, minibatches: Sequence[Sequence[MicroBatch]], sums: StepSums
-    ) -> dict[int, Tensor]:
+    def _fixed_logprobs(self, minibatches: Sequence[Sequence[MicroBatch]], sums: StepSums) -> dict[int, Tensor]:
         """Old log-probs of every micro-batch this rank computes, fixed before the first update (no gradient); with
         a single update none (its own forward records them)."""
         old: dict[int, Tensor] = {}
@@ -352,9 +344,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
             self._forward_backward(passes, keep, forward_only=True)
         return old
 
-    def _update(
-        self, minibatch: Sequence[MicroBatch], first: int, old: dict[int, Tensor], sums: StepSums
-    ) -> float:
+    def _update(self, minibatch: Sequence[MicroBatch], first: int, old: dict[int, Tensor], sums: StepSums) -> float:
         """One optimizer update on a minibatch; returns the gradient norm before clipping. Its loss goes into
         sums.loss per counted micro-batch (the last pipeline stage's TP rank 0), added over ranks by `_reduce`."""
         from megatron.core import parallel_state
@@ -456,9 +446,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
 
         metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
         state: dict[str, Any] = {"model": unwrap_model(self.model[0]).sharded_state_dict(metadata=metadata)}
-        state["optimizer"] = self.optimizer.sharded_state_dict(
-            state, is_loading=is_loading, metadata=metadata
-        )
+        state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
         return state
 
     def save(self, checkpoint_dir: str | Path, position: StreamPosition, *, keep_last: int = 2) -> Path:
@@ -469,8 +457,9 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
         from megatron.core import dist_checkpointing, tensor_parallel
 
         state = TrainerState.at(self.step, self.seed, position)
-        with sharded_checkpoint(checkpoint_dir, state, keep_last, self.is_main, self._shared_name, dist.barrier,
-                                subdirs=[MEGATRON_DIR]) as temp:  # fmt: skip
+        with sharded_checkpoint(
+            checkpoint_dir, state, keep_last, self.is_main, self._shared_name, dist.barrier, subdirs=[MEGATRON_DIR]
+        ) as temp:
             dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(temp / MEGATRON_DIR))
             rng = {
                 "swerl": capture_rng_state(),
@@ -479,8 +468,12 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
             torch.save(rng, temp / RANK_RNG_FILE.format(rank=self.rank))
             self._write_hf(temp)
             if self.is_main:
-                payload = {"trainer_state": asdict(state), "optimizer": None,
-                           "sharded": f"megatron x {self.config.ranks}", "rng": capture_rng_state()}  # fmt: skip
+                payload = {
+                    "trainer_state": asdict(state),
+                    "optimizer": None,
+                    "sharded": f"megatron x {self.config.ranks}",
+                    "rng": capture_rng_state(),
+                }
                 torch.save(payload, temp / STATE_FILE)
         return Path(checkpoint_dir) / checkpoint_name(state.step)
 
@@ -488,8 +481,9 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
         """Restore a checkpoint `save` wrote (same parallel layout up to data-parallel resharding, same seed);
         collective. optimizer False (a GRPO phase's reset_optimizer) is not built here (the config refuses it)."""
         if not optimizer:
-            raise ValueError("the megatron backend loads its optimizer state with its weights: reset_optimizer "
-                             "is not built for it")  # fmt: skip
+            raise ValueError(
+                "the megatron backend loads its optimizer state with its weights: reset_optimizer is not built for it"
+            )
         from megatron.core import dist_checkpointing, tensor_parallel
 
         directory = check_checkpoint_dir(path)
@@ -497,9 +491,7 @@ class MegatronGRPOTrainer(BaseGRPOTrainer[dict[int, Tensor]]):
             raise ValueError(
                 f"checkpoint {directory} has no {MEGATRON_DIR}/ folder: it was not written by the megatron backend"
             )
-        loaded = dist_checkpointing.load(
-            self._sharded_state_dict(is_loading=True), str(directory / MEGATRON_DIR)
-        )
+        loaded = dist_checkpointing.load(self._sharded_state_dict(is_loading=True), str(directory / MEGATRON_DIR))
         from megatron.core.utils import unwrap_model
 
         unwrap_model(self.model[0]).load_state_dict(loaded["model"], strict=True)
@@ -539,9 +531,7 @@ def _model_config(chunk: Any) -> Any:
     return get_model_config(chunk)
 
 
-def build_megatron_trainer(
-    start_dir: Path, g: GRPOConfig, temperature: float, seed: int
-) -> MegatronGRPOTrainer:
+def build_megatron_trainer(start_dir: Path, g: GRPOConfig, temperature: float, seed: int) -> MegatronGRPOTrainer:
     """The GRPO stage's trainer in each rank of a megatron run (swerl.stages.grpo.build_rank_trainer calls it)."""
     settings = UpdateSettings(**g.algorithm.model_dump())
     return MegatronGRPOTrainer(start_dir, g.distributed, settings, seed, logprob_temperature=temperature)

@@ -113,18 +113,21 @@ def parallel_sizes(ranks: int, megatron: MegatronConfig) -> ParallelSizes:
     """The data-parallel sizes that remain; ValueError with megatron-core's divisibility rule that fails."""
     model = megatron.tensor_parallel * megatron.pipeline_parallel * megatron.context_parallel
     if ranks % model:
-        raise ValueError(
-            f"megatron: ranks {ranks} is not divisible by tensor x pipeline x context parallel ({model})"
-        )
+        raise ValueError(f"megatron: ranks {ranks} is not divisible by tensor x pipeline x context parallel ({model})")
     expert_grid = megatron.expert_tensor_parallel * megatron.expert_parallel * megatron.pipeline_parallel
     if ranks % expert_grid:
         raise ValueError(
             f"megatron: ranks {ranks} is not divisible by expert_tensor x expert x pipeline parallel ({expert_grid})"
         )
     return ParallelSizes(
-        megatron.tensor_parallel, megatron.pipeline_parallel, megatron.context_parallel, megatron.expert_parallel,
-        megatron.expert_tensor_parallel, ranks // model, ranks // expert_grid,
-    )  # fmt: skip
+        megatron.tensor_parallel,
+        megatron.pipeline_parallel,
+        megatron.context_parallel,
+        megatron.expert_parallel,
+        megatron.expert_tensor_parallel,
+        ranks // model,
+        ranks // expert_grid,
+    )
 
 
 def parallel_state_kwargs(megatron: MegatronConfig) -> dict[str, Any]:
@@ -171,8 +174,7 @@ def provider_overrides(config: DistributedConfig, *, transformer_engine: bool) -
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,
         "calculate_per_token_loss": False,  # the loss arrives normalised (policy_loss's normalizer)
-        "variable_seq_lengths": m.pipeline_parallel
-        > 1,  # micro-batches differ in shape: sent before each send
+        "variable_seq_lengths": m.pipeline_parallel > 1,  # micro-batches differ in shape: sent before each send
         "moe_aux_loss_coeff": 0.0,
         "moe_router_load_balancing_type": "none",
         **recompute_fields(m.recompute),
@@ -332,9 +334,7 @@ def vocab_parallel_entropy(logits: Tensor, group: Any = None) -> Tensor:
         H = log Z - sum_v p_v (x_v - max),  Z = sum_v exp(x_v - max)"""
     import torch.distributed as dist
 
-    reduce = (
-        group is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-    )
+    reduce = group is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     with torch.no_grad():
         scores = logits.detach().to(torch.promote_types(logits.dtype, torch.float32))
         top = scores.max(dim=-1, keepdim=True).values

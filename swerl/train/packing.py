@@ -10,8 +10,8 @@ sequence, with the positions (RoPE) it would have alone. How that happens depend
   however short its sequences. `use_packed_attention` switches such a model to `PACKED_SDPA`, registered here: the
   same torch sdpa kernel, called once per sequence with is_causal (sum of L_i^2, no mask built). Each sequence
   then makes exactly the attention call it would make alone; packed and lone outputs differ only by the rounding
-  of differently shaped matrix products (tests/train/test_packing.py). Anything else (a padding mask, a KV cache, a query shorter than its keys) goes to
-  transformers' own sdpa path with transformers' own mask, unchanged.
+  of differently shaped matrix products (tests/train/test_packing.py). Anything else (a padding mask, a KV cache, a
+  query shorter than its keys) goes to transformers' own sdpa path with transformers' own mask, unchanged.
 - `flash_attention_*`: transformers reads the restarts as varlen sequence boundaries (cu_seqlens); nothing to do.
 - `eager`, `flex_attention`: transformers builds the block-diagonal mask; exact, but quadratic in N.
 
@@ -88,9 +88,7 @@ def _packed_mask(
     """No mask for a full forward without padding (packed_sdpa_attention splits it); sdpa's mask otherwise."""
     if attention_mask is None and q_offset == 0 and q_length == kv_length:
         return None
-    return sdpa_mask(
-        attention_mask=attention_mask, q_length=q_length, kv_length=kv_length, q_offset=q_offset, **kwargs
-    )
+    return sdpa_mask(attention_mask=attention_mask, q_length=q_length, kv_length=kv_length, q_offset=q_offset, **kwargs)
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
@@ -109,9 +107,7 @@ def use_packed_attention(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def concatenate(
-    sequences: Sequence[Sequence[int]], device: torch.device | None = None
-) -> tuple[Tensor, Tensor]:
+def concatenate(sequences: Sequence[Sequence[int]], device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """Token ids laid end to end as one row (1, N) and its position ids (1, N), restarting at 0 per sequence."""
     input_ids = torch.tensor([token for sequence in sequences for token in sequence], dtype=torch.long)
     position_ids = torch.cat([torch.arange(len(sequence)) for sequence in sequences])

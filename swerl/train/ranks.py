@@ -61,9 +61,7 @@ def _as_rank(env: dict[str, str], factory: Callable[..., Any], *args: Any) -> An
 class RankGroup:
     """`config.ranks` trainer processes called together; rank 0's answers."""
 
-    def __init__(
-        self, factory: Callable[..., Any], *args: Any, config: DistributedConfig, wait: bool = True
-    ) -> None:
+    def __init__(self, factory: Callable[..., Any], *args: Any, config: DistributedConfig, wait: bool = True) -> None:
         self.world_size = config.ranks
         self.step = 0
         """rank 0's trainer step after the last call (the weight version it produced)."""
@@ -73,9 +71,7 @@ class RankGroup:
             for rank in range(self.world_size):
                 env = rank_env(rank, self.world_size, config.master_addr, port)
                 self.ranks.append(
-                    TrainerProcess(
-                        _as_rank, env, factory, *args, start_timeout_s=config.start_timeout_s, wait=False
-                    )
+                    TrainerProcess(_as_rank, env, factory, *args, start_timeout_s=config.start_timeout_s, wait=False)
                 )
         except BaseException:
             self.close(timeout_s=5)
@@ -83,8 +79,12 @@ class RankGroup:
         self._pool = concurrent.futures.ThreadPoolExecutor(self.world_size, thread_name_prefix="swerl-rank")
         logger.info(
             "trainer: %d %s ranks (pids %s), rendezvous %s:%d",
-            self.world_size, config.group_backend, [r.pid for r in self.ranks], config.master_addr, port,
-        )  # fmt: skip
+            self.world_size,
+            config.group_backend,
+            [r.pid for r in self.ranks],
+            config.master_addr,
+            port,
+        )
         if wait:
             self.wait_started()
 

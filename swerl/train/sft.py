@@ -68,9 +68,7 @@ IGNORE_INDEX = -100  # the label of a position that is not a target
 class PreparedData:
     """The kept examples as (input_ids, labels) and what preparation did to the rest."""
 
-    examples: list[
-        tuple[list[int], list[int]]
-    ]  # labels already shifted: labels[t] is the target of position t
+    examples: list[tuple[list[int], list[int]]]  # labels already shifted: labels[t] is the target of position t
     num_given: int
     skipped_no_target: int  # no token with loss_mask 1 after the first position
     dropped_overlong: int  # longer than seq_len, truncate_overlong=False
@@ -81,9 +79,7 @@ class PreparedData:
 
 def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[int]:
     """labels[t] = input_ids[t + 1] if loss_mask[t + 1] else IGNORE_INDEX; the last position has no target."""
-    labels = [
-        next_id if keep else IGNORE_INDEX for next_id, keep in zip(input_ids[1:], loss_mask[1:], strict=True)
-    ]
+    labels = [next_id if keep else IGNORE_INDEX for next_id, keep in zip(input_ids[1:], loss_mask[1:], strict=True)]
     return [*labels, IGNORE_INDEX]
 
 
@@ -208,9 +204,14 @@ def collate_rows(
     )
     num_targets = int((labels != IGNORE_INDEX).sum())
     return PackedBatch(
-        input_ids.unsqueeze(0), labels.unsqueeze(0), position_ids.unsqueeze(0), segment_ids.unsqueeze(0),
-        int(input_ids.numel()), num_targets, len(rows) * seq_len,
-    )  # fmt: skip
+        input_ids.unsqueeze(0),
+        labels.unsqueeze(0),
+        position_ids.unsqueeze(0),
+        segment_ids.unsqueeze(0),
+        int(input_ids.numel()),
+        num_targets,
+        len(rows) * seq_len,
+    )
 
 
 def next_micro_batches(
@@ -223,9 +224,7 @@ def next_micro_batches(
 ) -> tuple[list[PackedBatch], DataPosition]:
     """The micro-batches of one optimizer step, packed from position on, and the position after them."""
     lengths = [len(ids) for ids, _ in data.examples]
-    rows, position = pack_rows(
-        lengths, rows_per_micro_batch * grad_accum_steps, seq_len, position, shuffle_seed
-    )
+    rows, position = pack_rows(lengths, rows_per_micro_batch * grad_accum_steps, seq_len, position, shuffle_seed)
     micro_batches = [
         collate_rows(rows[start : start + rows_per_micro_batch], data.examples, seq_len)
         for start in range(0, len(rows), rows_per_micro_batch)
@@ -249,17 +248,18 @@ def block_causal_mask(segment_ids: Tensor) -> Tensor:
 # Optimisation: loss, optimizer, schedule
 
 
-def packed_logits(
-    model: PreTrainedModel, batch: PackedBatch, bf16: bool, keep: Tensor | None = None
-) -> Tensor:
+def packed_logits(model: PreTrainedModel, batch: PackedBatch, bf16: bool, keep: Tensor | None = None) -> Tensor:
     """Logits (K, V) of a packed batch at the K positions where keep (1, N) is True (default: its targets), each
     example attending only to itself (see the module docstring)."""
     device = model.device
     keep = batch.is_target if keep is None else keep
     return kept_logits(
-        use_packed_attention(model), batch.input_ids.to(device), batch.position_ids.to(device),
-        keep.to(device), bf16,
-    )  # fmt: skip
+        use_packed_attention(model),
+        batch.input_ids.to(device),
+        batch.position_ids.to(device),
+        keep.to(device),
+        bf16,
+    )
 
 
 def summed_target_nll(logits: Tensor, targets: Tensor) -> Tensor:
@@ -312,9 +312,7 @@ class StepMetrics:
     grad_norm: float  # total L2 norm of the gradient before clipping
     num_tokens: int  # tokens in the step (all real: micro-batches hold no padding)
     num_targets: int  # assistant tokens scored (the loss denominator)
-    padding_fraction: (
-        float  # share of the step's row slots (rows x seq_len) left empty by packing; not computed
-    )
+    padding_fraction: float  # share of the step's row slots (rows x seq_len) left empty by packing; not computed
     tokens_per_second: float  # num_tokens / wall time of the step (forward, backward, optimizer)
     seconds: float
 
@@ -360,9 +358,7 @@ def train_step(
     for index in [*mine, *([None] * extra)]:
         batch = micro_batches[index if index is not None else 0]
         loss = summed_target_nll(packed_logits(model, batch, bf16), batch.targets) / step_targets
-        (
-            loss * (scale if index is not None else 0)
-        ).backward()  # a zero pass keeps the ranks' collectives even
+        (loss * (scale if index is not None else 0)).backward()  # a zero pass keeps the ranks' collectives even
         if index is not None:
             step_loss += float(loss.detach())
     if ranks is not None:
@@ -388,27 +384,33 @@ class SFTTrainer:
         model: PreTrainedModel,
         examples: Sequence[tuple[Sequence[int], Sequence[int]]],
         *,
-        seq_len: int, max_steps: int, rows_per_micro_batch: int, grad_accum_steps: int = 1,
-        lr: float, min_lr_ratio: float = 0.1, warmup_steps: int, weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
-        bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
-        tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
+        seq_len: int,
+        max_steps: int,
+        rows_per_micro_batch: int,
+        grad_accum_steps: int = 1,
+        lr: float,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        max_grad_norm: float | None = 1.0,
+        bf16: bool = False,
+        seed: int = 0,
+        truncate_overlong: bool = False,
+        pad_token_id: int | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        resume_from: str | Path | None = None,
         ranks: RankContext | None = None,
-    ) -> None:  # fmt: skip
-        _check_arguments(
-            seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio
-        )
+    ) -> None:
+        _check_arguments(seq_len, max_steps, rows_per_micro_batch, grad_accum_steps, warmup_steps, min_lr_ratio)
         del pad_token_id  # accepted for callers of the padded layout: packed micro-batches hold no padding
         self.data = prepare_examples(examples, seq_len, model.config.vocab_size, truncate_overlong)
         _log_data(self.data, seq_len, truncate_overlong)
-        if ranks is not None and not is_sharded(
-            model
-        ):  # else loaded sharded (distributed.load_sharded_model)
+        if ranks is not None and not is_sharded(model):  # else loaded sharded (distributed.load_sharded_model)
             model = shard_model(model, ranks)
         self.model, self.ranks, self.tokenizer = model, ranks, tokenizer
-        self.optimizer, self.state = _start(
-            model, self.data, seed, resume_from, lr, weight_decay, betas, eps, ranks
-        )
+        self.optimizer, self.state = _start(model, self.data, seed, resume_from, lr, weight_decay, betas, eps, ranks)
         self.position = DataPosition(self.state.epoch, self.state.example_index)
         self.seq_len, self.max_steps = seq_len, max_steps
         self.rows_per_micro_batch, self.grad_accum_steps = rows_per_micro_batch, grad_accum_steps
@@ -424,17 +426,19 @@ class SFTTrainer:
         """Pack the next rows, one optimizer step, advance the state; returns the step's metrics."""
         step, started = self.state.step, time.perf_counter()
         micro_batches, self.position = next_micro_batches(
-            self.data, self.position, self.state.shuffle_seed, self.seq_len, self.rows_per_micro_batch,
+            self.data,
+            self.position,
+            self.state.shuffle_seed,
+            self.seq_len,
+            self.rows_per_micro_batch,
             self.grad_accum_steps,
-        )  # fmt: skip
+        )
         step_lr = lr_at(step, self.lr, self.warmup_steps, self.max_steps, self.min_lr_ratio)
         loss, grad_norm = train_step(
             self.model, self.optimizer, micro_batches, step_lr, self.max_grad_norm, self.bf16, self.ranks
         )
         metrics = _step_metrics(step + 1, self.position, loss, step_lr, grad_norm, micro_batches, started)
-        self.state = replace(
-            self.state, step=step + 1, epoch=self.position.epoch, example_index=self.position.index
-        )
+        self.state = replace(self.state, step=step + 1, epoch=self.position.epoch, example_index=self.position.index)
         self.last_metrics = metrics
         return metrics
 
@@ -505,15 +509,30 @@ def train_sft(
     model: PreTrainedModel,
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
-    seq_len: int, max_steps: int, rows_per_micro_batch: int, grad_accum_steps: int = 1,
-    lr: float, min_lr_ratio: float = 0.1, warmup_steps: int, weight_decay: float = 0.1,
-    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, max_grad_norm: float | None = 1.0,
-    bf16: bool = False, seed: int = 0, truncate_overlong: bool = False, pad_token_id: int | None = None,
-    checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, keep_last: int = 2,
-    tokenizer: PreTrainedTokenizerBase | None = None, resume_from: str | Path | None = None,
-    on_step: Callable[[StepMetrics], None] | None = None, stop: Callable[[int], bool] | None = None,
+    seq_len: int,
+    max_steps: int,
+    rows_per_micro_batch: int,
+    grad_accum_steps: int = 1,
+    lr: float,
+    min_lr_ratio: float = 0.1,
+    warmup_steps: int,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    max_grad_norm: float | None = 1.0,
+    bf16: bool = False,
+    seed: int = 0,
+    truncate_overlong: bool = False,
+    pad_token_id: int | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    keep_last: int = 2,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    resume_from: str | Path | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    stop: Callable[[int], bool] | None = None,
     ranks: RankContext | None = None,
-) -> SFTResult:  # fmt: skip
+) -> SFTResult:
     """Train `model` in place for max_steps optimizer steps on (input_ids, loss_mask) examples.
 
     Each step packs rows_per_micro_batch * grad_accum_steps rows of at most seq_len tokens (next-fit) and computes
@@ -532,16 +551,36 @@ def train_sft(
     ranks: this process's FSDP2 rank (every rank calls train_sft with the same arguments); the model is sharded.
     """
     trainer = SFTTrainer(
-        model, examples, seq_len=seq_len, max_steps=max_steps, rows_per_micro_batch=rows_per_micro_batch,
-        grad_accum_steps=grad_accum_steps, lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps,
-        weight_decay=weight_decay, betas=betas, eps=eps, max_grad_norm=max_grad_norm, bf16=bf16, seed=seed,
-        truncate_overlong=truncate_overlong, pad_token_id=pad_token_id, tokenizer=tokenizer,
-        resume_from=resume_from, ranks=ranks,
-    )  # fmt: skip
+        model,
+        examples,
+        seq_len=seq_len,
+        max_steps=max_steps,
+        rows_per_micro_batch=rows_per_micro_batch,
+        grad_accum_steps=grad_accum_steps,
+        lr=lr,
+        min_lr_ratio=min_lr_ratio,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        betas=betas,
+        eps=eps,
+        max_grad_norm=max_grad_norm,
+        bf16=bf16,
+        seed=seed,
+        truncate_overlong=truncate_overlong,
+        pad_token_id=pad_token_id,
+        tokenizer=tokenizer,
+        resume_from=resume_from,
+        ranks=ranks,
+    )
     metrics, final = run_sft_steps(
-        trainer, max_steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep_last=keep_last,
-        on_step=on_step, stop=stop,
-    )  # fmt: skip
+        trainer,
+        max_steps,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        keep_last=keep_last,
+        on_step=on_step,
+        stop=stop,
+    )
     return SFTResult(trainer.state, trainer.data, metrics, final)
 
 
@@ -629,9 +668,7 @@ def _log_data(data: PreparedData, seq_len: int, truncate_overlong: bool) -> None
             truncate_overlong,
         )
     if data.truncated_overlong:
-        logger.warning(
-            "SFT data: truncated %d examples to their first %d tokens", data.truncated_overlong, seq_len
-        )
+        logger.warning("SFT data: truncated %d examples to their first %d tokens", data.truncated_overlong, seq_len)
 
 
 def _resume(
