@@ -20,9 +20,7 @@ SWERL_ROOT_VARIABLE = "SWERL_BENCH_ROOT"
 
 def _use_swerl_from(root: str) -> None:
     """Import `swerl` from root: before the editable install's finder (which precedes PYTHONPATH) and sys.path."""
-    sys.meta_path[:] = [
-        f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
-    ]
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     sys.path.insert(0, root)
 
 
@@ -66,9 +64,7 @@ def build_demo_model(out: Path, corpus_bytes: int = 3_000_000, max_positions: in
     """demo_model with a BPE of 4096 tokens trained on stdlib source, saved with its tokenizer in `out`."""
     tokenizer = train_tokenizer(stdlib_texts(corpus_bytes), vocab_size=4096, out_dir=out)
     model = demo_model(tokenizer, max_positions)
-    print(
-        f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}"
-    )
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     return save_model_and_tokenizer(model, tokenizer, out)
 
 

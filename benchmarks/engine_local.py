@@ -40,9 +40,7 @@ from common import build_demo_model, materialise_ref, run_worker
 from swerl.engine.base import GenerateRequest, SamplingParams
 from swerl.engine.local import LocalEngine
 
-Turn = tuple[
-    list[int], int
-]  # tokens the turn adds to the prompt (first prompt or observation), max_new_tokens
+Turn = tuple[list[int], int]  # tokens the turn adds to the prompt (first prompt or observation), max_new_tokens
 
 
 def workload(args: argparse.Namespace, vocab: int) -> list[list[Turn]]:
@@ -132,8 +130,19 @@ async def run_workload(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker_arguments(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    names = ("clients", "turns", "prompt_min", "prompt_max", "observation_min", "observation_max", "new_min",
-             "new_max", "temperature", "threads", "context")  # fmt: skip
+    names = (
+        "clients",
+        "turns",
+        "prompt_min",
+        "prompt_max",
+        "observation_min",
+        "observation_max",
+        "new_min",
+        "new_max",
+        "temperature",
+        "threads",
+        "context",
+    )
     options = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in names]
     return [*options, *(["--no-prefix-cache"] if args.no_prefix_cache else []), f"--model-dir={model_dir}"]
 
@@ -144,9 +153,7 @@ def main(args: argparse.Namespace) -> None:
         model_dir = build_demo_model(Path(tmp) / "model")
         sides: dict[str, Path | None] = {"this checkout": None}
         if args.baseline_ref:
-            sides[f"baseline {args.baseline_ref}"] = materialise_ref(
-                args.baseline_ref, Path(tmp) / "baseline"
-            )
+            sides[f"baseline {args.baseline_ref}"] = materialise_ref(args.baseline_ref, Path(tmp) / "baseline")
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for _ in range(args.rounds):
             for side, root in sides.items():
@@ -159,8 +166,13 @@ def main(args: argparse.Namespace) -> None:
         f"{args.threads}; {first['generated_tokens']} tokens generated, {first['prefill_tokens']} prefilled; "
         f"best of {args.rounds} rounds"
     )
-    keys = ("tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_s", "decode_tokens_per_cpu_s",
-            "prefill_tokens_per_s")  # fmt: skip
+    keys = (
+        "tokens_per_s",
+        "tokens_per_cpu_s",
+        "decode_tokens_per_s",
+        "decode_tokens_per_cpu_s",
+        "prefill_tokens_per_s",
+    )
     best = {side: {key: max(r[key] for r in results) for key in keys} for side, results in runs.items()}
     for side, result in best.items():
         print(
@@ -191,9 +203,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16, help="concurrent agents (and max_batch_size)")
     parser.add_argument("--turns", type=int, default=4, help="requests per client, one after another")
     parser.add_argument("--prompt-min", type=int, default=150, help="first prompt length")

@@ -73,17 +73,12 @@ async def run_once(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> None:
     script = Path(__file__).resolve()
-    shape = [
-        f"--{name}={getattr(args, name)}"
-        for name in ("trajectories", "turns", "system", "observation", "new")
-    ]
+    shape = [f"--{name}={getattr(args, name)}" for name in ("trajectories", "turns", "system", "observation", "new")]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_demo_model(Path(tmp) / "model")
         sides: dict[str, Path | None] = {"this checkout": None}
         if args.baseline_ref:
-            sides[f"baseline {args.baseline_ref}"] = materialise_ref(
-                args.baseline_ref, Path(tmp) / "baseline"
-            )
+            sides[f"baseline {args.baseline_ref}"] = materialise_ref(args.baseline_ref, Path(tmp) / "baseline")
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
             for side, root in sides.items():
@@ -129,9 +124,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trajectories", type=int, default=16)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--system", type=int, default=150, help="first prompt length in tokens")

@@ -1,6 +1,7 @@
 """Client + router overhead at high concurrency, against latency-emulating engine servers on loopback.
 
-    .venv/bin/python benchmarks/engine_router.py [--concurrency 1024] [--engines 2] [--latency 5.0] [--rounds 3] [--repeats 2]
+    .venv/bin/python benchmarks/engine_router.py [--concurrency 1024] [--engines 2] [--latency 5.0] [--rounds 3] \
+        [--repeats 2]
 
 Starts `--engines` emulated SGLang servers (swerl.engine.emulated_server, each its own process: every /generate
 sleeps `--latency` s and answers 16 tokens), then runs `--concurrency` closed-loop workers, each making `--rounds`
@@ -66,9 +67,7 @@ async def drive(
         await asyncio.sleep(index * latency_s / 2 / concurrency)
         for call in range(rounds):
             sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
-            request = GenerateRequest(
-                input_ids=[1 + index % 500, 2, 3], sampling_params=sampling, rid=f"w{index}"
-            )
+            request = GenerateRequest(input_ids=[1 + index % 500, 2, 3], sampling_params=sampling, rid=f"w{index}")
             started = time.perf_counter()
             response = await engine.generate(request)
             extra.append(time.perf_counter() - started - latency_s)
@@ -80,9 +79,13 @@ async def drive(
 
 
 CLIENT_ARGS: dict[str, Any] = dict(
-    connect_timeout_s=10.0, request_timeout_s=600.0, control_timeout_s=600.0, health_timeout_s=30.0, retries=0,
+    connect_timeout_s=10.0,
+    request_timeout_s=600.0,
+    control_timeout_s=600.0,
+    health_timeout_s=30.0,
+    retries=0,
     retry_backoff_s=0.5,
-)  # fmt: skip
+)
 """The clients' timeouts and retries the numbers in docs/benchmarks.md were measured with."""
 ROUTER_ARGS: dict[str, Any] = dict(
     sticky_capacity=100_000, sticky_max_excess=64, weight_update_mode="pause", pause_mode="retract"
@@ -120,8 +123,7 @@ async def main(args: argparse.Namespace) -> None:
         try:
             results: dict[str, Any] = {}
             pairs = [
-                ("direct", "router") if repeat % 2 == 0 else ("router", "direct")
-                for repeat in range(args.repeats)
+                ("direct", "router") if repeat % 2 == 0 else ("router", "direct") for repeat in range(args.repeats)
             ]
             for mode in ("warm-up", *(mode for pair in pairs for mode in pair)):  # ABBA: no order advantage
                 clients = [EngineClient(url, pool_size=pool_size, **CLIENT_ARGS) for url in urls]
@@ -132,9 +134,7 @@ async def main(args: argparse.Namespace) -> None:
                 rounds = 1 if mode == "warm-up" else args.rounds
                 extra, cpu_s, calls = await drive(engines, args.concurrency, rounds, args.latency)
                 peaks = [engine_stats(url)["peak_in_flight"] for url in urls]
-                row = results.setdefault(
-                    mode, {"extra": [], "cpu_s": 0.0, "calls": 0, "peaks": [], "router": []}
-                )
+                row = results.setdefault(mode, {"extra": [], "cpu_s": 0.0, "calls": 0, "peaks": [], "router": []})
                 row["extra"] += extra
                 row["cpu_s"] += cpu_s
                 row["calls"] += calls
@@ -143,9 +143,7 @@ async def main(args: argparse.Namespace) -> None:
                 if mode == "router":
                     stats = router.stats()
                     row.setdefault("retried", []).append(stats["retried"])
-                    row.setdefault("errors", []).extend(
-                        e["last_error"] for e in stats["engines"] if e["last_error"]
-                    )
+                    row.setdefault("errors", []).extend(e["last_error"] for e in stats["engines"] if e["last_error"])
                 await router.close()
             for row in results.values():
                 row["cpu_ms_per_call"] = 1000 * row["cpu_s"] / row["calls"]
@@ -155,17 +153,25 @@ async def main(args: argparse.Namespace) -> None:
             for service in services:
                 service.stop()
     direct, routed = results["direct"], results["router"]
-    print(f"{args.engines} emulated engines, {args.latency:.2f} s per /generate, {args.concurrency} concurrent "
-          f"workers x {args.rounds} calls, pool {pool_size} connections per engine, open-file limit {soft}/{hard}")  # fmt: skip
+    print(
+        f"{args.engines} emulated engines, {args.latency:.2f} s per /generate, {args.concurrency} concurrent "
+        f"workers x {args.rounds} calls, pool {pool_size} connections per engine, open-file limit {soft}/{hard}"
+    )
     print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{load:.1f}" for load in os.getloadavg()))
-    print(f"achieved concurrency (per repeat): router peak outstanding {routed['router']}, engines' peaks in "
-          f"flight summed {routed['peaks']} (direct: {direct['peaks']}); configured {args.concurrency}")  # fmt: skip
+    print(
+        f"achieved concurrency (per repeat): router peak outstanding {routed['router']}, engines' peaks in "
+        f"flight summed {routed['peaks']} (direct: {direct['peaks']}); configured {args.concurrency}"
+    )
     for name, row in (("direct (baseline)", direct), ("client + router", routed)):
-        print(f"{name:18s} CPU {row['cpu_ms_per_call']:.3f} ms/call; latency above the emulated "
-              f"{args.latency:.2f} s: p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms")  # fmt: skip
-    print(f"router adds: CPU {routed['cpu_ms_per_call'] - direct['cpu_ms_per_call']:+.3f} ms/call "
-          f"({routed['cpu_ms_per_call'] / direct['cpu_ms_per_call']:.2f}x direct), p50 "
-          f"{routed['p50_ms'] - direct['p50_ms']:+.1f} ms, p99 {routed['p99_ms'] - direct['p99_ms']:+.1f} ms")  # fmt: skip
+        print(
+            f"{name:18s} CPU {row['cpu_ms_per_call']:.3f} ms/call; latency above the emulated "
+            f"{args.latency:.2f} s: p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms"
+        )
+    print(
+        f"router adds: CPU {routed['cpu_ms_per_call'] - direct['cpu_ms_per_call']:+.3f} ms/call "
+        f"({routed['cpu_ms_per_call'] / direct['cpu_ms_per_call']:.2f}x direct), p50 "
+        f"{routed['p50_ms'] - direct['p50_ms']:+.1f} ms, p99 {routed['p99_ms'] - direct['p99_ms']:+.1f} ms"
+    )
     print(f"router bookkeeping per call, timed in isolation: {router_bookkeeping_us(args.engines):.2f} us")
     print(f"router retries per repeat: {routed['retried']}; engine errors: {routed['errors'] or 'none'}")
     achieved = {*routed["peaks"], *routed["router"], *direct["peaks"]}
@@ -174,9 +180,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=1024)
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--latency", type=float, default=5.0, help="emulated seconds per /generate")

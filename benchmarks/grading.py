@@ -33,10 +33,19 @@ MODIFIERS = ("flip_comparison", "swap_binop", "negate_condition", "off_by_one", 
 async def main(count: int, runtime: str) -> None:
     provider = sandbox_provider(SandboxLimits(runtime=runtime), git_baseline=True)  # type: ignore[arg-type]
     found, _ = await synthesize_repo(
-        micro_repo_spec("eval", 0, 0), provider, modifiers=MODIFIERS, max_candidates=3, max_tasks=1, seed=0,
-        workers=1, test_timeout_s=30, clean_runs=1, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
+        micro_repo_spec("eval", 0, 0),
+        provider,
+        modifiers=MODIFIERS,
+        max_candidates=3,
+        max_tasks=1,
+        seed=0,
+        workers=1,
+        test_timeout_s=30,
+        clean_runs=1,
+        bugged_timeout_factor=5.0,
+        min_bugged_timeout_s=10.0,
         shuffle_modifiers=True,
-    )  # fmt: skip
+    )
     task = found[0]
     sandbox = await start_task_sandbox(provider, task)
     await sandbox.write_file(".fix.patch", task.patch)
@@ -55,14 +64,14 @@ async def main(count: int, runtime: str) -> None:
         assert graded.reward == 1.0, graded.status
     await sandbox.close()
     b, s = statistics.median(baseline), statistics.median(sealed)
-    print(f"{count} attempts, runtime {runtime}: baseline (tests in the open agent sandbox) median {b * 1000:.0f} ms,"
-          f" sealed grader (fresh sandbox + patch + sealed runner) median {s * 1000:.0f} ms, ratio {s / b:.2f}x")  # fmt: skip
+    print(
+        f"{count} attempts, runtime {runtime}: baseline (tests in the open agent sandbox) median {b * 1000:.0f} ms,"
+        f" sealed grader (fresh sandbox + patch + sealed runner) median {s * 1000:.0f} ms, ratio {s / b:.2f}x"
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--runtime", default="auto", choices=["auto", "supervisor", "bubblewrap"])
     args = parser.parse_args()

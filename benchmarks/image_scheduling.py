@@ -44,9 +44,7 @@ def build_images(client: Any, count: int) -> list[str]:
     for index in range(count):
         name = f"{tag}:{index}"
         dockerfile = f"FROM swerl-base:bookworm\nLABEL org.swerl.bench={name}\nWORKDIR /testbed\n"
-        client.images.build(
-            fileobj=io.BytesIO(dockerfile.encode()), tag=name, pull=False, network_mode="none"
-        )
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, pull=False, network_mode="none")
         names.append(name)
     return names
 
@@ -95,8 +93,14 @@ async def run_arm(
         await asyncio.gather(*(one(i) for i in order))
     wall = time.monotonic() - started
     layers = [prepared.tag for prepared in backend._images.values()]
-    return {"wall_s": wall, "built": backend.image_counters["built"], "reused": backend.image_counters["reused"],
-            "peak_building": peak[0], "image_wait_s": sum(waited), "layers": layers}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "built": backend.image_counters["built"],
+        "reused": backend.image_counters["reused"],
+        "peak_building": peak[0],
+        "image_wait_s": sum(waited),
+        "layers": layers,
+    }
 
 
 def main() -> None:
@@ -126,21 +130,26 @@ def main() -> None:
                 with contextlib.suppress(docker.errors.ImageNotFound):
                     client.images.remove(layer)
             results[arm].append(result)
-            print(f"{arm:12s} " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                           for k, v in result.items()), flush=True)  # fmt: skip
+            print(
+                f"{arm:12s} "
+                + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()),
+                flush=True,
+            )
     finally:
         for name in images:
             client.images.remove(name)
     mean = {arm: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for arm, rs in results.items()}
-    print(
-        f"\n{args.tasks} tasks over {args.images} images, {args.workers} workers, {args.work_s} s of work each"
-    )
+    print(f"\n{args.tasks} tasks over {args.images} images, {args.workers} workers, {args.work_s} s of work each")
     for arm, m in mean.items():
-        print(f"{arm:12s} wall {m['wall_s']:.1f} s, layers built {m['built']:.0f}, at most {m['peak_building']:.0f} "
-              f"at once, workers waiting for an image {m['image_wait_s']:.1f} s")  # fmt: skip
+        print(
+            f"{arm:12s} wall {m['wall_s']:.1f} s, layers built {m['built']:.0f}, at most {m['peak_building']:.0f} "
+            f"at once, workers waiting for an image {m['image_wait_s']:.1f} s"
+        )
     g, i = mean["grouped"], mean["interleaved"]
-    print(f"grouped/interleaved: wall {g['wall_s'] / i['wall_s']:.2f}x, builds {g['built'] / i['built']:.2f}x, "
-          f"image wait {g['image_wait_s'] / max(i['image_wait_s'], 1e-9):.2f}x")  # fmt: skip
+    print(
+        f"grouped/interleaved: wall {g['wall_s'] / i['wall_s']:.2f}x, builds {g['built'] / i['built']:.2f}x, "
+        f"image wait {g['image_wait_s'] / max(i['image_wait_s'], 1e-9):.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -53,14 +53,10 @@ async def main(args: argparse.Namespace) -> None:
         (env_dir / "pkg").mkdir(parents=True)
         for i in range(8):  # a micro repository's size, as in sandbox_start.py
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
-        limits = SandboxLimits(
-            workspace_dir=str(Path(tmp) / "sandboxes"), max_processes=256, runtime=args.runtime
-        )
+        limits = SandboxLimits(workspace_dir=str(Path(tmp) / "sandboxes"), max_processes=256, runtime=args.runtime)
         provider = sandbox_provider(limits)
         assert isinstance(provider, LocalSandboxProvider)
-        await (
-            await provider.start(env_dir)
-        ).close()  # the runtime decision and probe, as a running stage has
+        await (await provider.start(env_dir)).close()  # the runtime decision and probe, as a running stage has
         zygote = provider._launcher._proc.pid if provider._launcher and provider._launcher._proc else None
         rows: dict[str, list[float]] = {}
         n = args.count

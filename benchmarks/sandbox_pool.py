@@ -2,8 +2,8 @@
 
     nice -n 19 .venv/bin/python benchmarks/sandbox_pool.py [--in-flight 384] [--warm 16] [--handouts 100]
 
-Local backend (the runtime `auto` picks). First `--in-flight` trajectories start and stay in flight: each holds a sandbox and
-runs agent-like commands (`sleep` in the sandbox, a host pause standing in for the LLM). Then the pool keeps
+Local backend (the runtime `auto` picks). First `--in-flight` trajectories start and stay in flight: each holds a
+sandbox and runs agent-like commands (`sleep` in the sandbox, a host pause standing in for the LLM). Then the pool keeps
 `--warm` sandboxes of one task's starting state ready, and requests for that state arrive one after another;
 each hand-out's latency (request to a ready sandbox) is recorded, the sandbox used for one command and closed
 (the pool refills in the background). Cold starts of another starting state are measured in the same run,
@@ -23,9 +23,7 @@ from swerl.config.sandbox import SandboxLimits, SandboxPoolConfig
 from swerl.sandbox.pool import SandboxPool
 from swerl.stages.common import sandbox_pool
 
-PATCH = (
-    "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
-)
+PATCH = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -58,9 +56,7 @@ async def main(args: argparse.Namespace) -> None:
         async with sandbox_pool(limits) as pool:
             stop, ready = asyncio.Event(), []
             t0 = time.monotonic()
-            flights = [
-                asyncio.ensure_future(trajectory(pool, env_dir, stop, ready)) for _ in range(args.in_flight)
-            ]
+            flights = [asyncio.ensure_future(trajectory(pool, env_dir, stop, ready)) for _ in range(args.in_flight)]
             while len(ready) < args.in_flight:
                 await asyncio.sleep(0.1)
             print(f"{args.in_flight} trajectories in flight after {time.monotonic() - t0:.1f}s")
@@ -88,11 +84,15 @@ async def main(args: argparse.Namespace) -> None:
     warm_p50, warm_p99 = percentile(warm_latencies, 50) * 1000, percentile(warm_latencies, 99) * 1000
     cold_p50, cold_p99 = percentile(cold_latencies, 50) * 1000, percentile(cold_latencies, 99) * 1000
     print(f"in flight: {in_flight_now} trajectories; warm pool size {args.warm}")
-    print(f"warm hand-out ({len(warm_latencies)}, {served_warm} served warm): p50 {warm_p50:.1f} ms, "
-          f"p99 {warm_p99:.1f} ms, mean {statistics.mean(warm_latencies) * 1000:.1f} ms")  # fmt: skip
+    print(
+        f"warm hand-out ({len(warm_latencies)}, {served_warm} served warm): p50 {warm_p50:.1f} ms, "
+        f"p99 {warm_p99:.1f} ms, mean {statistics.mean(warm_latencies) * 1000:.1f} ms"
+    )
     print(f"cold start    ({len(cold_latencies)}): p50 {cold_p50:.1f} ms, p99 {cold_p99:.1f} ms")
-    print(f"ratio cold/warm: p50 {cold_p50 / warm_p50:.0f}x, p99 {cold_p99 / warm_p99:.0f}x; "
-          f"target warm p99 <= 50 ms: {'met' if warm_p99 <= 50 else 'NOT met'}")  # fmt: skip
+    print(
+        f"ratio cold/warm: p50 {cold_p50 / warm_p50:.0f}x, p99 {cold_p99 / warm_p99:.0f}x; "
+        f"target warm p99 <= 50 ms: {'met' if warm_p99 <= 50 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

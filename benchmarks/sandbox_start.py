@@ -93,8 +93,14 @@ async def main(args: argparse.Namespace) -> None:
         for i in range(8):  # a micro repository's size: a module, tests, a harness
             (env_dir / "pkg" / f"mod{i}.py").write_text("def f(x):\n    return x + 1\n" * 20)
         workspaces = Path(args.workspace_dir or tmp) / f"swerl-bench-{os.getpid()}"
-        local = sandbox_provider(SandboxLimits(workspace_dir=str(workspaces), max_processes=256,
-                                               workspace_quota=args.workspace_quota, runtime=args.runtime))  # fmt: skip
+        local = sandbox_provider(
+            SandboxLimits(
+                workspace_dir=str(workspaces),
+                max_processes=256,
+                workspace_quota=args.workspace_quota,
+                runtime=args.runtime,
+            )
+        )
         assert isinstance(local, LocalSandboxProvider)
         await (await local.start(env_dir)).close()  # warm the interpreter probe, as a running stage has
         for count in args.local:
@@ -105,9 +111,7 @@ async def main(args: argparse.Namespace) -> None:
             return
         threads = max(4, max(args.docker) * 2)  # the config's floor is 4
         docker = sandbox_provider(
-            SandboxLimits(
-                backend="docker", docker=DockerSandboxConfig(base_image=args.image, api_threads=threads)
-            )
+            SandboxLimits(backend="docker", docker=DockerSandboxConfig(base_image=args.image, api_threads=threads))
         )
         assert isinstance(docker, DockerSandboxProvider)
         await (await docker.start(env_dir)).close()  # builds the environment image once

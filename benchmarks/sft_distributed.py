@@ -58,9 +58,16 @@ def main() -> None:
     model_dir = build_demo_model(work / "model", max_positions=args.seq_len)
     tokenizer = load_tokenizer(model_dir)
     examples = random_examples(len(tokenizer), 200, 300, 760, seed=0)
-    options = dict(seq_len=args.seq_len, max_steps=args.steps + 1, rows_per_micro_batch=1,
-                   grad_accum_steps=args.grad_accum, lr=1e-3, warmup_steps=0, seed=0,
-                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    options = dict(
+        seq_len=args.seq_len,
+        max_steps=args.steps + 1,
+        rows_per_micro_batch=1,
+        grad_accum_steps=args.grad_accum,
+        lr=1e-3,
+        warmup_steps=0,
+        seed=0,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     config = DistributedConfig(backend="fsdp2", ranks=2)
     one_rates, two_rates, starts, worst = [], [], [], 0.0
     for round_ in range(args.rounds):
@@ -77,13 +84,13 @@ def main() -> None:
             final = two.save_model(work / f"two-{round_}")
         theirs = load_model_and_tokenizer(final)[0].state_dict()
         worst = max(worst, max(float((t - theirs[n]).abs().max()) for n, t in one.model.state_dict().items()))
-        print(f"round {round_}: one process {one_rates[-1]:.0f} tok/s, 2 ranks {two_rates[-1]:.0f} tok/s "
-              f"(start-up {starts[-1]:.1f} s)")  # fmt: skip
+        print(
+            f"round {round_}: one process {one_rates[-1]:.0f} tok/s, 2 ranks {two_rates[-1]:.0f} tok/s "
+            f"(start-up {starts[-1]:.1f} s)"
+        )
     one_rate, two_rate = statistics.median(one_rates), statistics.median(two_rates)
     print(f"one process (2 threads): {one_rate:.0f} tokens/s")
-    print(
-        f"2 FSDP2 gloo ranks (1 thread each): {two_rate:.0f} tokens/s; start-up {statistics.median(starts):.1f} s"
-    )
+    print(f"2 FSDP2 gloo ranks (1 thread each): {two_rate:.0f} tokens/s; start-up {statistics.median(starts):.1f} s")
     print(f"ratio 2 ranks / one process: {two_rate / one_rate:.2f}x; largest weight difference {worst:.1e}")
 
 

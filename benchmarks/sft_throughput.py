@@ -69,9 +69,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = train_tokenizer(stdlib_texts(3_000_000), vocab_size=4096, out_dir=scratch)
-    examples = random_examples(
-        len(tokenizer), 400, min(250, args.seq_len // 2), min(550, args.seq_len), seed=0
-    )
+    examples = random_examples(len(tokenizer), 400, min(250, args.seq_len // 2), min(550, args.seq_len), seed=0)
     print(
         f"tiny Qwen3 (hidden 256, 4 layers, vocab {len(tokenizer)}), seq_len {args.seq_len} x {args.rows} rows "
         f"per step, {args.steps} timed steps x {args.rounds} rounds, {args.threads} threads, "

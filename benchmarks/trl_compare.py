@@ -36,9 +36,9 @@ Fairness rules (what both sides share):
   prompt) followed by `--completion` sampled tokens, all trained. swerl's GRPOTrainer.train_step gets these as
   pre-made Trajectory objects; TRL's GRPOTrainer gets the very same token ids from its `rollout_func` hook (its
   supported replacement for generation), so both steps are the training update alone on identical tokens:
-  rewards -> group advantages -> one forward/backward over all prompts x generations sequences -> clip -> AdamW. One optimizer update
-  per step on both (TRL: gradient_accumulation_steps = num_iterations = 1, so the old log-probs are the detached
-  current ones, as in swerl), no KL term, no reward scaling by std, clip range [0.8, 1.28], token-level loss
+  rewards -> group advantages -> one forward/backward over all prompts x generations sequences -> clip -> AdamW. One
+  optimizer update per step on both (TRL: gradient_accumulation_steps = num_iterations = 1, so the old log-probs are the
+  detached current ones, as in swerl), no KL term, no reward scaling by std, clip range [0.8, 1.28], token-level loss
   normalisation (TRL loss_type "dapo"). A third run has TRL generate itself (transformers generate, exactly
   `--completion` new tokens via min_new_tokens, same prompts, rewards from the same table) and reports its
   generation time (`_generate`) separately; it runs in the first round only, is not interleaved and gives no
@@ -186,9 +186,7 @@ class SyntheticAgent:
                 )
             messages.append({"role": "assistant", "content": f"{self.sentence(4, 14)}\n{call}"})
             messages.append({"role": "tool", "content": observation})
-        messages.append(
-            {"role": "assistant", "content": f"{self.sentence(4, 14)}\n{format_tool_call('submit', {})}"}
-        )
+        messages.append({"role": "assistant", "content": f"{self.sentence(4, 14)}\n{format_tool_call('submit', {})}"})
         return messages
 
 
@@ -232,9 +230,7 @@ def grpo_data(
         messages = agent.prompt(task)
         text = render_text(tokenizer, messages, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        comps = [
-            torch.randint(7, vocab, (completion,), generator=generator).tolist() for _ in range(attempts)
-        ]
+        comps = [torch.randint(7, vocab, (completion,), generator=generator).tolist() for _ in range(attempts)]
         lps = [
             (-torch.rand(completion, generator=generator) * 2 - 7.0).tolist() for _ in range(attempts)
         ]  # about log(1/4096)
@@ -319,9 +315,7 @@ class Interleave(TrainerCallback):
         self._resumed = clocks()
 
 
-def common_trl_args(
-    out_dir: str, steps: int, lr: float, betas: tuple[float, float], weight_decay: float
-) -> dict:
+def common_trl_args(out_dir: str, steps: int, lr: float, betas: tuple[float, float], weight_decay: float) -> dict:
     return dict(
         output_dir=out_dir,
         max_steps=steps,
@@ -373,9 +367,7 @@ class SwerlSFTStepper:
         self.seq_len, self.rows = args.seq_len, args.rows
 
     def __call__(self) -> int:
-        micro_batches, self.position = next_micro_batches(
-            self.data, self.position, 0, self.seq_len, self.rows, 1
-        )
+        micro_batches, self.position = next_micro_batches(self.data, self.position, 0, self.seq_len, self.rows, 1)
         train_step(self.model, self.optimizer, micro_batches, SFT_LR, max_grad_norm=1.0, bf16=False)
         return sum(batch.num_tokens for batch in micro_batches)
 
@@ -483,9 +475,7 @@ def _attempt_numbers(tasks: Sequence[int]) -> list[int]:
     return numbers
 
 
-def swerl_grpo_stepper(
-    tokenizer: PreTrainedTokenizerBase, data: GRPOData, args: argparse.Namespace
-) -> Callable:
+def swerl_grpo_stepper(tokenizer: PreTrainedTokenizerBase, data: GRPOData, args: argparse.Namespace) -> Callable:
     """swerl's GRPOTrainer.train_step on the pre-made groups, one call per step; returns the tokens trained."""
     longest = max(len(t.token_ids) for group in data.groups for t in group)
     algorithm = GRPOAlgorithmConfig(
@@ -498,9 +488,7 @@ def swerl_grpo_stepper(
         scale_adv_by_std=False,
         micro_batch_tokens=longest * args.prompts * args.generations,  # one micro-batch, like TRL's
     )
-    trainer = SwerlGRPOTrainer(
-        new_model(tokenizer), update_settings(algorithm), betas=GRPO_BETAS, adam_eps=GRPO_EPS
-    )
+    trainer = SwerlGRPOTrainer(new_model(tokenizer), update_settings(algorithm), betas=GRPO_BETAS, adam_eps=GRPO_EPS)
     tokens = sum(len(t.token_ids) for group in data.groups for t in group)
 
     def step() -> int:
@@ -545,8 +533,7 @@ def grpo_round(
     with tempfile.TemporaryDirectory() as out_dir:
         config = GRPOConfig(
             **common_trl_args(out_dir, steps, GRPO_LR, GRPO_BETAS, 0.0),
-            per_device_train_batch_size=args.prompts
-            * args.generations,  # the whole generation batch: one update
+            per_device_train_batch_size=args.prompts * args.generations,  # the whole generation batch: one update
             num_generations=args.generations,
             num_iterations=1,
             shuffle_dataset=False,  # every step takes the dataset's next `prompts` rows: tasks 0..prompts-1
@@ -593,25 +580,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--only", choices=["sft", "grpo"], help="run one comparison only")
     parser.add_argument("--seq-len", type=int, default=2048, help="SFT: tokens per packed row")
     parser.add_argument("--rows", type=int, default=1, help="SFT: packed rows per optimizer step")
-    parser.add_argument(
-        "--sft-steps", type=int, default=4, help="SFT: timed steps per round (after a warm-up)"
-    )
+    parser.add_argument("--sft-steps", type=int, default=4, help="SFT: timed steps per round (after a warm-up)")
     parser.add_argument("--sft-examples", type=int, default=200, help="SFT: conversations in the dataset")
     parser.add_argument("--prompts", type=int, default=4, help="GRPO: groups (prompts) per step")
     parser.add_argument("--generations", type=int, default=4, help="GRPO: attempts per prompt")
     parser.add_argument("--completion", type=int, default=64, help="GRPO: sampled tokens per attempt")
-    parser.add_argument(
-        "--grpo-steps", type=int, default=3, help="GRPO: timed steps per round (after a warm-up)"
-    )
+    parser.add_argument("--grpo-steps", type=int, default=3, help="GRPO: timed steps per round (after a warm-up)")
     parser.add_argument(
         "--generate-steps",
         type=int,
         default=1,
         help="GRPO, TRL with its own generation: timed steps (first round only)",
     )
-    parser.add_argument(
-        "--no-trl-generate", action="store_true", help="skip the run of TRL with its generation"
-    )
+    parser.add_argument("--no-trl-generate", action="store_true", help="skip the run of TRL with its generation")
     parser.add_argument("--corpus-bytes", type=int, default=3_000_000, help="tokenizer training text")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -656,9 +637,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                     flush=True,
                 )
             if args.only != "sft":
-                ours, theirs, _ = grpo_round(
-                    tokenizer, tokenizer_dir, grpo, args, generate=False, check=first
-                )
+                ours, theirs, _ = grpo_round(tokenizer, tokenizer_dir, grpo, args, generate=False, check=first)
                 grpo_pairs.append((ours, theirs))
                 print(
                     f"  round {round_index + 1} GRPO  swerl {statistics.median(ours.seconds):6.2f} s/step, "
@@ -666,9 +645,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                     flush=True,
                 )
                 if not args.no_trl_generate and first:
-                    _, theirs, generation = grpo_round(
-                        tokenizer, tokenizer_dir, grpo, args, generate=True, check=first
-                    )
+                    _, theirs, generation = grpo_round(tokenizer, tokenizer_dir, grpo, args, generate=True, check=first)
                     generate_runs.append((theirs, generation))
                     print(
                         f"  round {round_index + 1} GRPO  TRL with generation {statistics.median(theirs.seconds):6.2f}"
@@ -720,8 +697,7 @@ def report(
             results[f"grpo_{name}_s_per_step"] = statistics.median(steps.seconds)
             results[f"grpo_{name}_cpu_s_per_step"] = statistics.median(steps.cpu_seconds)
             print(
-                f"{label:<22}{results[f'grpo_{name}_s_per_step']:>10.2f}"
-                f"{results[f'grpo_{name}_cpu_s_per_step']:>14.2f}"
+                f"{label:<22}{results[f'grpo_{name}_s_per_step']:>10.2f}{results[f'grpo_{name}_cpu_s_per_step']:>14.2f}"
             )
         results["grpo_ratio"] = _median_ratio(swerl.seconds, trl_.seconds)
         results["grpo_ratio_cpu"] = _median_ratio(swerl.cpu_seconds, trl_.cpu_seconds)

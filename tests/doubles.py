@@ -57,9 +57,7 @@ _FAKE_VM_ROOT = shlex.split(
     " --symlink usr/lib64 /lib64 --symlink usr/sbin /sbin --dev /dev --proc /proc"
 )
 """The fake VM's root: the host's /usr and /etc read-only, its own /dev and /proc."""
-_FAKE_VM_ISOLATION = shlex.split(
-    "--unshare-all --unshare-user --uid 1000 --gid 1000 --die-with-parent --clearenv"
-)
+_FAKE_VM_ISOLATION = shlex.split("--unshare-all --unshare-user --uid 1000 --gid 1000 --die-with-parent --clearenv")
 """No network, e2b's `user` (uid 1000), gone with its parent, no variable but those the command was given."""
 
 
@@ -304,20 +302,14 @@ class FaultProxy:
                 request.transport.close()
                 return web.Response(status=500)
             if "status" in fault:
-                return web.json_response(
-                    {"error": {"message": "injected fault"}}, status=int(fault["status"])
-                )
+                return web.json_response({"error": {"message": "injected fault"}}, status=int(fault["status"]))
             await asyncio.sleep(float(fault.get("delay_s", 0.0)))
         body = await request.read()
         headers = {"Content-Type": request.content_type}
         url = self.upstream + request.path_qs
         timeout = ClientTimeout(total=None)
-        async with self.session.request(
-            request.method, url, data=body, headers=headers, timeout=timeout
-        ) as answer:
-            return web.Response(
-                body=await answer.read(), status=answer.status, content_type=answer.content_type
-            )
+        async with self.session.request(request.method, url, data=body, headers=headers, timeout=timeout) as answer:
+            return web.Response(body=await answer.read(), status=answer.status, content_type=answer.content_type)
 
 
 CURRENT_RETRY: contextvars.ContextVar[int] = contextvars.ContextVar("current_retry", default=0)
@@ -341,9 +333,7 @@ class FailingEngine:
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         group, attempt, retry = (request.rid or "").split("/")
-        CURRENT_RETRY.set(
-            int(retry)
-        )  # the episode's own task context: its sandbox reads it (KillableSandbox)
+        CURRENT_RETRY.set(int(retry))  # the episode's own task context: its sandbox reads it (KillableSandbox)
         cause = self.cause(int(group[1:]), int(attempt))
         if cause == "engine_http":
             raise InfraError("engine_http", "HTTP 503 Service Unavailable")

@@ -28,13 +28,21 @@ VOCAB = 300
 # The engine tests were written against the classes' own defaults, before EngineConfig became the one home of
 # every default: these are those values, passed explicitly.
 CLIENT_ARGS: dict[str, Any] = dict(
-    connect_timeout_s=10.0, request_timeout_s=600.0, control_timeout_s=600.0, health_timeout_s=30.0, retries=0,
+    connect_timeout_s=10.0,
+    request_timeout_s=600.0,
+    control_timeout_s=600.0,
+    health_timeout_s=30.0,
+    retries=0,
     retry_backoff_s=0.5,
-)  # fmt: skip
+)
 ROUTER_ARGS: dict[str, Any] = dict(
-    retries=2, health_interval_s=5.0, sticky_capacity=100_000, sticky_max_excess=64, weight_update_mode="pause",
+    retries=2,
+    health_interval_s=5.0,
+    sticky_capacity=100_000,
+    sticky_max_excess=64,
+    weight_update_mode="pause",
     pause_mode="retract",
-)  # fmt: skip
+)
 LAUNCHER_ARGS: dict[str, Any] = dict(host="127.0.0.1", base_port=0, startup_timeout_s=600.0)
 
 
@@ -72,9 +80,7 @@ def post(url: str, body: bytes = b"{}") -> bytes:
         return bytes(response.read())
 
 
-def greedy(
-    prompt: list[int], max_new_tokens: int = 8, rid: str | None = None, **params: Any
-) -> GenerateRequest:
+def greedy(prompt: list[int], max_new_tokens: int = 8, rid: str | None = None, **params: Any) -> GenerateRequest:
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **params)
     return GenerateRequest(input_ids=prompt, sampling_params=sampling, rid=rid)
 

@@ -49,9 +49,7 @@ def local_backend(scratch: Path, limits: Limits, **kwargs: Any) -> Backend:
     root = scratch / "local-sandboxes"
     provider = local_provider(
         sys.executable,
-        memory_mb=max(
-            limits.memory_mb, 1024
-        ),  # an address-space limit: the interpreter maps more than it uses
+        memory_mb=max(limits.memory_mb, 1024),  # an address-space limit: the interpreter maps more than it uses
         max_processes=limits.max_processes,
         tmp_size_mb=limits.tmp_size_mb,
         file_size_mb=limits.file_size_mb,
@@ -173,9 +171,7 @@ BACKENDS: dict[str, tuple[Callable[..., Backend], list[pytest.MarkDecorator]]] =
 
 def backend_params(names: list[str] | None = None) -> list[Any]:
     return [
-        pytest.param(name, marks=marks, id=name)
-        for name, (_, marks) in BACKENDS.items()
-        if not names or name in names
+        pytest.param(name, marks=marks, id=name) for name, (_, marks) in BACKENDS.items() if not names or name in names
     ]
 
 

@@ -37,9 +37,7 @@ AGENT = AgentConfig(
     episode_timeout_s=120,
     infra_retries=1,
 )
-ENGINE = EngineConfig.model_validate(
-    {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
-)
+ENGINE = EngineConfig.model_validate({"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}})
 TINY = TinyModelConfig(
     vocab_size=500,
     hidden_size=32,

@@ -48,19 +48,30 @@ class Instance:
     """The bug committed in the image (the fix reversed)."""
 
 
-def eval_script(
-    base_commit: str, test_files: list[str], test_patch: str, test_cmd: str = SWEBENCH_PYTEST
-) -> str:
+def eval_script(base_commit: str, test_files: list[str], test_patch: str, test_cmd: str = SWEBENCH_PYTEST) -> str:
     """An eval script in the shape of swebench 5's rows for a Python repository at /testbed."""
     files = " ".join(shlex.quote(f) for f in test_files)
-    return "\n".join([
-        "#!/bin/bash", "set -uxo pipefail", "cd /testbed",
-        "git config --global --add safe.directory /testbed", "cd /testbed", "git status", "git show --stat",
-        f"git -c core.fileMode=false diff {base_commit}", f"git checkout {base_commit} {files}",
-        f"git apply -v - <<'{HEREDOC}'", test_patch.rstrip("\n"), HEREDOC,
-        ": '>>>>> Start Test Output'", f"{test_cmd} {files}", ": '>>>>> End Test Output'",
-        f"git checkout {base_commit} {files}", "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "cd /testbed",
+            "git config --global --add safe.directory /testbed",
+            "cd /testbed",
+            "git status",
+            "git show --stat",
+            f"git -c core.fileMode=false diff {base_commit}",
+            f"git checkout {base_commit} {files}",
+            f"git apply -v - <<'{HEREDOC}'",
+            test_patch.rstrip("\n"),
+            HEREDOC,
+            ": '>>>>> Start Test Output'",
+            f"{test_cmd} {files}",
+            ": '>>>>> End Test Output'",
+            f"git checkout {base_commit} {files}",
+            "",
+        ]
+    )
 
 
 def append_test_patch(source: Path, path: str) -> str:
@@ -77,8 +88,11 @@ def head_commit(image: str) -> str:
     """The commit at /testbed in an image (its base_commit), read in a container with no network."""
     done = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", image, "git", "-C", "/testbed", "rev-parse", "HEAD"],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     return done.stdout.strip()
 
 
@@ -89,9 +103,7 @@ def toolz_instances(provider: SandboxProvider, work: Path, numbers: list[int]) -
     client = docker.from_env()
     try:
         source = sdist_source(TOOLZ, work)
-        project = build_project_image(
-            client, source, TOOLZ.image, list(TOOLZ.requirements), TOOLZ.python_path
-        )
+        project = build_project_image(client, source, TOOLZ.image, list(TOOLZ.requirements), TOOLZ.python_path)
         spec = RepoSpec(name=TOOLZ.name, path=source, repo=TOOLZ.swesmith_repo, image=project)
         tasks, report = asyncio.run(
             synthesize_repo(
@@ -106,7 +118,7 @@ def toolz_instances(provider: SandboxProvider, work: Path, numbers: list[int]) -
                 clean_runs=1,
                 bugged_timeout_factor=5.0,
                 min_bugged_timeout_s=30.0,
-            )  # fmt: skip
+            )
         )
         assert len(tasks) == len(numbers), report.to_dict()
         out = []
@@ -123,17 +135,23 @@ def _instance(instance_id: str, image: str, synthesized: TaskInstance, source: P
     files = sorted({t.split("::", 1)[0] for t in synthesized.FAIL_TO_PASS})
     test_patch = append_test_patch(source, files[0])
     # swebench runs the test patch's files: PASS_TO_PASS is what of them passes, as SWE-bench's rows list it
-    p2p = [t for t in synthesized.PASS_TO_PASS if t.split("::", 1)[0] in files] + [
-        f"{files[0]}::{MARKER_TEST}"
-    ]
+    p2p = [t for t in synthesized.PASS_TO_PASS if t.split("::", 1)[0] in files] + [f"{files[0]}::{MARKER_TEST}"]
     base = head_commit(image)
     row = {
-        "instance_id": instance_id, "repo": f"{TOOLZ.owner}/{TOOLZ.name}", "base_commit": base,
-        "patch": reverse_patch(synthesized.patch), "test_patch": test_patch, "version": TOOLZ.version,
-        "FAIL_TO_PASS": json.dumps(synthesized.FAIL_TO_PASS), "PASS_TO_PASS": json.dumps(p2p),
-        "problem_statement": synthesized.problem_statement, "image": image, "log_parser": "parse_log_pytest",
-        "eval_type": "pass_and_fail", "eval_script": eval_script(base, files, test_patch),
-    }  # fmt: skip
+        "instance_id": instance_id,
+        "repo": f"{TOOLZ.owner}/{TOOLZ.name}",
+        "base_commit": base,
+        "patch": reverse_patch(synthesized.patch),
+        "test_patch": test_patch,
+        "version": TOOLZ.version,
+        "FAIL_TO_PASS": json.dumps(synthesized.FAIL_TO_PASS),
+        "PASS_TO_PASS": json.dumps(p2p),
+        "problem_statement": synthesized.problem_statement,
+        "image": image,
+        "log_parser": "parse_log_pytest",
+        "eval_type": "pass_and_fail",
+        "eval_script": eval_script(base, files, test_patch),
+    }
     return Instance(row, load_row(row), synthesized.patch)
 
 
@@ -148,4 +166,7 @@ def new_file_patch(path: str, text: str) -> str:
     """A patch that adds one file (a 'wrong' prediction: it applies and fixes nothing)."""
     lines = text.splitlines()
     body = "".join(f"+{line}\n" for line in lines)
-    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )

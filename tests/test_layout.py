@@ -77,9 +77,7 @@ def test_the_room_checker_finds_each_kind_of_breach(tmp_path: Path) -> None:
     (copy / "swerl").mkdir(parents=True)
     body = "\n".join(f"    x{i} = {i}" for i in range(checker.MAX_FUNCTION_LINES))
     (copy / "swerl" / "long.py").write_text(f'def long():\n    """Doc."""\n{body}\n')
-    (copy / "swerl" / "said.py").write_text(
-        f'def said():\n    """Doc."""\n    {checker.LONG_MARKER}: why.\n{body}\n'
-    )
+    (copy / "swerl" / "said.py").write_text(f'def said():\n    """Doc."""\n    {checker.LONG_MARKER}: why.\n{body}\n')
     (copy / "swerl" / "big.py").write_text("x = 1\n" * (checker.MAX_MODULE_LINES + 1))
     (copy / "tests").mkdir()
     (copy / "tests" / "skips.py").write_text("x = 1  # fmt: skip\n" * (checker.MAX_FMT_SKIPS + 1))

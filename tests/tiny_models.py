@@ -88,7 +88,5 @@ class TinyModels:
         key = (id(tokenizer), positions, seed, tuple(sorted((shape | overrides).items())))
         if key not in self._saved:
             model = tiny_qwen3(tokenizer, positions, seed, shape, **overrides)
-            self._saved[key] = save_model_and_tokenizer(
-                model, tokenizer, self.root / f"model-{len(self._saved)}"
-            )
+            self._saved[key] = save_model_and_tokenizer(model, tokenizer, self.root / f"model-{len(self._saved)}")
         return self._saved[key]

@@ -37,14 +37,18 @@ from tests.tiny_models import TinyModels
 
 REPO = builtin_repo("intervals")
 BASE_LIMITS = EpisodeLimits(
-    max_turns=30, max_trajectory_tokens=8192, max_new_tokens_per_turn=512, command_timeout_s=30.0,
-    max_observation_chars=4000, test_timeout_s=120.0, episode_timeout_s=1800.0, max_malformed_calls=1_000_000,
-)  # fmt: skip
+    max_turns=30,
+    max_trajectory_tokens=8192,
+    max_new_tokens_per_turn=512,
+    command_timeout_s=30.0,
+    max_observation_chars=4000,
+    test_timeout_s=120.0,
+    episode_timeout_s=1800.0,
+    max_malformed_calls=1_000_000,
+)
 """The caps these tests were written against (EpisodeLimits' defaults before AgentConfig became their one home);
 each test replaces the ones it is about."""
-LIMITS = replace(
-    BASE_LIMITS, max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60
-)
+LIMITS = replace(BASE_LIMITS, max_turns=8, max_trajectory_tokens=6000, command_timeout_s=20, test_timeout_s=60)
 ORACLE = dict(context_lines=3, view_whole_file_lines=0, view_function_lines=0, test_command=None)
 """The oracle's views these tests were written against (solve_task's defaults before TracesConfig held them)."""
 SAMPLING = SamplingParams(max_new_tokens=256, temperature=1.0)
@@ -63,9 +67,7 @@ def tokenizer(tiny_models: TinyModels) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tiny_models.tokenizer_dir(corpus * 5, 700), local_files_only=True)
 
 
-async def _task_from_candidate(
-    provider: LocalSandboxProvider, candidate: BugCandidate
-) -> TaskInstance | None:
+async def _task_from_candidate(provider: LocalSandboxProvider, candidate: BugCandidate) -> TaskInstance | None:
     """A task from one bug: FAIL_TO_PASS are the tests its bugged suite fails (the clean suite passes)."""
     sandbox = await provider.start(REPO.path, candidate.bug_patch)
     try:
@@ -114,9 +116,7 @@ def oracle_traces(tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
     return {trace.modifier or "": trace for trace in traces}
 
 
-def test_oracle_uses_the_given_test_command(
-    tasks: dict[str, TaskInstance], provider: LocalSandboxProvider
-) -> None:
+def test_oracle_uses_the_given_test_command(tasks: dict[str, TaskInstance], provider: LocalSandboxProvider) -> None:
     command = "python -m pytest -q -x --tb=line -p no:cacheprovider 2>&1 | tail -n 8"
     traces, report = asyncio.run(
         generate_oracle_traces(
@@ -173,9 +173,7 @@ def test_oracle_traces_round_trip_through_the_loader(
         assert (ids, mask) == render_messages(tokenizer, rows[0]["messages"]) and 0 < sum(mask) < len(mask)
 
 
-def _check_token_contract(
-    trajectory: Trajectory, engine: ScriptedEngine, tokenizer: PreTrainedTokenizerBase
-) -> None:
+def _check_token_contract(trajectory: Trajectory, engine: ScriptedEngine, tokenizer: PreTrainedTokenizerBase) -> None:
     """Token in, token out: every request was a prefix of the final ids, and only sampled tokens are masked 1."""
     for request in engine.requests:
         assert trajectory.token_ids[: len(request.input_ids)] == request.input_ids
@@ -220,9 +218,7 @@ def test_malformed_calls_are_counted_and_a_command_timeout_is_an_observation(
     ]
     engine = ScriptedEngine.from_texts(tokenizer, texts)
     limits = replace(BASE_LIMITS, max_turns=8, command_timeout_s=0.5, test_timeout_s=60)
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING))
     assert trajectory.malformed_tool_calls == 3 and trajectory.num_turns == 5
     assert trajectory.status is EpisodeStatus.UNRESOLVED and trajectory.reward == 0.0
     observations = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
@@ -236,12 +232,8 @@ def test_turn_cap_is_graded(
 ) -> None:
     engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("bash", {"command": "true"})], cycle=True)
     limits = replace(BASE_LIMITS, max_turns=2, test_timeout_s=60)
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
-    )
-    assert (
-        trajectory.status is EpisodeStatus.TURN_CAP and trajectory.reward == 0.0 and trajectory.num_turns == 2
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING))
+    assert trajectory.status is EpisodeStatus.TURN_CAP and trajectory.reward == 0.0 and trajectory.num_turns == 2
     assert trajectory.messages[-1] == {"role": "tool", "content": "[no output]"}
 
 
@@ -254,10 +246,14 @@ def test_length_caps_per_turn_and_per_trajectory(
     # cut call is a malformed one; the next turns then run into the trajectory cap.
     cut = asyncio.run(
         run_episode(
-            tasks["flip_comparison"], ScriptedEngine(engine.outputs), provider, tokenizer,
-            replace(BASE_LIMITS, max_new_tokens_per_turn=5, max_turns=1, test_timeout_s=60), SAMPLING,
+            tasks["flip_comparison"],
+            ScriptedEngine(engine.outputs),
+            provider,
+            tokenizer,
+            replace(BASE_LIMITS, max_new_tokens_per_turn=5, max_turns=1, test_timeout_s=60),
+            SAMPLING,
         )
-    )  # fmt: skip
+    )
     assert cut.status is EpisodeStatus.TURN_CAP and cut.malformed_tool_calls == 1
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampled_end = cut.prompt_tokens + 5
@@ -265,9 +261,15 @@ def test_length_caps_per_turn_and_per_trajectory(
     assert cut.token_ids[sampled_end] == im_end and cut.loss_mask[sampled_end] == 0
     cap = cut.prompt_tokens + 2 * len(engine.outputs[0]) + 20
     capped = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer,
-                    replace(BASE_LIMITS, max_trajectory_tokens=cap, test_timeout_s=60), SAMPLING)
-    )  # fmt: skip
+        run_episode(
+            tasks["flip_comparison"],
+            engine,
+            provider,
+            tokenizer,
+            replace(BASE_LIMITS, max_trajectory_tokens=cap, test_timeout_s=60),
+            SAMPLING,
+        )
+    )
     assert capped.status is EpisodeStatus.LENGTH_CAP and capped.reward == 0.0
     assert len(capped.token_ids) <= cap and capped.num_turns >= 1
     _check_token_contract(capped, engine, tokenizer)
@@ -279,7 +281,10 @@ def test_tests_are_restored_before_grading(
     """An agent that rewrites the failing tests (and adds a conftest skipping everything) gains nothing."""
     task = tasks["flip_comparison"]
     test_file = task.FAIL_TO_PASS[0].split("::")[0]
-    hack = f"printf 'def test_x():\\n    pass\\n' > {test_file} && echo 'collect_ignore_glob = [\"*\"]' > tests/conftest.py"
+    hack = (
+        f"printf 'def test_x():\\n    pass\\n' > {test_file} && "
+        "echo 'collect_ignore_glob = [\"*\"]' > tests/conftest.py"
+    )
     engine = ScriptedEngine.from_texts(
         tokenizer, [format_tool_call("bash", {"command": hack}), format_tool_call("submit", {})]
     )
@@ -293,16 +298,12 @@ def test_infra_errors_are_not_scored(
 ) -> None:
     engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("submit", {})])
     slow_start = local_provider(git_baseline=True, start_timeout_s=0.001)
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, slow_start, tokenizer, LIMITS, SAMPLING)
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, slow_start, tokenizer, LIMITS, SAMPLING))
     assert trajectory.status is EpisodeStatus.INFRA_ERROR and trajectory.reward is None
     assert trajectory.infra_cause == "start_timeout" and trajectory.num_turns == 0
     # An engine that fails mid-episode (the script runs out): infra_error, sandbox closed, no grading.
     engine = ScriptedEngine.from_texts(tokenizer, [format_tool_call("bash", {"command": "true"})])
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, LIMITS, SAMPLING)
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, provider, tokenizer, LIMITS, SAMPLING))
     assert trajectory.status is EpisodeStatus.INFRA_ERROR and trajectory.infra_cause == "engine_http"
     assert trajectory.reward is None and trajectory.timings.tests_s == 0.0 and trajectory.num_turns == 1
 
@@ -322,9 +323,7 @@ def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
     ]
     engine = ScriptedEngine.from_texts(tokenizer, [*texts, format_tool_call("submit", {})])
     limits = replace(BASE_LIMITS, max_turns=10, max_malformed_calls=3, test_timeout_s=60)
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING))
     assert trajectory.status is EpisodeStatus.MALFORMED and trajectory.num_turns == 6
     assert trajectory.malformed_tool_calls == 5 and len(engine.requests) == 6  # submit never sampled
     assert trajectory.reward == 0.0 and trajectory.timings.tests_s > 0  # graded on the unfixed bug
@@ -334,17 +333,13 @@ def test_consecutive_malformed_calls_end_the_episode_and_it_is_still_graded(
     # Exactly N in a row from the start: malformed_tool_calls == N.
     engine = ScriptedEngine.from_texts(tokenizer, [malformed], cycle=True)
     limits = replace(BASE_LIMITS, max_turns=10, max_malformed_calls=2, test_timeout_s=60)
-    trajectory = asyncio.run(
-        run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING)
-    )
+    trajectory = asyncio.run(run_episode(tasks["flip_comparison"], engine, provider, tokenizer, limits, SAMPLING))
     assert trajectory.status is EpisodeStatus.MALFORMED and trajectory.reward == 0.0
     assert trajectory.malformed_tool_calls == 2 == trajectory.num_turns
 
 
 @pytest.mark.parametrize("template", ["swerl", "trimming"])
-def test_one_render_per_turn_cuts_where_two_renders_did(
-    tokenizer: PreTrainedTokenizerBase, template: str
-) -> None:
+def test_one_render_per_turn_cuts_where_two_renders_did(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
     """append_observation cuts the new segment from one render per turn (the previous render + the turn's text +
     <|im_end|> as a prefix) and falls back to rendering the turn alone when the template renders the turn
     otherwise (here a template that trims assistant text). Each segment must equal the cut of the two-render
@@ -372,9 +367,7 @@ def test_one_render_per_turn_cuts_where_two_renders_did(
         episode.token_ids += episode._tokenize(text + IM_END)  # what sample_turn appends (as sampled)
         episode.messages.append({"role": "assistant", "content": text})
         cut = episode._cut(episode.messages)  # the two-render method
-        two_renders = render_text(
-            tok, [*episode.messages, {"role": "tool", "content": observation}], None, True
-        )
+        two_renders = render_text(tok, [*episode.messages, {"role": "tool", "content": observation}], None, True)
         before = len(episode.token_ids)
         episode.append_observation(observation)
         assert episode.token_ids[before:] == episode._tokenize(two_renders[cut:]), text

@@ -106,9 +106,7 @@ def test_every_shipped_bug_gets_a_plan_that_fixes_it_with_real_sed(tmp_path: Pat
 def test_enclosing_function_finds_the_innermost_def_holding_a_line() -> None:
     from swerl.agent.oracle import enclosing_function
 
-    source = (
-        "def a(x):\n    return x\n\n\ndef b(y):\n    def inner():\n        return 1\n    return inner()\n"
-    )
+    source = "def a(x):\n    return x\n\n\ndef b(y):\n    def inner():\n        return 1\n    return inner()\n"
     assert enclosing_function(source, 2) == "a"
     assert enclosing_function(source, 7) == "inner"
     assert enclosing_function(source, 8) == "b"

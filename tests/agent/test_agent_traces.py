@@ -63,9 +63,7 @@ def test_truncation_keeps_head_and_tail_and_cat_n_numbering() -> None:
 
 
 def test_tool_call_format_parses_with_the_tool_specs() -> None:
-    call = parse_tool_call(
-        format_tool_call("str_replace", {"path": "a.py", "old": "x", "new": "y"}), TOOL_SPECS
-    )
+    call = parse_tool_call(format_tool_call("str_replace", {"path": "a.py", "old": "x", "new": "y"}), TOOL_SPECS)
     assert getattr(call, "name", None) == "str_replace" and call.arguments["old"] == "x"  # type: ignore[union-attr]
 
 

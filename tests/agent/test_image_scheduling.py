@@ -15,8 +15,17 @@ PATCH = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 
 
 def _task(index: int, image: str) -> TaskInstance:
-    return TaskInstance(instance_id=f"t{index}", repo="o/r", base_commit="", problem_statement="p", patch=PATCH,
-                        patch_kind="fix", FAIL_TO_PASS=["t::x"], image=image, source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=f"t{index}",
+        repo="o/r",
+        base_commit="",
+        problem_statement="p",
+        patch=PATCH,
+        patch_kind="fix",
+        FAIL_TO_PASS=["t::x"],
+        image=image,
+        source="test",
+    )
 
 
 IMAGES = ["docker://a", "docker://b", "docker://c", "local://repos/x"]
@@ -33,8 +42,16 @@ def test_environment_order_groups_by_first_need_and_keeps_order_within() -> None
 def test_oracle_starts_tasks_by_environment_and_reports_in_task_order() -> None:
     image_tasks = [t for t in TASKS if t.image.startswith("docker://")]
     provider = RefusingProvider()
-    limits = EpisodeLimits(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
-                           command_timeout_s=5, max_observation_chars=200, test_timeout_s=5, episode_timeout_s=5)  # fmt: skip
+    limits = EpisodeLimits(
+        max_turns=2,
+        max_trajectory_tokens=512,
+        max_new_tokens_per_turn=16,
+        max_malformed_calls=1,
+        command_timeout_s=5,
+        max_observation_chars=200,
+        test_timeout_s=5,
+        episode_timeout_s=5,
+    )
     traces, report = asyncio.run(
         generate_oracle_traces(
             image_tasks,
@@ -46,7 +63,7 @@ def test_oracle_starts_tasks_by_environment_and_reports_in_task_order() -> None:
             view_whole_file_lines=0,
             view_function_lines=0,
             test_command=None,
-        )  # fmt: skip
+        )
     )
     assert provider.started == ["a"] * 3 + ["b"] * 2 + ["c"] * 3
     assert traces == [] and report.attempted == 8 and report.skipped == {"infra_error:start_failed": 8}

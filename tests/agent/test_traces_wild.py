@@ -41,9 +41,7 @@ NEW_FILE = "import sys\n\nprint(sys.argv)\n"
 
 def _create_bash(path: str, text: str) -> str:
     """The bash command the mapped create of `text` holds (checked by running it, below)."""
-    [turn] = [
-        m for m in normalize_messages(_xml_trace([_xml_create(path, text)])) if m["role"] == "assistant"
-    ]
+    [turn] = [m for m in normalize_messages(_xml_trace([_xml_create(path, text)])) if m["role"] == "assistant"]
     call = parse_tool_call(turn["content"])
     assert isinstance(call, ToolCall) and call.name == "bash" and set(call.arguments) == {"command"}, turn
     return str(call.arguments["command"])
@@ -101,9 +99,14 @@ STEPS: list[tuple[str, dict[str, Any], str, tuple[str, dict[str, Any]] | None]] 
         "Last edit to /testbed/pkg/m.py undone successfully.",
         None,
     ),
-    ("bash", {"command": "cd /testbed && python -m pytest -q"}, "1 passed", ("bash", {"command": "cd /testbed && python -m pytest -q"})),
+    (
+        "bash",
+        {"command": "cd /testbed && python -m pytest -q"},
+        "1 passed",
+        ("bash", {"command": "cd /testbed && python -m pytest -q"}),
+    ),
     ("submit", {}, "diff --git a/pkg/m.py b/pkg/m.py", ("submit", {})),
-]  # fmt: skip
+]
 
 
 def _xml_call(name: str, arguments: dict[str, Any]) -> str:
@@ -184,11 +187,19 @@ EXPECTED = [mapped or (name, arguments) for name, arguments, _, mapped in STEPS]
 
 def _rows(messages_of: Callable[[list[Message]], list[Message]]) -> list[dict[str, Any]]:
     return [
-        {"instance_id": "pkg__m.1", "traj_id": "pkg__m.1.xml", "resolved": True,
-         "messages": messages_of(_xml_trace(STEP_CALLS))},
-        {"instance_id": "pkg__m.1", "traj_id": "pkg__m.1.tool", "resolved": True,
-         "messages": messages_of(_tool_trace(STEP_CALLS))},
-    ]  # fmt: skip
+        {
+            "instance_id": "pkg__m.1",
+            "traj_id": "pkg__m.1.xml",
+            "resolved": True,
+            "messages": messages_of(_xml_trace(STEP_CALLS)),
+        },
+        {
+            "instance_id": "pkg__m.1",
+            "traj_id": "pkg__m.1.tool",
+            "resolved": True,
+            "messages": messages_of(_tool_trace(STEP_CALLS)),
+        },
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,8 +232,7 @@ def test_mixed_string_and_part_content_loads_and_trains_like_string_content(
     # datasets (5.2, pinned) reads the file only through its on_mixed_types="use_json" fallback; without that
     # fallback, load_dataset("json") fails on it with Arrow's mixing error.
     with pytest.raises(DatasetGenerationError) as caught:
-        load_dataset("json", data_files=str(mixed), split="train", on_mixed_types=None,
-                     cache_dir=str(tmp_path / "hf"))  # fmt: skip
+        load_dataset("json", data_files=str(mixed), split="train", on_mixed_types=None, cache_dir=str(tmp_path / "hf"))
     assert isinstance(caught.value.__cause__, pa.ArrowInvalid)
     assert re.search(r"changed from (string to array|array to string)", str(caught.value.__cause__))
     # .jsonl is written as the rows are; parquet cannot hold them and says so, naming the file.
@@ -273,8 +283,14 @@ def test_create_becomes_a_bash_command_that_writes_exactly_the_text(text: str, t
     assert tool_style == [("bash", {"command": command})]
     # As a sandbox runs it (swerl.sandbox.process): bash -c COMMAND, or a long one read from stdin.
     script, stdin = shell_command(command)
-    subprocess.run(["bash", "-c", script], input=stdin, cwd=tmp_path, check=True, timeout=10,
-                   env={"HOME": "/nonexistent", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    subprocess.run(
+        ["bash", "-c", script],
+        input=stdin,
+        cwd=tmp_path,
+        check=True,
+        timeout=10,
+        env={"HOME": "/nonexistent", "PATH": "/usr/bin:/bin"},
+    )
     assert target.read_bytes() == text.encode()
     assert (stdin is not None) == (len(command.encode()) > 64 * 1024)
 
@@ -311,29 +327,60 @@ TOOL_CALL = {
     "tool_calls": [{"function": {"name": "bash", "arguments": "{}"}}],
 }
 BAD_ROWS: list[tuple[str, Callable[[list[Message]], list[Message]], str]] = [
-    ("unknown-role", _replaced(3, {"role": "observation", "content": "a.py"}), r"message 3: unknown role 'observation'"),
-    ("image",
-     _replaced(1, {"role": "user", "content": [{"type": "text", "text": "See:"},
-                                               {"type": "image_url", "image_url": {"url": "data:"}}]}),
-     r"message 1 \(user\): content part 1 is of type 'image_url'"),
+    (
+        "unknown-role",
+        _replaced(3, {"role": "observation", "content": "a.py"}),
+        r"message 3: unknown role 'observation'",
+    ),
+    (
+        "image",
+        _replaced(
+            1,
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "See:"}, {"type": "image_url", "image_url": {"url": "data:"}}],
+            },
+        ),
+        r"message 1 \(user\): content part 1 is of type 'image_url'",
+    ),
     ("empty-assistant", _replaced(2, {"role": "assistant", "content": ""}), r"message 2 \(assistant\): an empty turn"),
-    ("empty-parts", _replaced(4, {"role": "assistant", "content": [{"type": "text", "text": " \n"}]}),
-     r"message 4 \(assistant\): an empty turn"),
-    ("late-system", _replaced(3, {"role": "system", "content": "again"}),
-     r"message 3 \(system\): a system message is only allowed first"),
+    (
+        "empty-parts",
+        _replaced(4, {"role": "assistant", "content": [{"type": "text", "text": " \n"}]}),
+        r"message 4 \(assistant\): an empty turn",
+    ),
+    (
+        "late-system",
+        _replaced(3, {"role": "system", "content": "again"}),
+        r"message 3 \(system\): a system message is only allowed first",
+    ),
     ("no-assistant", lambda m: [x for x in m if x["role"] != "assistant"], r"has no assistant turn"),
-    ("bad-arguments",
-     _replaced(2, {**TOOL_CALL, "tool_calls": [{"function": {"name": "bash", "arguments": '{"command": "ls"'}}]}),
-     r"message 2 \(assistant\): tool call 0 \(bash\): arguments are not valid JSON"),
-    ("list-arguments", _replaced(2, {**TOOL_CALL, "tool_calls": [{"function": {"name": "bash", "arguments": "[1]"}}]}),
-     r"message 2 \(assistant\): tool call 0 \(bash\): arguments are not a JSON object"),
-    ("unterminated-call", _replaced(4, {"role": "assistant", "content": '<tool_call>\n{"name": "submit", "arguments": {}}'}),
-     r"message 4 \(assistant\): its tool call is malformed"),
-    ("invalid-call", _replaced(4, {"role": "assistant", "content": "<tool_call>\n{name: submit}\n</tool_call>"}),
-     r"message 4 \(assistant\): its tool call is malformed"),
-    ("opens-with-assistant", lambda m: [{"role": "assistant", "content": "Hello."}] + m[1:],
-     r"message 0 \(assistant\): the conversation opens with the assistant"),
-]  # fmt: skip
+    (
+        "bad-arguments",
+        _replaced(2, {**TOOL_CALL, "tool_calls": [{"function": {"name": "bash", "arguments": '{"command": "ls"'}}]}),
+        r"message 2 \(assistant\): tool call 0 \(bash\): arguments are not valid JSON",
+    ),
+    (
+        "list-arguments",
+        _replaced(2, {**TOOL_CALL, "tool_calls": [{"function": {"name": "bash", "arguments": "[1]"}}]}),
+        r"message 2 \(assistant\): tool call 0 \(bash\): arguments are not a JSON object",
+    ),
+    (
+        "unterminated-call",
+        _replaced(4, {"role": "assistant", "content": '<tool_call>\n{"name": "submit", "arguments": {}}'}),
+        r"message 4 \(assistant\): its tool call is malformed",
+    ),
+    (
+        "invalid-call",
+        _replaced(4, {"role": "assistant", "content": "<tool_call>\n{name: submit}\n</tool_call>"}),
+        r"message 4 \(assistant\): its tool call is malformed",
+    ),
+    (
+        "opens-with-assistant",
+        lambda m: [{"role": "assistant", "content": "Hello."}] + m[1:],
+        r"message 0 \(assistant\): the conversation opens with the assistant",
+    ),
+]
 
 
 @pytest.mark.parametrize(("kind", "edit", "reason"), BAD_ROWS, ids=[case[0] for case in BAD_ROWS])
@@ -408,9 +455,7 @@ def test_a_task_row_loaded_as_traces_is_named_as_a_task_row(tmp_path: Path) -> N
     # As SWE-bench publishes it: parquet, read through `datasets` (no line to name, the row still named).
     path = tmp_path / "swebench.parquet"
     Dataset.from_list([SWEBENCH_ROW, SWEBENCH_ROW]).to_parquet(str(path))
-    with pytest.raises(
-        ValueError, match=re.escape(f"{path}: trace row 0 (instance_id='astropy__astropy-12907')")
-    ):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: trace row 0 (instance_id='astropy__astropy-12907')")):
         load_trace_rows(path)
 
 
@@ -451,9 +496,7 @@ def test_traces_stage_writes_mixed_rows_the_sft_loader_reads_back_and_names_a_ba
     report = env.json(manifest, "traces_report.json")
     assert report["traces"] == 2 and report["messages_by_role"]["assistant"] == 2 * len(STEPS)
 
-    bad = dict(
-        _good("bad.7"), messages=_replaced(3, {"role": "observation", "content": "x"})(_good("b")["messages"])
-    )
+    bad = dict(_good("bad.7"), messages=_replaced(3, {"role": "observation", "content": "x"})(_good("b")["messages"]))
     dataset = _write_jsonl(tmp_path / "bad" / "trajectories.jsonl", [*rows, bad])
     cfg = TracesStage(traces=TracesConfig(source="dataset", dataset=str(dataset)), agent=AGENT)
     name = re.escape(f"{dataset}:3: trace row 2 (traj_id='bad.7'): message 3: unknown role 'observation'")

@@ -13,9 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # ~25 s on an idle 2-core machine, over a minute under load
-def test_trl_compare_tiny_run_prints_both_ratios(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-):
+def test_trl_compare_tiny_run_prints_both_ratios(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     spec = importlib.util.spec_from_file_location("trl_compare", ROOT / "benchmarks" / "trl_compare.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -42,16 +42,12 @@ TINY = REPO / "tests" / "fixtures" / "browser_tiny.yaml"
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-RUN_TIMEOUT_S = (
-    600  # the tiny run takes 1-3 minutes on 2 busy cores; the rest is slack for a loaded CI machine
-)
+RUN_TIMEOUT_S = 600  # the tiny run takes 1-3 minutes on 2 busy cores; the rest is slack for a loaded CI machine
 STAGES = ["curate", "traces", "sft", "grpo", "evaluate"]
 MODELS = ["base", "sft", "grpo"]
 
 if not (CHROMIUM and CHROMEDRIVER):
-    pytest.skip(
-        "needs Debian's chromium and chromium-driver (`.ci/run` installs them)", allow_module_level=True
-    )
+    pytest.skip("needs Debian's chromium and chromium-driver (`.ci/run` installs them)", allow_module_level=True)
 
 
 # ------------------------------------------------------------------------------------------------ services
@@ -120,19 +116,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env["HOME"] = str(root / "home")  # the worker's and the flow runs' ~/.prefect and caches: this test's own
     up_log = root / "up.log"
     with up_log.open("wb") as fh:
-        up = subprocess.Popen(
-            argv, stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True
-        )
+        up = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
     serve: subprocess.Popen[bytes] | None = None
     try:
         prefect, mlflow = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
         deadline = time.monotonic() + 600
-        while not ("Local services are up" in up_log.read_text() and _answers(f"{prefect}/api/health")
-                   and _answers(f"{mlflow}/health")):  # fmt: skip
+        while not (
+            "Local services are up" in up_log.read_text()
+            and _answers(f"{prefect}/api/health")
+            and _answers(f"{mlflow}/health")
+        ):
             assert up.poll() is None, up_log.read_text()[-4000:]
-            assert time.monotonic() < deadline, (
-                "swerl up: services not healthy in time\n" + up_log.read_text()[-4000:]
-            )
+            assert time.monotonic() < deadline, "swerl up: services not healthy in time\n" + up_log.read_text()[-4000:]
             time.sleep(1)
         env_file = root / "services.env"
         assert env_file.is_file(), "swerl up wrote no services.env (the environment a run needs)"
@@ -142,15 +137,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with serve_log.open("wb") as fh:
             serve = subprocess.Popen(
                 [sys.executable, "-m", "swerl.cli", "serve", str(REPO / "configs/local.yaml")],
-                stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=run_env, start_new_session=True,
-            )  # fmt: skip
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=root,
+                env=run_env,
+                start_new_session=True,
+            )
         # Registered: `swerl serve` exits after registering on the work pool (a foreground serve keeps running).
         deadline = time.monotonic() + 300
         while not _deployments(f"{prefect}/api"):
             assert serve.poll() in (None, 0), serve_log.read_text()[-4000:]
-            assert time.monotonic() < deadline, (
-                "swerl serve registered nothing\n" + serve_log.read_text()[-4000:]
-            )
+            assert time.monotonic() < deadline, "swerl serve registered nothing\n" + serve_log.read_text()[-4000:]
             time.sleep(1)
         yield Stack(prefect, mlflow, run_env, root)
     finally:
@@ -185,11 +182,22 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
-                "--window-size=1600,1000", "--disable-extensions", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-default-browser-check",
-                "--proxy-server=direct://", "--proxy-bypass-list=*",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        "--window-size=1600,1000",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-default-browser-check",
+        "--proxy-server=direct://",
+        "--proxy-bypass-list=*",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, saved when a test fails
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=os.devnull)
@@ -284,25 +292,34 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
         lambda d: d.find_element(By.CSS_SELECTOR, "textarea.p-code-input__textarea"),
     )
     shown = json.loads(editor.get_attribute("value"))
-    assert shown["config"]["tracking"]["uri"] == stack.mlflow, (
-        "the deployment does not log to swerl up's MLflow"
-    )
-    assert shown["config"]["storage"]["root"].startswith("s3://"), (
-        "the deployment does not store in swerl up's S3"
-    )
+    assert shown["config"]["tracking"]["uri"] == stack.mlflow, "the deployment does not log to swerl up's MLflow"
+    assert shown["config"]["storage"]["root"].startswith("s3://"), "the deployment does not store in swerl up's S3"
     tiny = yaml.safe_load(TINY.read_text())
     filled = {**shown, "config": deep_merge(shown["config"], tiny)}
     drv.execute_script(
         "const el = arguments[0]; el.value = arguments[1]; el.dispatchEvent(new Event('input', {bubbles: true}));",
-        editor, json.dumps(filled, indent=2),
-    )  # fmt: skip
-    _wait(drv, 30, "the form to take the tiny config",
-          lambda d: json.loads(d.find_element(By.CSS_SELECTOR, "textarea.p-code-input__textarea")
-                               .get_attribute("value"))["config"]["sft"]["max_steps"] == tiny["sft"]["max_steps"])  # fmt: skip
+        editor,
+        json.dumps(filled, indent=2),
+    )
+    _wait(
+        drv,
+        30,
+        "the form to take the tiny config",
+        lambda d: (
+            json.loads(d.find_element(By.CSS_SELECTOR, "textarea.p-code-input__textarea").get_attribute("value"))[
+                "config"
+            ]["sft"]["max_steps"]
+            == tiny["sft"]["max_steps"]
+        ),
+    )
     _shot(drv, shots, "prefect-form-json")
     run_name = tiny["run"]["name"]
-    name_input = _wait(drv, 30, "the Run Name field",
-                       lambda d: d.find_element(By.XPATH, "//*[normalize-space(text())='Run Name']/following::input[1]"))  # fmt: skip
+    name_input = _wait(
+        drv,
+        30,
+        "the Run Name field",
+        lambda d: d.find_element(By.XPATH, "//*[normalize-space(text())='Run Name']/following::input[1]"),
+    )
     name_input.send_keys(Keys.CONTROL, "a")
     name_input.send_keys(run_name)
     _wait(drv, 30, "the typed run name", lambda d: name_input.get_attribute("value") == run_name)
@@ -316,9 +333,7 @@ def _prefect_ui(stack: Stack, drv: Any, shots: Path) -> None:
     RUN["flow_run_id"] = flow_run_id
     state = _wait_for_end(drv, flow_run_id)
     _shot(drv, shots, "prefect-run")
-    assert state == "Completed", (
-        f"the run from the UI ended {state}; its logs: {_tail_logs(stack, flow_run_id)}"
-    )
+    assert state == "Completed", f"the run from the UI ended {state}; its logs: {_tail_logs(stack, flow_run_id)}"
 
     # Logs: every stage's start and end, the SFT steps and pass@1 per model, in the run's Logs tab.
     _open_tab(drv, "Logs")
@@ -358,8 +373,12 @@ def _submit(drv: Any, stack: Stack, run_name: str, tries: int = 3) -> None:
     failed = "//*[contains(normalize-space(.), 'Something went wrong')]"
     for _ in range(tries):
         _click(drv, 30, "//button[@type='submit'][normalize-space(.)='Submit']")
-        outcome = _wait(drv, 90, "the deployment's page (or an error)",
-                        lambda d: "left" if not on_form(d) else ("error" if d.find_elements(By.XPATH, failed) else False))  # fmt: skip
+        outcome = _wait(
+            drv,
+            90,
+            "the deployment's page (or an error)",
+            lambda d: "left" if not on_form(d) else ("error" if d.find_elements(By.XPATH, failed) else False),
+        )
         if outcome == "left":
             return
         made = [r for r in _get_json(f"{stack.api}/flow_runs/filter", {}) if r["name"] == run_name]
@@ -375,8 +394,9 @@ def _scroll_to_text(drv: Any, text: str, block: str) -> None:
         "const hits = Array.from(document.querySelectorAll('body *')).filter("
         "  e => e.textContent.includes(s) && !Array.from(e.children).some(c => c.textContent.includes(s)));"
         "if (hits.length) hits[hits.length - 1].scrollIntoView({block: arguments[1]});",
-        text, block,
-    )  # fmt: skip
+        text,
+        block,
+    )
 
 
 def _shown(drv: Any, xpath: str) -> bool:
@@ -385,9 +405,12 @@ def _shown(drv: Any, xpath: str) -> bool:
 
 def _image_drawn(drv: Any) -> bool:
     """An image on the page that the browser decoded (a broken or empty data: URI has no natural width)."""
-    return bool(drv.execute_script(
-        "return Array.from(document.images).some(i => i.complete && i.naturalWidth > 100 && i.src.startsWith('data:image'));"
-    ))  # fmt: skip
+    return bool(
+        drv.execute_script(
+            "return Array.from(document.images)"
+            ".some(i => i.complete && i.naturalWidth > 100 && i.src.startsWith('data:image'));"
+        )
+    )
 
 
 def _open_tab(drv: Any, name: str) -> None:
@@ -431,8 +454,10 @@ def _logs_show(drv: Any, expected: list[str], seen: set[str]) -> bool:
 
 def _tail_logs(stack: Stack, flow_run_id: str) -> list[str]:
     try:
-        logs = _get_json(f"{stack.api}/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}},
-                                                      "sort": "TIMESTAMP_DESC", "limit": 15})  # fmt: skip
+        logs = _get_json(
+            f"{stack.api}/logs/filter",
+            {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_DESC", "limit": 15},
+        )
         return [str(x["message"])[:300] for x in reversed(logs)]
     except OSError as exc:
         return [f"(logs unavailable: {exc})"]
@@ -462,9 +487,7 @@ def test_mlflow_ui_shows_nested_runs_a_metric_chart_and_the_compare_view(
 
 
 def _mlflow_ui(stack: Stack, drv: Any, shots: Path) -> None:
-    experiment = _get_json(
-        f"{stack.mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=swerl-local"
-    )
+    experiment = _get_json(f"{stack.mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=swerl-local")
     exp_id = experiment["experiment"]["experiment_id"]
     runs = _mlflow_runs(stack, exp_id)
     by_id = {r["info"]["run_id"]: r for r in runs}
@@ -472,9 +495,7 @@ def _mlflow_ui(stack: Stack, drv: Any, shots: Path) -> None:
     assert len(parents) == 1, [r["info"]["run_name"] for r in parents]
     parent = parents[0]
     children = {
-        r["info"]["run_name"]: r
-        for r in runs
-        if _tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]
+        r["info"]["run_name"]: r for r in runs if _tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]
     }
     assert set(STAGES) <= set(children), sorted(children)
     evals = {r["info"]["run_name"]: r for r in runs if r["info"]["run_name"] in {f"eval-{m}" for m in MODELS}}

@@ -17,8 +17,25 @@ from benchmarks.chaos import main
 @pytest.mark.slow
 def test_chaos_smoke_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    assert main(["--steps", "3", "--faults", "15", "--interval-s", "0.5", "--kill-every-s", "12",
-                 "--root", str(tmp_path / "work"), "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--steps",
+                "3",
+                "--faults",
+                "15",
+                "--interval-s",
+                "0.5",
+                "--kill-every-s",
+                "12",
+                "--root",
+                str(tmp_path / "work"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(out.read_text())["summary"]
     assert summary["finished"], summary
     assert summary["faults_total"] >= 1, summary

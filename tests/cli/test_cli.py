@@ -77,9 +77,7 @@ def test_compare_never_creates_a_store_and_takes_the_config_as_a_positional(
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_a_run_prints_one_line_saying_how_to_resume(
-    prefect_server: str, tmp_path: Path
-) -> None:
+def test_ctrl_c_during_a_run_prints_one_line_saying_how_to_resume(prefect_server: str, tmp_path: Path) -> None:
     """A real `swerl run` in its own process against the session's Prefect server, interrupted in its curate stage;
     the curate stage is a literal one that waits (curation has its own tests), the rest is real."""
     config = tmp_path / "c.yaml"
@@ -102,8 +100,15 @@ def test_ctrl_c_during_a_run_prints_one_line_saying_how_to_resume(
         f"sys.exit(main(['run', {str(config)!r}, '--ignore-doctor']))\n"
     )
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     out_lines: list[str] = []
     try:
         assert proc.stderr is not None
@@ -125,8 +130,10 @@ def test_ctrl_c_during_a_run_prints_one_line_saying_how_to_resume(
     assert proc.returncode == 130, rest
     assert "Traceback" not in rest, rest
     assert len(after) == 1, rest
-    assert after[0] == f"swerl run: interrupted; every finished stage is kept; the same command resumes from the " \
-                       f"stage that was running: swerl run {config} --ignore-doctor"  # fmt: skip
+    assert (
+        after[0] == f"swerl run: interrupted; every finished stage is kept; the same command resumes from the "
+        f"stage that was running: swerl run {config} --ignore-doctor"
+    )
 
 
 def test_serve_without_a_prefect_api_refuses_quickly(

@@ -51,11 +51,14 @@ def up_command(data_dir: Path, startup_timeout_s: int) -> tuple[list[str], int, 
     weed = services.SeaweedPorts.free()
     prefect_port, mlflow_port = services.free_port(), services.free_port()
     overrides = [
-        f"services.prefect_port={prefect_port}", f"services.mlflow_port={mlflow_port}",
-        f"services.s3_port={weed.s3}", f"services.seaweed_master_port={weed.master}",
-        f"services.seaweed_volume_port={weed.volume}", f"services.seaweed_filer_port={weed.filer}",
+        f"services.prefect_port={prefect_port}",
+        f"services.mlflow_port={mlflow_port}",
+        f"services.s3_port={weed.s3}",
+        f"services.seaweed_master_port={weed.master}",
+        f"services.seaweed_volume_port={weed.volume}",
+        f"services.seaweed_filer_port={weed.filer}",
         f"services.startup_timeout_s={startup_timeout_s}",
-    ]  # fmt: skip
+    ]
     argv = [
         sys.executable,
         "-m",
@@ -84,9 +87,7 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         deadline = time.monotonic() + 400
         # Ready means: every server answers and `swerl up` itself says so (it may still be in its own health wait
         # when a server first answers; a Ctrl-C during start-up is another case).
-        while not (
-            all(_answers(u) for u in urls) and "Local services are up" in (tmp_path / "up.log").read_text()
-        ):
+        while not (all(_answers(u) for u in urls) and "Local services are up" in (tmp_path / "up.log").read_text()):
             assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "services not healthy in time"
             time.sleep(1)
@@ -98,8 +99,9 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         # services.env: what a run needs, the credentials by reference only; sourced by a shell, it sets them all.
         services_env = tmp_path / "services.env"
         assert secret not in services_env.read_text()
-        shown = subprocess.run(["bash", "-c", f"source {services_env} && env"], capture_output=True, text=True,
-                               check=True).stdout.splitlines()  # fmt: skip
+        shown = subprocess.run(
+            ["bash", "-c", f"source {services_env} && env"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
         env = dict(line.split("=", 1) for line in shown if "=" in line)
         assert env["PREFECT_API_URL"] == f"http://127.0.0.1:{prefect_port}/api"
         assert env["SWERL_TRACKING_URI"] == f"http://127.0.0.1:{mlflow_port}"
@@ -111,9 +113,11 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         deadline = time.monotonic() + 120  # the worker registers with its first poll of the pool
         while [w["status"] for w in workers] != ["ONLINE"] and time.monotonic() < deadline:
             request = urllib.request.Request(
-                f"http://127.0.0.1:{prefect_port}/api/work_pools/swerl/workers/filter", data=b"{}", method="POST",
+                f"http://127.0.0.1:{prefect_port}/api/work_pools/swerl/workers/filter",
+                data=b"{}",
+                method="POST",
                 headers={"Content-Type": "application/json"},
-            )  # fmt: skip
+            )
             with urllib.request.urlopen(request, timeout=10) as resp:  # the pool exists: 404 otherwise
                 workers = json.loads(resp.read())
             time.sleep(1)
@@ -122,9 +126,7 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         assert worker_pids
         # The three services started at once: each one's "starting" line comes before any "healthy" line.
         lines = (tmp_path / "up.log").read_text().splitlines()
-        starts = [
-            i for i, ln in enumerate(lines) if " starting " in ln and "starting prefect-worker" not in ln
-        ]
+        starts = [i for i, ln in enumerate(lines) if " starting " in ln and "starting prefect-worker" not in ln]
         healthy = [i for i, ln in enumerate(lines) if " healthy at " in ln]
         assert len(starts) == 3 and max(starts) < min(healthy), "\n".join(lines)
 
@@ -133,10 +135,7 @@ def test_up_starts_all_services_and_ctrl_c_stops_them(tmp_path: Path):
         for port in (prefect_port, mlflow_port, weed.s3, weed.master, weed.filer):
             assert not _listening(port), f"port {port} still served after Ctrl-C"
         for pid in worker_pids:
-            assert (
-                not Path(f"/proc/{pid}").exists()
-                or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-            )
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

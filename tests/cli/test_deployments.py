@@ -26,9 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_ui_run_lands_in_the_mlflow_server_and_the_s3_bucket_with_a_merged_partial_config(
-    prefect_api: str, mlflow_server: str, s3_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    prefect_api: str,
+    mlflow_server: str,
+    s3_env,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.deployments import run_deployment
@@ -38,8 +42,9 @@ def test_a_ui_run_lands_in_the_mlflow_server_and_the_s3_bucket_with_a_merged_par
     # The environment `swerl up` writes (services.env), here pointing at the session's servers.
     mlflow_port = int(mlflow_server.rsplit(":", 1)[1])
     s3_port = int(s3_env.endpoint_url.rsplit(":", 1)[1])
-    sc = ServicesConfig(prefect_port=int(prefect_api.split(":")[2].split("/")[0]), mlflow_port=mlflow_port,
-                        s3_port=s3_port)  # fmt: skip
+    sc = ServicesConfig(
+        prefect_port=int(prefect_api.split(":")[2].split("/")[0]), mlflow_port=mlflow_port, s3_port=s3_port
+    )
     creds = tmp_path / "s3.env"
     creds.write_text(
         f"export AWS_ACCESS_KEY_ID={s3_env.access_key}\nexport AWS_SECRET_ACCESS_KEY={s3_env.secret_key}\n"
@@ -56,26 +61,46 @@ def test_a_ui_run_lands_in_the_mlflow_server_and_the_s3_bucket_with_a_merged_par
 
     # `swerl serve` registers on the work pool (created: type process) and returns.
     experiment = f"deploy-{tag}"
-    assert main(["serve", str(REPO / "configs/local.yaml"), "--pool", pool, "--set", f"run.name={name}",
-                 "--set", f"tracking.experiment={experiment}"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "serve",
+                str(REPO / "configs/local.yaml"),
+                "--pool",
+                pool,
+                "--set",
+                f"run.name={name}",
+                "--set",
+                f"tracking.experiment={experiment}",
+            ]
+        )
+        == 0
+    )
     assert f"registered on work pool '{pool}'" in capsys.readouterr().out
     with get_client(sync_client=True) as client:
         assert client.read_work_pool(pool).type == "process"
         deployment = client.read_deployment_by_name(f"swerl-pipeline/{name}-pipeline")
         assert deployment.work_pool_name == pool
         params = deployment.parameters["config"]
-        assert (
-            params["tracking"]["uri"] == mlflow_server and params["storage"]["root"] == f"s3://swerl/{prefix}"
-        )
+        assert params["tracking"]["uri"] == mlflow_server and params["storage"]["root"] == f"s3://swerl/{prefix}"
         assert "services" not in params and "serve" not in params
         assert s3_env.secret_key not in str(deployment.model_dump())  # secrets never in a deployment
 
     # A worker as `swerl up` starts it: the S3 credentials in its environment only.
     worker = services.prefect_worker(
-        tmp_path / "worker", prefect_api, pool, services.free_port(), startup_timeout_s=180, cwd=REPO,
-        env={"AWS_ACCESS_KEY_ID": s3_env.access_key, "AWS_SECRET_ACCESS_KEY": s3_env.secret_key,
-             "PYTHONPATH": str(REPO), "PREFECT_HOME": os.environ["PREFECT_HOME"]},
-    )  # fmt: skip
+        tmp_path / "worker",
+        prefect_api,
+        pool,
+        services.free_port(),
+        startup_timeout_s=180,
+        cwd=REPO,
+        env={
+            "AWS_ACCESS_KEY_ID": s3_env.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3_env.secret_key,
+            "PYTHONPATH": str(REPO),
+            "PREFECT_HOME": os.environ["PREFECT_HOME"],
+        },
+    )
     worker.stop_timeout_s = 10
     with worker:
         # A partial override, as `prefect deployment run --param config='{"curate": ...}'` sends it.
@@ -91,13 +116,9 @@ def test_a_ui_run_lands_in_the_mlflow_server_and_the_s3_bucket_with_a_merged_par
     with get_client(sync_client=True) as client:
         logs = "\n".join(
             log.message
-            for log in client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
-            )
+            for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
         )
-    assert "machine limits at start (swerl doctor)" in logs, (
-        logs
-    )  # a swerl INFO record, from the worker's run
+    assert "machine limits at start (swerl doctor)" in logs, logs  # a swerl INFO record, from the worker's run
     assert str(missing) in logs
     assert s3_env.secret_key not in logs
 
@@ -105,9 +126,7 @@ def test_a_ui_run_lands_in_the_mlflow_server_and_the_s3_bucket_with_a_merged_par
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None
-    (parent,) = [
-        r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags
-    ]
+    (parent,) = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
     assert parent.data.tags["prefect.flow_run_id"] == str(flow_run.id)
     assert s3_env.secret_key not in str(parent.data.params)
     # The S3 bucket has the run's resolved config: the override, and the deployment's values elsewhere.

@@ -20,8 +20,12 @@ def test_device_bench_smoke_on_cpu(tmp_path: Path) -> None:
         env.pop(name, None)
     result = subprocess.run(
         [sys.executable, "scripts/device_bench.py", "--cpu", "--tiny"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "tokens/s" in result.stdout
     report = json.loads((tmp_path / "device_bench.json").read_text())
@@ -73,15 +77,12 @@ def torch_cuda_available() -> bool:
 
 def test_device_check_script_parses_and_downloads_nothing() -> None:
     subprocess.run(["bash", "-n", "scripts/device_check.sh"], cwd=ROOT, check=True)
-    shown = subprocess.run(["bash", "scripts/device_check.sh", "--help"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=30, check=True)  # fmt: skip
-    assert "SWERL_DEVICE_BUDGET_S" in shown.stdout and "process group" in shown.stdout, shown.stdout
-    stray = subprocess.run(
-        ["bash", "scripts/device_check.sh", "--bogus"], cwd=ROOT, capture_output=True, timeout=30
+    shown = subprocess.run(
+        ["bash", "scripts/device_check.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
     )
+    assert "SWERL_DEVICE_BUDGET_S" in shown.stdout and "process group" in shown.stdout, shown.stdout
+    stray = subprocess.run(["bash", "scripts/device_check.sh", "--bogus"], cwd=ROOT, capture_output=True, timeout=30)
     assert stray.returncode == 2  # an unknown argument runs nothing
     text = (ROOT / "scripts/device_check.sh").read_text()
-    installs = [
-        line for line in text.splitlines() if "pip install" in line and not line.lstrip().startswith("#")
-    ]
+    installs = [line for line in text.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
     assert installs and all("--no-index" in line for line in installs), installs

@@ -65,12 +65,23 @@ def test_refuses_when_open_files_are_too_few() -> None:
 def test_refuses_the_supervisor_runtime_without_the_right_to_mount() -> None:
     # A real process without CAP_SYS_ADMIN (dropped from its bounding set), not a patched probe.
     done = subprocess.run(
-        ["setpriv", "--bounding-set=-sys_admin", sys.executable, "-m", "swerl.cli", "doctor", "configs/local.yaml",
-         "--set", "agent.sandbox.runtime=supervisor", "--set", "agent.sandbox.memory_mb=256"],
+        [
+            "setpriv",
+            "--bounding-set=-sys_admin",
+            sys.executable,
+            "-m",
+            "swerl.cli",
+            "doctor",
+            "configs/local.yaml",
+            "--set",
+            "agent.sandbox.runtime=supervisor",
+            "--set",
+            "agent.sandbox.memory_mb=256",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL local_runtime.supervisor: runtime supervisor needs root (CAP_SYS_ADMIN)" in done.stdout
     assert "Operation not permitted" in done.stdout and "refused: local_runtime.supervisor" in done.stdout
@@ -83,13 +94,22 @@ def test_refuses_the_supervisor_runtime_it_cannot_build(tmp_path: Path) -> None:
     # A real missing compiler (CC names no program) and an empty build cache, in the doctor's own process.
     env = {**os.environ, "CC": "cc-not-installed", "SWERL_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-m", "swerl.cli", "doctor", "configs/local.yaml",
-         "--set", "agent.sandbox.runtime=supervisor", "--set", "agent.sandbox.memory_mb=256"],
+        [
+            sys.executable,
+            "-m",
+            "swerl.cli",
+            "doctor",
+            "configs/local.yaml",
+            "--set",
+            "agent.sandbox.runtime=supervisor",
+            "--set",
+            "agent.sandbox.memory_mb=256",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL local_runtime.supervisor: runtime supervisor cannot be built" in done.stdout
     assert "'cc-not-installed' was not found" in done.stdout
@@ -139,8 +159,9 @@ def task_images():
     try:
         for name in built:
             dockerfile = f"FROM swerl-base:bookworm\nLABEL org.swerl.test={name}\nWORKDIR /testbed\n"
-            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, pull=False,
-                                network_mode="none", rm=True)  # fmt: skip
+            client.images.build(
+                fileobj=io.BytesIO(dockerfile.encode()), tag=name, pull=False, network_mode="none", rm=True
+            )
         sizes = {name: int(client.images.get(name).attrs["Size"]) for name in built}
         yield client, sizes, f"{tag}-missing:latest"
     finally:
@@ -157,9 +178,20 @@ def _write_tasks(path: Path, images: list[str]) -> Path:
     from swerl.data.schema import TaskInstance
     from swerl.data.taskio import tasks_to_parquet
 
-    tasks = [TaskInstance(instance_id=f"t{i}", repo="o/r", base_commit="", problem_statement="p", patch=PATCH,
-                          patch_kind="bug", FAIL_TO_PASS=["t::x"], image=image, source="test")
-             for i, image in enumerate(images)]  # fmt: skip
+    tasks = [
+        TaskInstance(
+            instance_id=f"t{i}",
+            repo="o/r",
+            base_commit="",
+            problem_statement="p",
+            patch=PATCH,
+            patch_kind="bug",
+            FAIL_TO_PASS=["t::x"],
+            image=image,
+            source="test",
+        )
+        for i, image in enumerate(images)
+    ]
     path.write_bytes(tasks_to_parquet(tasks))
     return path
 
@@ -168,26 +200,22 @@ DOCKER = ["--set", "agent.sandbox.backend=docker", "--set", "agent.sandbox.memor
 
 
 @pytest.mark.docker
-def test_task_images_present_sized_and_refused_when_missing_without_pulls(
-    task_images, tmp_path, capsys
-) -> None:
+def test_task_images_present_sized_and_refused_when_missing_without_pulls(task_images, tmp_path, capsys) -> None:
     import docker
 
     client, sizes, missing = task_images
     a, b = sorted(sizes)
     # curate's own task file: two tasks of one image, one of another (docker://), one missing, one directory task
-    tasks = _write_tasks(
-        tmp_path / "train.parquet", [a, a, f"docker://{b}", missing, "local://repos/intervals"]
-    )
+    tasks = _write_tasks(tmp_path / "train.parquet", [a, a, f"docker://{b}", missing, "local://repos/intervals"])
     assert main(["doctor", "configs/local.yaml", *DOCKER, "--tasks", str(tasks)]) == 1
     out = capsys.readouterr().out
-    assert (
-        "task images:\n  image_tasks: 4\n  of_tasks: 5\n  images: 3\n  backend: docker\n  present: 2" in out
-    )
+    assert "task images:\n  image_tasks: 4\n  of_tasks: 5\n  images: 3\n  backend: docker\n  present: 2" in out
     assert f"present_mb: {round((sizes[a] + sizes[b]) / 1e6, 1)}" in out and "missing: 1" in out
     assert f"missing_names: {missing}" in out and "missing_mb: unknown" in out
-    assert (f"FAIL task_images: 1 of 3 images missing and agent.sandbox.docker.allow_pull is off: {missing}"
-            in out and "refused: task_images" in out)  # fmt: skip
+    assert (
+        f"FAIL task_images: 1 of 3 images missing and agent.sandbox.docker.allow_pull is off: {missing}" in out
+        and "refused: task_images" in out
+    )
 
     # allowed to pull: reported with the pull budget's time, not refused, and nothing is pulled
     pull = ["--set", "agent.sandbox.docker.allow_pull=true", "--set", "agent.sandbox.docker.pulls_per_hour=1"]
@@ -207,9 +235,21 @@ def test_task_images_present_sized_and_refused_when_missing_without_pulls(
 def test_task_images_all_present_pass_and_directory_tasks_add_nothing(task_images, tmp_path, capsys) -> None:
     _, sizes, _ = task_images
     rows = tmp_path / "swesmith.jsonl"  # a SWE-smith dataset file: image_name names the image
-    rows.write_text("\n".join(json.dumps({"instance_id": f"r{i}", "repo": "swesmith/o__r.abcdef12", "patch": PATCH,
-                                          "FAIL_TO_PASS": ["t::x"], "image_name": name})
-                              for i, name in enumerate(sorted(sizes))) + "\n")  # fmt: skip
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "instance_id": f"r{i}",
+                    "repo": "swesmith/o__r.abcdef12",
+                    "patch": PATCH,
+                    "FAIL_TO_PASS": ["t::x"],
+                    "image_name": name,
+                }
+            )
+            for i, name in enumerate(sorted(sizes))
+        )
+        + "\n"
+    )
     assert main(["doctor", "configs/local.yaml", *DOCKER, "--tasks", str(rows)]) == 0
     out = capsys.readouterr().out
     assert "ok   task_images: all 2 images on the engine" in out and "missing: 0" in out

@@ -131,9 +131,7 @@ def _children(cfg: PipelineConfig, parent_id: str) -> list[Any]:
     return client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
 
 
-def test_pipeline_runs_then_skips_curate(
-    prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage
-) -> None:
+def test_pipeline_runs_then_skips_curate(prefect_api: str, cfg: PipelineConfig, fake_curate: FakeStage) -> None:
     state = _run(cfg)
     assert state.is_completed(), state
     summary = state.result()
@@ -198,9 +196,7 @@ def test_pipeline_runs_then_skips_curate(
     inputs = {
         name: store.read_json(
             store.rel_of(
-                load_manifest(store, name, outcome["manifest"].rsplit("/", 2)[-2])
-                .artifact(f"{name}.json")
-                .uri
+                load_manifest(store, name, outcome["manifest"].rsplit("/", 2)[-2]).artifact(f"{name}.json").uri
             )
         )["inputs"]  # type: ignore[union-attr]
         for name, outcome in summary["stages"].items()
@@ -227,9 +223,7 @@ def test_pipeline_runs_then_skips_curate(
     assert second_parent.data.tags["prefect.flow_run_id"] == str(state2.state_details.flow_run_id)
     assert second_parent.data.tags["swerl.resumes"] == "1"
     assert second_parent.data.tags["swerl.stage.curate"] == "skipped"
-    assert sorted(c.data.tags["swerl.stage"] for c in _children(cfg, second_parent.info.run_id)) == sorted(
-        STAGES
-    )
+    assert sorted(c.data.tags["swerl.stage"] for c in _children(cfg, second_parent.info.run_id)) == sorted(STAGES)
     with _client() as client:
         artifacts = client.read_artifacts(flow_run_filter=_flow_run_filter(state2.state_details.flow_run_id))
         status = [a for a in artifacts if a.key.endswith("-status")]
@@ -281,9 +275,7 @@ def test_force_curate_reruns(prefect_api: str, cfg: PipelineConfig, fake_curate:
     assert summary["stages"]["curate"]["manifest"] == first["stages"]["curate"]["manifest"]  # same key
     (parent,) = _parent_runs(cfg)  # the same config: the same parent run, continued
     assert json.loads(parent.data.tags["swerl.forced_stages"]) == sorted(STAGES)
-    assert (
-        json.loads(parent.data.params["forced_stages"]) == []
-    )  # the first invocation's (params never change)
+    assert json.loads(parent.data.params["forced_stages"]) == []  # the first invocation's (params never change)
 
 
 def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_phase_reruns_only_what_follows(
@@ -291,8 +283,10 @@ def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_p
 ) -> None:
     def phased(lr: float) -> PipelineConfig:
         data = cfg.model_dump(mode="json", by_alias=True)
-        data["grpo"]["phases"] = [{"name": "wide", "steps": 2},
-                                  {"name": "tight", "steps": 1, "grpo": {"algorithm": {"lr": lr}}}]  # fmt: skip
+        data["grpo"]["phases"] = [
+            {"name": "wide", "steps": 2},
+            {"name": "tight", "steps": 1, "grpo": {"algorithm": {"lr": lr}}},
+        ]
         return PipelineConfig.model_validate(data)
 
     state = _run(phased(1e-5))
@@ -321,9 +315,7 @@ def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_p
     def inputs(stage: str, outcome: dict[str, Any]) -> list[str]:
         manifest = load_manifest(store, stage, outcome["manifest"].rsplit("/", 2)[-2])
         assert manifest is not None
-        artifact = (
-            "grpo.json" if stage.startswith("grpo") else f"{stage}.json"
-        )  # FakeStage's, named by its fake
+        artifact = "grpo.json" if stage.startswith("grpo") else f"{stage}.json"  # FakeStage's, named by its fake
         return list(store.read_json(store.rel_of(manifest.artifact(artifact).uri))["inputs"])
 
     got = {stage: inputs(stage, outcome) for stage, outcome in summary["stages"].items()}
@@ -337,7 +329,12 @@ def test_grpo_phases_run_as_one_prefect_task_and_mlflow_run_each_and_a_changed_p
     assert ran == ["grpo-tight", "evaluate"]
     assert fakes["grpo"].stages[-1:] == ["grpo-tight"] and fakes["grpo"].calls == before["grpo"] + 1
     assert {name: fake.calls - before[name] for name, fake in fakes.items()} == {
-        "curate": 0, "traces": 0, "sft": 0, "grpo": 1, "evaluate": 1}  # fmt: skip
+        "curate": 0,
+        "traces": 0,
+        "sft": 0,
+        "grpo": 1,
+        "evaluate": 1,
+    }
     # --force on a phase reruns it and what follows
     summary3 = _run(phased(5e-6), force=["grpo-tight"]).result()
     assert [s for s, o in summary3["stages"].items() if not o["skipped"]] == ["grpo-tight", "evaluate"]
@@ -367,9 +364,7 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     from swerl.config import load_config
 
     repo = Path(__file__).resolve().parents[2]
-    cfg = load_config(
-        repo / "configs" / "local.yaml", ["serve.eval_cron=15 4 * * 1", "serve.timezone=Europe/Paris"]
-    )
+    cfg = load_config(repo / "configs" / "local.yaml", ["serve.eval_cron=15 4 * * 1", "serve.timezone=Europe/Paris"])
     ids = {d.name: d.apply() for d in build_deployments(cfg)}
     assert set(ids) == {"local-pipeline", "local-evaluate"}
 
@@ -407,9 +402,7 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
     assert list(definitions["SFTConfig"]["properties"])[:2] == ["max_steps", "time_budget_s"]
     # Every field is described from its docstring (a field documented together with the ones above it shares
     # their docstring, which pydantic gives the last of them).
-    described = [
-        p for d in definitions.values() for p in d.get("properties", {}).values() if p.get("description")
-    ]
+    described = [p for d in definitions.values() for p in d.get("properties", {}).values() if p.get("description")]
     total = [p for d in definitions.values() for p in d.get("properties", {}).values()]
     assert len(described) >= 0.9 * len(total), (len(described), len(total))
     assert definitions["SFTConfig"]["properties"]["max_steps"]["description"].startswith("Optimizer steps")
@@ -421,9 +414,12 @@ def test_serve_deployments_register_with_schedule_and_form(prefect_api: str, tmp
 
 
 def test_swerl_curate_runs_only_curate_and_follows_the_repository_contents(
-    prefect_api: str, cfg: PipelineConfig, fakes: dict[str, FakeStage], tmp_path: Path,
+    prefect_api: str,
+    cfg: PipelineConfig,
+    fakes: dict[str, FakeStage],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from swerl.cli import main
 
     repo = tmp_path / "mine"
@@ -464,9 +460,7 @@ def test_swerl_records_reach_the_flow_run_logs_from_any_thread_and_prints_do_not
 
     def curate(cfg_: Any, ctx: StageContext) -> StageResult:
         logging.getLogger("swerl.stages.curate").info("curate-main-thread-record")
-        worker = threading.Thread(
-            target=lambda: logging.getLogger("swerl.rollout").info("curate-plain-thread-record")
-        )
+        worker = threading.Thread(target=lambda: logging.getLogger("swerl.rollout").info("curate-plain-thread-record"))
         worker.start()
         worker.join()
         logging.getLogger("swerl.stages.curate").debug("curate-debug-record")

@@ -46,11 +46,7 @@ def test_recipe_config_reads_published_datasets() -> None:
     assert (explore.stage, capped.stage) == ("grpo-explore", "grpo-capped")
     assert explore.steps + capped.steps == 145
     assert capped.agent.max_turns < explore.agent.max_turns
-    assert (
-        capped.agent.max_trajectory_tokens
-        < explore.agent.max_trajectory_tokens
-        <= cfg.engine.max_context_tokens
-    )
+    assert capped.agent.max_trajectory_tokens < explore.agent.max_trajectory_tokens <= cfg.engine.max_context_tokens
     assert capped.grpo.algorithm == explore.grpo.algorithm == cfg.grpo.algorithm
 
 
@@ -189,9 +185,7 @@ def test_resolved_config_round_trips(tmp_path: Path, path: Path) -> None:
 def test_config_hash_is_stable_and_sensitive() -> None:
     a, b = load_config(None), load_config(None)
     assert config_hash(a) == config_hash(b)
-    assert config_hash(a.curate) != config_hash(
-        load_config(None, ["curate.max_candidates_per_repo=7"]).curate
-    )
+    assert config_hash(a.curate) != config_hash(load_config(None, ["curate.max_candidates_per_repo=7"]).curate)
     # only the section matters for a stage's hash
     assert config_hash(a.curate) == config_hash(load_config(None, ["run.name=other"]).curate)
 
@@ -230,9 +224,15 @@ def test_cli_rejects_unknown_force_stage(capsys: pytest.CaptureFixture[str]) -> 
 
 PHASES = [
     {"name": "wide", "steps": 3},
-    {"name": "tight", "steps": 2, "reset_optimizer": True, "agent": {"max_trajectory_tokens": 512},
-     "grpo": {"algorithm": {"lr": 2.0e-5}, "rollout": {"max_staleness": 1}}, "tasks": {"difficulties": ["easy"]}},
-]  # fmt: skip
+    {
+        "name": "tight",
+        "steps": 2,
+        "reset_optimizer": True,
+        "agent": {"max_trajectory_tokens": 512},
+        "grpo": {"algorithm": {"lr": 2.0e-5}, "rollout": {"max_staleness": 1}},
+        "tasks": {"difficulties": ["easy"]},
+    },
+]
 
 
 def phased(phases: Any = PHASES, **sections: Any) -> dict[str, Any]:
@@ -254,15 +254,10 @@ def test_grpo_phases_resolve_against_the_base_settings() -> None:
         2,
     )
     # each phase changes what it names against the base, nothing else; the base is untouched
-    assert wide.grpo.model_dump(exclude={"phases", "schedule"}) == cfg.grpo.model_dump(
-        exclude={"phases", "schedule"}
-    )
+    assert wide.grpo.model_dump(exclude={"phases", "schedule"}) == cfg.grpo.model_dump(exclude={"phases", "schedule"})
     assert wide.agent == cfg.agent and wide.engine == cfg.engine
     assert tight.agent.max_trajectory_tokens == 512 and tight.agent.max_turns == cfg.agent.max_turns
-    assert (
-        tight.grpo.algorithm.lr == 2.0e-5
-        and tight.grpo.algorithm.weight_decay == cfg.grpo.algorithm.weight_decay
-    )
+    assert tight.grpo.algorithm.lr == 2.0e-5 and tight.grpo.algorithm.weight_decay == cfg.grpo.algorithm.weight_decay
     assert (
         tight.grpo.rollout.max_staleness == 1
         and tight.grpo.rollout.attempts_per_task == cfg.grpo.rollout.attempts_per_task
@@ -297,27 +292,51 @@ def test_grpo_phases_resolve_against_the_base_settings() -> None:
     ("phases", "sections", "message"),
     [
         ([], {}, "grpo.phases is an empty list"),
-        ([{"name": "a", "steps": 1, "grpo": {"algorithm": {"learning_rate": 1e-5}}}], {},
-         r"grpo.phases\[0\] \(a\): grpo.algorithm.learning_rate: Extra inputs are not permitted"),
-        ([{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "agent": {"max_trajectory_tokens": 4096}}], {},
-         r"grpo.phases\[1\] \(b\): agent.max_trajectory_tokens \(4096\) exceeds the phase's engine.max_context_tokens"),
-        ([{"name": "a", "steps": 1, "engine": {"max_context_tokens": 256}}], {},
-         r"grpo.phases\[0\] \(a\): agent.max_trajectory_tokens \(\d+\) exceeds the phase's engine.max_context_tokens \(256\)"),
+        (
+            [{"name": "a", "steps": 1, "grpo": {"algorithm": {"learning_rate": 1e-5}}}],
+            {},
+            r"grpo.phases\[0\] \(a\): grpo.algorithm.learning_rate: Extra inputs are not permitted",
+        ),
+        (
+            [{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "agent": {"max_trajectory_tokens": 4096}}],
+            {},
+            r"grpo.phases\[1\] \(b\): agent.max_trajectory_tokens \(4096\) exceeds the phase's "
+            r"engine.max_context_tokens",
+        ),
+        (
+            [{"name": "a", "steps": 1, "engine": {"max_context_tokens": 256}}],
+            {},
+            r"grpo.phases\[0\] \(a\): agent.max_trajectory_tokens \(\d+\) exceeds the phase's "
+            r"engine.max_context_tokens \(256\)",
+        ),
         ([{"name": "a", "steps": 1, "grpo": {"mode": "sync"}}], {}, r"grpo.phases\[0\] \(a\): grpo.mode cannot change"),
-        ([{"name": "a", "steps": 1, "grpo": {"schedule": {"steps": 4}}}], {},
-         r"grpo.schedule.steps cannot change in a phase: a phase's own steps are grpo.phases\[i\].steps"),
+        (
+            [{"name": "a", "steps": 1, "grpo": {"schedule": {"steps": 4}}}],
+            {},
+            r"grpo.schedule.steps cannot change in a phase: a phase's own steps are grpo.phases\[i\].steps",
+        ),
         ([{"name": "a", "steps": 1, "grpo": {"distributed": {"ranks": 2}}}], {}, "grpo.distributed cannot change"),
-        ([{"name": "a", "steps": 1, "grpo": {"rollout": {"attempts_per_task": 1}}}], {},
-         r"grpo.phases\[0\] \(a\): grpo.rollout.attempts_per_task: Input should be greater than or equal to 2"),
+        (
+            [{"name": "a", "steps": 1, "grpo": {"rollout": {"attempts_per_task": 1}}}],
+            {},
+            r"grpo.phases\[0\] \(a\): grpo.rollout.attempts_per_task: Input should be greater than or equal to 2",
+        ),
         ([{"name": "a", "steps": 1}, {"name": "a", "steps": 2}], {}, r"grpo.phases\[1\] \(a\): name 'a' is used"),
-        ([{"name": "a", "steps": 1, "tasks": {"difficulties": ["easy"]}}], {"grpo": {"mode": "sync", "eval": {"every": 0}, "rollout": {"probe_attempts": 0}}},
-         r"grpo.phases\[0\] \(a\): tasks needs grpo.mode async"),
+        (
+            [{"name": "a", "steps": 1, "tasks": {"difficulties": ["easy"]}}],
+            {"grpo": {"mode": "sync", "eval": {"every": 0}, "rollout": {"probe_attempts": 0}}},
+            r"grpo.phases\[0\] \(a\): tasks needs grpo.mode async",
+        ),
         ([{"name": "Bad Name", "steps": 1}], {}, r"grpo.phases.0.name"),
         ([{"name": "a"}], {}, r"grpo.phases.0.steps: Field required"),
-        ([{"name": "a", "steps": 1}], {"evaluate": {"checkpoints": ["sft", "grpo-b"]}},
-         r"evaluate.checkpoints names GRPO phase\(s\) \['grpo-b'\] that grpo.phases does not define; phases: \['grpo-a'\]"),
+        (
+            [{"name": "a", "steps": 1}],
+            {"evaluate": {"checkpoints": ["sft", "grpo-b"]}},
+            r"evaluate.checkpoints names GRPO phase\(s\) \['grpo-b'\] that grpo.phases does not define; "
+            r"phases: \['grpo-a'\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_grpo_phases_are_refused_naming_the_phase_and_key(
     tmp_path: Path, phases: Any, sections: dict[str, Any], message: str
 ) -> None:
@@ -331,9 +350,7 @@ def test_cli_config_prints_the_resolved_config(capsys: pytest.CaptureFixture[str
     assert main(["config", str(REPO / "configs" / "local.yaml"), "--set", "run.seed=9"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["run"]["seed"] == 9
-    assert PipelineConfig.model_validate(printed) == load_config(
-        REPO / "configs" / "local.yaml", ["run.seed=9"]
-    )
+    assert PipelineConfig.model_validate(printed) == load_config(REPO / "configs" / "local.yaml", ["run.seed=9"])
 
 
 def test_cli_as_a_process_exits_2_on_bad_config(tmp_path: Path) -> None:
@@ -352,9 +369,15 @@ def test_cli_as_a_process_exits_2_on_bad_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "old, new",
-    [("lr", "algorithm.lr"), ("steps", "schedule.steps"), ("rollout_concurrency", "rollout.concurrency"),
-     ("max_in_flight", "rollout.max_in_flight"), ("eval_every", "eval.every"), ("eval_at_end", "eval.at_end")],
-)  # fmt: skip
+    [
+        ("lr", "algorithm.lr"),
+        ("steps", "schedule.steps"),
+        ("rollout_concurrency", "rollout.concurrency"),
+        ("max_in_flight", "rollout.max_in_flight"),
+        ("eval_every", "eval.every"),
+        ("eval_at_end", "eval.at_end"),
+    ],
+)
 def test_a_renamed_grpo_key_is_an_error_naming_its_new_key(tmp_path: Path, old: str, new: str) -> None:
     """GRPO's settings moved into sections (schedule, rollout, algorithm, eval): an old flat key, given by --set or
     in a file, is refused with the key it is now, never silently ignored or defaulted."""

@@ -26,12 +26,8 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-text = st.one_of(
-    st.text(max_size=40), st.sampled_from(["", " ", "\x00", "\ud800", "[", "[[[[", "null", "1" * 5000])
-)
-scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), text
-)
+text = st.one_of(st.text(max_size=40), st.sampled_from(["", " ", "\x00", "\ud800", "[", "[[[[", "null", "1" * 5000]))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), text)
 values = st.recursive(
     scalars,
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
@@ -70,8 +66,21 @@ rows = st.one_of(
 
 
 # The columns of the other sources (swerl/data/sources.py), over rows of every schema.
-SOURCE_KEYS = [*ROW_KEYS, "eval_script", "image", "log_parser", "version", "dockerhub_tag", "fail_to_pass",
-               "requirements", "interface", "install_config", "docker_image", "patch_kind", "source"]  # fmt: skip
+SOURCE_KEYS = [
+    *ROW_KEYS,
+    "eval_script",
+    "image",
+    "log_parser",
+    "version",
+    "dockerhub_tag",
+    "fail_to_pass",
+    "requirements",
+    "interface",
+    "install_config",
+    "docker_image",
+    "patch_kind",
+    "source",
+]
 source_rows = st.one_of(
     rows,
     st.dictionaries(st.sampled_from(SOURCE_KEYS), values, max_size=6).map(lambda bad: {**GOOD_ROW, **bad}),
@@ -117,9 +126,7 @@ GOOD_TRAJECTORY: dict[str, Any] = {
 }
 TRAJECTORY_KEYS = [*GOOD_TRAJECTORY, "attempt", "timings", "infra_cause", "messages", "patch", "bogus"]
 trajectories = st.one_of(
-    st.dictionaries(st.sampled_from(TRAJECTORY_KEYS), values, max_size=6).map(
-        lambda bad: {**GOOD_TRAJECTORY, **bad}
-    ),
+    st.dictionaries(st.sampled_from(TRAJECTORY_KEYS), values, max_size=6).map(lambda bad: {**GOOD_TRAJECTORY, **bad}),
     st.dictionaries(st.sampled_from(TRAJECTORY_KEYS), values),
 )
 

@@ -50,9 +50,16 @@ def test_flip_comparison_sites_and_edits():
 
 @pytest.mark.parametrize(
     "before,after",
-    [("a < b", "a <= b"), ("a >= b", "a > b"), ("a == b", "a != b"), ("a is None", "a is not None"),
-     ("a is not None", "a is None"), ("a in b", "a not in b"), ("a > b", "a >= b")],
-)  # fmt: skip
+    [
+        ("a < b", "a <= b"),
+        ("a >= b", "a > b"),
+        ("a == b", "a != b"),
+        ("a is None", "a is not None"),
+        ("a is not None", "a is None"),
+        ("a in b", "a not in b"),
+        ("a > b", "a >= b"),
+    ],
+)
 def test_flip_comparison_operator_table(before, after):
     src = f"def f(a, b):\n    return {before}\n"
     assert mutate("flip_comparison", src) == [f"def f(a, b):\n    return {after}\n"]

@@ -9,8 +9,16 @@ from swerl.data.schema import TaskInstance, normalize_repo
 
 
 def task(instance_id: str, repo: str, statement: str = "something breaks") -> TaskInstance:
-    return TaskInstance(instance_id=instance_id, repo=repo, base_commit="c", problem_statement=statement,
-                        patch="diff", patch_kind="bug", FAIL_TO_PASS=["t::a"], source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=instance_id,
+        repo=repo,
+        base_commit="c",
+        problem_statement=statement,
+        patch="diff",
+        patch_kind="bug",
+        FAIL_TO_PASS=["t::a"],
+        source="test",
+    )
 
 
 def test_verified_repos_shipped():

@@ -58,9 +58,7 @@ def tasks(rows: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) 
     return loaded
 
 
-def test_rows_carry_their_harness_and_swebench_names(
-    rows: list[dict[str, Any]], tasks: list[TaskInstance]
-) -> None:
+def test_rows_carry_their_harness_and_swebench_names(rows: list[dict[str, Any]], tasks: list[TaskInstance]) -> None:
     from swebench.harness.utils import make_test_spec
     from swebench.image_builder.image_spec import ImageSpec
 

@@ -107,9 +107,7 @@ def diff_of(repo: Path, changes: dict[str, str]) -> str:
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
     subprocess.run([*git, "add", "-A"], cwd=work, check=True)
-    out = subprocess.run(
-        [*git, "diff", "--cached", "HEAD"], cwd=work, check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([*git, "diff", "--cached", "HEAD"], cwd=work, check=True, capture_output=True, text=True)
     shutil.rmtree(work)
     return out.stdout
 
@@ -145,8 +143,16 @@ def test_the_agent_timeout_of_task_toml_caps_the_episode(tmp_path: Path):
 
 def test_a_task_without_a_verifier_still_needs_a_patch():
     with pytest.raises(ValueError, match="patch must be a non-empty diff"):
-        TaskInstance(instance_id="x", repo="a/b", base_commit="c", problem_statement="p", patch="", patch_kind="fix",
-                     FAIL_TO_PASS=["t"], source="s")  # fmt: skip
+        TaskInstance(
+            instance_id="x",
+            repo="a/b",
+            base_commit="c",
+            problem_statement="p",
+            patch="",
+            patch_kind="fix",
+            FAIL_TO_PASS=["t"],
+            source="s",
+        )
 
 
 @pytest.mark.parametrize(
@@ -171,9 +177,7 @@ def test_a_task_without_a_verifier_still_needs_a_patch():
             r"\[environment\]: `memory_mb` must be > 0",
         ),
         (
-            lambda root: (root / "environment/Dockerfile").write_text(
-                f"FROM {BASE_IMAGE}\nCOPY repo/ /app/\n"
-            ),
+            lambda root: (root / "environment/Dockerfile").write_text(f"FROM {BASE_IMAGE}\nCOPY repo/ /app/\n"),
             r"Dockerfile: no WORKDIR",
         ),
         (
@@ -241,9 +245,7 @@ def test_empty_patch_scores_0_and_the_fix_scores_1(provider: SandboxProvider, ca
     assert (empty.reward, empty.status, empty.sealed) == (0.0, "RESOLVED_NO", False), empty.log
     fix = grade(provider, task, diff_of(harbor.environment_dir / "repo", {"calc.py": FIXED}))
     assert (fix.reward, fix.status) == (1.0, RESOLVED_FULL), fix.log
-    assert (
-        fix.outcomes[VERIFIER_TEST_ID].status.value == "PASSED" and "reward 1.0 from reward.txt" in fix.detail
-    )
+    assert fix.outcomes[VERIFIER_TEST_ID].status.value == "PASSED" and "reward 1.0 from reward.txt" in fix.detail
     assert build_harbor_image(harbor) == harbor.image_tag  # present: not rebuilt
     # evaluation's default verdict (swebench's) keeps the verifier's: its log is no pytest log to parse
     from swerl.grading.verdict import swebench_verdict
@@ -281,9 +283,7 @@ def test_build_failure_is_image_missing_with_the_last_error_line(tmp_path: Path,
         ("#!/bin/bash\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; exit 2\n", "not trusted"),
     ],
 )
-def test_a_crashed_verifier_is_infra_error_not_a_score(
-    provider, calc, tmp_path: Path, test_sh: str, why: str
-):
+def test_a_crashed_verifier_is_infra_error_not_a_score(provider, calc, tmp_path: Path, test_sh: str, why: str):
     task = with_verifier(tmp_path, test_sh)
     with pytest.raises(InfraError) as info:
         grade(provider, task, "")
@@ -300,15 +300,15 @@ def test_a_verifier_timeout_is_a_scored_failure(provider, calc, tmp_path: Path):
 
 @pytest.mark.docker
 def test_reward_json_and_a_partial_reward(provider, calc, tmp_path: Path):
-    test_sh = '#!/bin/bash\nmkdir -p /logs/verifier\necho \'{"reward": 0.5, "tests": 2}\' > /logs/verifier/reward.json\n'
+    test_sh = (
+        '#!/bin/bash\nmkdir -p /logs/verifier\necho \'{"reward": 0.5, "tests": 2}\' > /logs/verifier/reward.json\n'
+    )
     graded = grade(provider, with_verifier(tmp_path, test_sh), "")
     assert (graded.reward, graded.status) == (0.5, "RESOLVED_PARTIAL")
 
 
 @pytest.mark.docker
-def test_reference_patch_is_the_diff_solve_sh_makes_and_grades_1(
-    provider: SandboxProvider, calc, tmp_path: Path
-):
+def test_reference_patch_is_the_diff_solve_sh_makes_and_grades_1(provider: SandboxProvider, calc, tmp_path: Path):
     task, harbor = calc
 
     async def reference(harbor: HarborTask) -> str:
@@ -320,9 +320,7 @@ def test_reference_patch_is_the_diff_solve_sh_makes_and_grades_1(
 
     patch = asyncio.run(reference(harbor))
     changed = [line for line in patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    assert (
-        changed == ["-    return a - b", "+    return a + b"] and "diff --git a/calc.py b/calc.py" in patch
-    ), patch
+    assert changed == ["-    return a - b", "+    return a + b"] and "diff --git a/calc.py b/calc.py" in patch, patch
     solved, _ = load_harbor_task(harbor.root, reference_patch=patch)
     assert solved.patch == patch and grade(provider, solved, patch).reward == 1.0
     # a solve.sh that fails is the task's failure (SolutionFailed), told apart from a sandbox failure
@@ -455,10 +453,19 @@ def micro_task(micro_cache: object) -> TaskInstance:
 
     async def synthesize() -> TaskInstance:
         found, report = await synthesize_repo(
-            micro_repo_spec("eval", 0, 0), local_provider(git_baseline=True), modifiers=("flip_comparison", "swap_binop", "off_by_one"),
-            max_candidates=3, max_tasks=1, seed=0, workers=1, test_timeout_s=30, clean_runs=1, bugged_timeout_factor=5.0,
-            min_bugged_timeout_s=10.0, shuffle_modifiers=True,
-        )  # fmt: skip
+            micro_repo_spec("eval", 0, 0),
+            local_provider(git_baseline=True),
+            modifiers=("flip_comparison", "swap_binop", "off_by_one"),
+            max_candidates=3,
+            max_tasks=1,
+            seed=0,
+            workers=1,
+            test_timeout_s=30,
+            clean_runs=1,
+            bugged_timeout_factor=5.0,
+            min_bugged_timeout_s=10.0,
+            shuffle_modifiers=True,
+        )
         assert found, report.to_dict()
         return found[0]
 
@@ -478,9 +485,7 @@ def test_export_writes_the_format(tmp_path: Path, micro_task: TaskInstance):
 
 
 @pytest.mark.docker
-def test_exported_task_round_trips_through_solve_and_test(
-    provider: SandboxProvider, tmp_path: Path, micro_task
-):
+def test_exported_task_round_trips_through_solve_and_test(provider: SandboxProvider, tmp_path: Path, micro_task):
     out = export_harbor_task(micro_task, tmp_path / "exported")
     task, harbor = load_harbor_task(out)
     build_harbor_image(harbor)

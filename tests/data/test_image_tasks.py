@@ -115,7 +115,7 @@ def tasks_by_project(
                 clean_runs=1,
                 bugged_timeout_factor=5.0,
                 min_bugged_timeout_s=30.0,
-            )  # fmt: skip
+            )
         )
         assert report.clean_passing >= 100, report.to_dict()  # the suite ran in the image, freezegun and all
         assert tasks, report.to_dict()
@@ -135,7 +135,7 @@ def swesmith_rows(tasks_by_project: dict[str, list[TaskInstance]]) -> list[dict[
             "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
             "image_name": task.image,
             "problem_statement": task.problem_statement,
-        }  # fmt: skip
+        }
         for tasks in tasks_by_project.values()
         for task in tasks
     ]
@@ -198,7 +198,7 @@ def test_swebench_rows_grade_in_their_instance_images(
                     "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
                     "problem_statement": task.problem_statement,
                     "difficulty": "<15 min fix",
-                }  # fmt: skip
+                }
             )
     client.close()
     loaded, _ = rows_to_tasks(rows, "swebench", "swebench-rows", strict=True)
@@ -219,10 +219,16 @@ def test_swebench_rows_grade_in_their_instance_images(
 
 def test_a_missing_image_is_an_infra_error_never_a_pull(provider: DockerSandboxProvider) -> None:
     task = TaskInstance(
-        instance_id="nobody__nothing-1", repo="nobody/nothing", base_commit="0", problem_statement="x",
-        patch="x", patch_kind="fix", FAIL_TO_PASS=["t.py::t"], image="swebench/sweb.eval.x86_64.nobody:latest",
+        instance_id="nobody__nothing-1",
+        repo="nobody/nothing",
+        base_commit="0",
+        problem_statement="x",
+        patch="x",
+        patch_kind="fix",
+        FAIL_TO_PASS=["t.py::t"],
+        image="swebench/sweb.eval.x86_64.nobody:latest",
         source="test",
-    )  # fmt: skip
+    )
     with pytest.raises(InfraError) as caught:
         asyncio.run(start_task_sandbox(provider, task))
     assert caught.value.cause == "image_missing" and "allow_pull" in str(caught.value)
@@ -248,9 +254,7 @@ def test_the_same_tasks_run_on_the_local_runtime_from_the_exported_image(
                     f"test -e {shlex.quote(str(Path(__file__).resolve()))} && echo HOST-VISIBLE; true",
                     timeout=60,
                 )
-                assert seen.output.split() == ["/workspace", "/opt/venv/bin/python", "task", "start"], (
-                    seen.output
-                )
+                assert seen.output.split() == ["/workspace", "/opt/venv/bin/python", "task", "start"], seen.output
             finally:
                 await sandbox.close()
             assert (await grade_patch(local, task, "", 120)).reward == 0.0
@@ -277,13 +281,13 @@ def test_the_pipeline_runs_on_image_tasks(
     real tasks in their images, not that a model learns."""
     import docker
 
-    from swerl.config.agent import AgentConfig  # fmt: skip
-    from swerl.config.data import CurateConfig, DatasetSource, TracesConfig  # fmt: skip
-    from swerl.config.engine import EngineConfig  # fmt: skip
-    from swerl.config.evaluate import EvaluateConfig  # fmt: skip
-    from swerl.config.grpo import GRPOConfig  # fmt: skip
-    from swerl.config.sandbox import SandboxLimits  # fmt: skip
-    from swerl.config.train import SFTConfig, TinyModelConfig  # fmt: skip
+    from swerl.config.agent import AgentConfig
+    from swerl.config.data import CurateConfig, DatasetSource, TracesConfig
+    from swerl.config.engine import EngineConfig
+    from swerl.config.evaluate import EvaluateConfig
+    from swerl.config.grpo import GRPOConfig
+    from swerl.config.sandbox import SandboxLimits
+    from swerl.config.train import SFTConfig, TinyModelConfig
     from swerl.data.taskio import tasks_from_parquet
     from swerl.stages.curate import run_curate
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
@@ -295,65 +299,101 @@ def test_the_pipeline_runs_on_image_tasks(
     from tests.stage_helpers import Env
 
     smith = tmp_path / "swesmith.jsonl"
-    smith.write_text(
-        "".join(json.dumps(r) + "\n" for r in swesmith_rows({"toolz": tasks_by_project["toolz"]}))
-    )
+    smith.write_text("".join(json.dumps(r) + "\n" for r in swesmith_rows({"toolz": tasks_by_project["toolz"]})))
     bench = tmp_path / "swebench.jsonl"
     client = docker.from_env()
     with bench.open("w") as out:
         for number, task in enumerate(tasks_by_project["itsdangerous"], start=1):
             instance_id = f"pallets__itsdangerous-{number}"
             build_instance_image(client, PROJECTS[1].image, task.patch, swebench_image(instance_id))
-            out.write(json.dumps({
-                "instance_id": instance_id, "repo": "pallets/itsdangerous", "base_commit": task.base_commit,
-                "patch": reverse_patch(task.patch), "test_patch": "", "version": "2.2",
-                "FAIL_TO_PASS": json.dumps(task.FAIL_TO_PASS), "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
-                "problem_statement": task.problem_statement, "difficulty": "<15 min fix",
-            }) + "\n")  # fmt: skip
+            out.write(
+                json.dumps(
+                    {
+                        "instance_id": instance_id,
+                        "repo": "pallets/itsdangerous",
+                        "base_commit": task.base_commit,
+                        "patch": reverse_patch(task.patch),
+                        "test_patch": "",
+                        "version": "2.2",
+                        "FAIL_TO_PASS": json.dumps(task.FAIL_TO_PASS),
+                        "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
+                        "problem_statement": task.problem_statement,
+                        "difficulty": "<15 min fix",
+                    }
+                )
+                + "\n"
+            )
     client.close()
     limits = SandboxLimits(backend=backend, memory_mb=1024, start_timeout_s=180, timeout_s=120)
-    agent = AgentConfig(max_turns=3, max_trajectory_tokens=1024, max_new_tokens_per_turn=16, command_timeout_s=60,
-                        test_timeout_s=120, episode_timeout_s=300, infra_retries=1, sandbox=limits)  # fmt: skip
-    engine = EngineConfig.model_validate(
-        {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
+    agent = AgentConfig(
+        max_turns=3,
+        max_trajectory_tokens=1024,
+        max_new_tokens_per_turn=16,
+        command_timeout_s=60,
+        test_timeout_s=120,
+        episode_timeout_s=300,
+        infra_retries=1,
+        sandbox=limits,
     )
-    tiny = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
-                           max_positions=4096)  # fmt: skip
-    env = Env(
-        Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", f"images-{backend}")
+    engine = EngineConfig.model_validate({"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}})
+    tiny = TinyModelConfig(
+        vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64, max_positions=4096
     )
+    env = Env(Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", f"images-{backend}"))
 
-    curate = env.run("curate", run_curate, CurateConfig(
-        repos=[], datasets=[DatasetSource(schema="swesmith", path=str(smith))], decontaminate=False, sandbox=limits,
-    )).manifest  # fmt: skip
+    curate = env.run(
+        "curate",
+        run_curate,
+        CurateConfig(
+            repos=[],
+            datasets=[DatasetSource(schema="swesmith", path=str(smith))],
+            decontaminate=False,
+            sandbox=limits,
+        ),
+    ).manifest
     train = tasks_from_parquet(env.artifact(curate, "train.parquet"))
     assert {t.image for t in train} == {PROJECTS[0].image} and all(t.patch_kind == "bug" for t in train)
 
-    traces = env.run("traces", run_traces, TracesStage(traces=TracesConfig(view_whole_file_lines=0), agent=agent),
-                     [curate]).manifest  # fmt: skip
+    traces = env.run(
+        "traces", run_traces, TracesStage(traces=TracesConfig(view_whole_file_lines=0), agent=agent), [curate]
+    ).manifest
     report = env.json(traces, "traces_report.json")
     # the oracle fixed a real toolz bug through the agent's tools and the grader gave it 1
     assert report["traces"] >= 1, report
-    sft_cfg = SFTConfig(tiny=tiny, seq_len=4096, rows_per_micro_batch=1, max_steps=2, lr=5e-3, warmup_steps=1,
-                        checkpoint_every=2, keep_checkpoints=1, threads=1, truncate_overlong=True)  # fmt: skip
-    sft = env.run(
-        "sft", run_sft, SFTStage.build(sft=sft_cfg, agent=agent, engine=engine), [curate, traces]
-    ).manifest
-    grpo_cfg = GRPOConfig.model_validate({
-        "threads": 1, "schedule": {"steps": 1, "tasks_per_step": 1, "checkpoint_every": 1},
-        "rollout": {"attempts_per_task": 2, "concurrency": 2, "dynamic_sampling": False},
-    })  # fmt: skip
-    grpo = env.run(
-        "grpo", run_grpo, GRPOStage(grpo=grpo_cfg, agent=agent, engine=engine), [curate, sft]
-    ).manifest
+    sft_cfg = SFTConfig(
+        tiny=tiny,
+        seq_len=4096,
+        rows_per_micro_batch=1,
+        max_steps=2,
+        lr=5e-3,
+        warmup_steps=1,
+        checkpoint_every=2,
+        keep_checkpoints=1,
+        threads=1,
+        truncate_overlong=True,
+    )
+    sft = env.run("sft", run_sft, SFTStage.build(sft=sft_cfg, agent=agent, engine=engine), [curate, traces]).manifest
+    grpo_cfg = GRPOConfig.model_validate(
+        {
+            "threads": 1,
+            "schedule": {"steps": 1, "tasks_per_step": 1, "checkpoint_every": 1},
+            "rollout": {"attempts_per_task": 2, "concurrency": 2, "dynamic_sampling": False},
+        }
+    )
+    grpo = env.run("grpo", run_grpo, GRPOStage(grpo=grpo_cfg, agent=agent, engine=engine), [curate, sft]).manifest
     grpo_report = env.json(grpo, "grpo_report.json")
     assert grpo_report["steps"] == 1, grpo_report
 
     evaluate_cfg = EvaluateConfig(
-        dataset=DatasetSource(schema="swebench", path=str(bench)), max_tasks=2, attempts=1, concurrency=2,
-        bootstrap_samples=200, checkpoints=["sft"],
-    )  # fmt: skip
-    evaluated = env.run("evaluate", run_evaluate, EvaluateStage(evaluate=evaluate_cfg, agent=agent, engine=engine),
-                        [curate, sft, grpo]).manifest  # fmt: skip
+        dataset=DatasetSource(schema="swebench", path=str(bench)),
+        max_tasks=2,
+        attempts=1,
+        concurrency=2,
+        bootstrap_samples=200,
+        checkpoints=["sft"],
+    )
+    evaluated = env.run(
+        "evaluate", run_evaluate, EvaluateStage(evaluate=evaluate_cfg, agent=agent, engine=engine), [curate, sft, grpo]
+    ).manifest
     results = env.json(evaluated, "eval_results.json")["models"]
     assert len(results) == 1, results

@@ -126,11 +126,7 @@ def test_unknown_schema_and_bad_paths(tmp_path: Path):
 
 
 def test_parse_test_list():
-    assert (
-        parse_test_list('["a", "b"]') == ["a", "b"]
-        and parse_test_list(None) == []
-        and parse_test_list("") == []
-    )
+    assert parse_test_list('["a", "b"]') == ["a", "b"] and parse_test_list(None) == [] and parse_test_list("") == []
     with pytest.raises(ValueError, match="expected a list"):
         parse_test_list('{"a": 1}')
 

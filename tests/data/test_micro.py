@@ -61,9 +61,7 @@ def write(root: Path, files: dict[str, str]) -> Path:
 
 
 def harness(root: Path, *ids: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "run_tests.py", *ids], cwd=root, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "run_tests.py", *ids], cwd=root, capture_output=True, text=True, timeout=60)
 
 
 def template_groups() -> list[list[str]]:
@@ -100,7 +98,10 @@ def test_generation_is_pinned():
 
 
 def test_subprocess_generation_matches_under_hash_randomization():
-    code = "import json, sys; from swerl.data.micro import micro_repo_files; print(json.dumps(micro_repo_files('eval', 3, 5)))"
+    code = (
+        "import json, sys; from swerl.data.micro import micro_repo_files; "
+        "print(json.dumps(micro_repo_files('eval', 3, 5)))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -182,8 +183,13 @@ def test_clean_tests_pass_under_the_harness_and_pytest(tmp_path: Path, group: li
 def test_plain_pytest_finds_mod_from_the_tests_directory(tmp_path: Path):
     root = write(tmp_path, micro_repo_files("train", 0, 3))
     pytest_bin = Path(sys.executable).parent / "pytest"
-    ran = subprocess.run([str(pytest_bin), "-q", "-p", "no:cacheprovider", "."], cwd=root / "tests",
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    ran = subprocess.run(
+        [str(pytest_bin), "-q", "-p", "no:cacheprovider", "."],
+        cwd=root / "tests",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stdout
 
 
@@ -192,9 +198,7 @@ def test_harness_reports_failures_errors_and_selected_ids(tmp_path: Path):
     root = write(tmp_path, files)
     ids = list(parse_pytest_summary(harness(root).stdout))
     bug = next(
-        c
-        for m in ("swap_binop", "off_by_one", "negate_condition")
-        for c in candidates(m, "mod.py", files["mod.py"])
+        c for m in ("swap_binop", "off_by_one", "negate_condition") for c in candidates(m, "mod.py", files["mod.py"])
     )
     subprocess.run(["git", "apply", "-"], input=bug.bug_patch, cwd=root, text=True, check=True)
     ran = harness(root)
@@ -214,9 +218,7 @@ def test_harness_reports_failures_errors_and_selected_ids(tmp_path: Path):
     broken = harness(root)
     outcomes = parse_pytest_summary(broken.stdout)
     assert broken.returncode == 1 and set(outcomes) == set(ids)
-    assert all(
-        o.status is TestStatus.ERROR and o.message.startswith("SyntaxError") for o in outcomes.values()
-    )
+    assert all(o.status is TestStatus.ERROR and o.message.startswith("SyntaxError") for o in outcomes.values())
 
 
 def test_harness_stops_a_looping_test(tmp_path: Path):
@@ -236,8 +238,9 @@ def test_test_command_and_file_roles():
     assert task_test_command(TEST_CMD, test_ids=["tests/test_mod.py::test_a b"]) == (
         "python run_tests.py 'tests/test_mod.py::test_a b'"
     )
-    assert task_test_command("", test_ids=["t.py::x"]).endswith("-m pytest -rA -p no:cacheprovider --color=no "
-                                                             "--tb=short -o console_output_style=classic t.py::x")  # fmt: skip
+    assert task_test_command("", test_ids=["t.py::x"]).endswith(
+        "-m pytest -rA -p no:cacheprovider --color=no --tb=short -o console_output_style=classic t.py::x"
+    )
     assert is_test_file(Path("run_tests.py")) and is_test_file(Path("tests/conftest.py"))
     root = materialize_micro_repo("train", 0, 2)
     assert [p.as_posix() for p in source_files(root)] == ["mod.py"]
@@ -278,10 +281,19 @@ def test_synthesize_and_grade_micro_tasks():
         for index in (0, 1):
             spec = micro_repo_spec("eval", 0, index)
             found, report = await synthesize_repo(
-                spec, provider, modifiers=MODIFIERS, max_candidates=3, max_tasks=10, seed=0, workers=2,
-                test_timeout_s=30, clean_runs=1, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
+                spec,
+                provider,
+                modifiers=MODIFIERS,
+                max_candidates=3,
+                max_tasks=10,
+                seed=0,
+                workers=2,
+                test_timeout_s=30,
+                clean_runs=1,
+                bugged_timeout_factor=5.0,
+                min_bugged_timeout_s=10.0,
                 shuffle_modifiers=True,
-            )  # fmt: skip
+            )
             assert report.skipped is None and report.clean_tests >= 6, report.to_dict()
             tasks += found
         for task in tasks[:3]:
@@ -307,17 +319,34 @@ def test_synthesize_and_grade_micro_tasks():
 
 
 def test_grading_refuses_a_regenerated_environment_that_differs():
-    task = TaskInstance(instance_id="m", repo="swerl-micro/train-0001", base_commit="f" * 64, problem_statement="p",
-                        patch="d", patch_kind="bug", FAIL_TO_PASS=["tests/test_mod.py::test_a_1"],
-                        image="micro://train/0/1", test_cmd=TEST_CMD, source="test")  # fmt: skip
+    task = TaskInstance(
+        instance_id="m",
+        repo="swerl-micro/train-0001",
+        base_commit="f" * 64,
+        problem_statement="p",
+        patch="d",
+        patch_kind="bug",
+        FAIL_TO_PASS=["tests/test_mod.py::test_a_1"],
+        image="micro://train/0/1",
+        test_cmd=TEST_CMD,
+        source="test",
+    )
     with pytest.raises(InfraError, match="generator version"):
         asyncio.run(start_task_sandbox(local_provider(), task))
 
 
 def test_micro_tasks_keep_their_split_whatever_eval_repos_says():
     def task(instance_id: str, repo: str) -> TaskInstance:
-        return TaskInstance(instance_id=instance_id, repo=repo, base_commit="c", problem_statement="p", patch="d",
-                            patch_kind="bug", FAIL_TO_PASS=["t::a"], source="test")  # fmt: skip
+        return TaskInstance(
+            instance_id=instance_id,
+            repo=repo,
+            base_commit="c",
+            problem_statement="p",
+            patch="d",
+            patch_kind="bug",
+            FAIL_TO_PASS=["t::a"],
+            source="test",
+        )
 
     assert micro_split("swerl-micro/eval-0003") == "eval" and micro_split("other/eval-0003") is None
     tasks = [task("a", "swerl-micro/train-0000"), task("b", "swerl-micro/eval-0000"), task("c", "o/money")]
@@ -359,6 +388,6 @@ def test_curate_stage_with_micro_repositories(tmp_path: Path):
     )
     assert report["synthesis"]["valid"] == len(train) + len(held_out)
     assert {r["repo"] for r in result.tables["yield"]} == {"micro-train", "micro-eval"}
-    assert result.metrics["valid_repo.micro-train"] + result.metrics["valid_repo.micro-eval"] == len(
-        train
-    ) + len(held_out)
+    assert result.metrics["valid_repo.micro-train"] + result.metrics["valid_repo.micro-eval"] == len(train) + len(
+        held_out
+    )

@@ -52,9 +52,7 @@ def test_shipped_repositories_match_their_generator(tmp_path: Path):
     names = builtin_repo_names()
     assert names == sorted(p.name for p in tmp_path.iterdir()) and len(names) >= 6
     for name in names:
-        assert tree_hash(tmp_path / name) == tree_hash(builtin_repo(name).path), (
-            f"{name}: rerun make_repos.py"
-        )
+        assert tree_hash(tmp_path / name) == tree_hash(builtin_repo(name).path), f"{name}: rerun make_repos.py"
 
 
 def test_environment_references(tmp_path: Path):
@@ -76,9 +74,16 @@ def provider() -> LocalSandboxProvider:
 def synth(spec, provider, **kw):
     # clean_runs and the bugged-suite timeout: the values these tests were written against (CurateConfig's).
     args = dict(
-        modifiers=list(MODIFIERS), max_candidates=7, max_tasks=100, seed=0, workers=2, test_timeout_s=60,
-        clean_runs=2, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
-    )  # fmt: skip
+        modifiers=list(MODIFIERS),
+        max_candidates=7,
+        max_tasks=100,
+        seed=0,
+        workers=2,
+        test_timeout_s=60,
+        clean_runs=2,
+        bugged_timeout_factor=5.0,
+        min_bugged_timeout_s=10.0,
+    )
     return asyncio.run(synthesize_repo(spec, provider, **(args | kw)))
 
 
@@ -102,9 +107,7 @@ def test_synthesis_end_to_end_on_a_shipped_repo(provider: LocalSandboxProvider):
     assert summary["valid"] == len(tasks) and summary["by_repo"]["intervals"]["skipped"] is None
 
 
-def test_repos_without_tests_or_with_a_failing_suite_are_skipped(
-    provider: LocalSandboxProvider, tmp_path: Path
-):
+def test_repos_without_tests_or_with_a_failing_suite_are_skipped(provider: LocalSandboxProvider, tmp_path: Path):
     no_tests = tmp_path / "no_tests"
     (no_tests / "pkg").mkdir(parents=True)
     (no_tests / "pkg" / "m.py").write_text("def f(a):\n    return a + 1\n")

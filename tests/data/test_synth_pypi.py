@@ -42,7 +42,7 @@ def test_synthesize_from_a_real_pypi_project(tmp_path: Path):
             clean_runs=1,
             bugged_timeout_factor=5.0,
             min_bugged_timeout_s=10.0,
-        )  # fmt: skip
+        )
     )
     assert report.skipped is None and report.clean_passing >= 100
     assert len(tasks) >= 1, report.to_dict()

@@ -32,8 +32,10 @@ SYMPY = "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C 
 
 VERIFIED: dict[str, tuple[str, str]] = {
     "astropy/astropy": (f"{PYTEST_RA} astropy/modeling/tests/test_separable.py", "parse_log_astropy"),
-    "django/django": ("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests.test_validators",
-                      "parse_log_django"),
+    "django/django": (
+        "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests.test_validators",
+        "parse_log_django",
+    ),
     "matplotlib/matplotlib": (f"{PYTEST_RA} lib/mpl_toolkits/tests/test_mplot3d.py", "parse_log_matplotlib"),
     "mwaskom/seaborn": ("pytest --no-header -rA tests/_core/test_plot.py", "parse_log_seaborn"),
     "pallets/flask": (f"{PYTEST_RA} tests/test_blueprints.py", "parse_log_flask"),
@@ -41,11 +43,13 @@ VERIFIED: dict[str, tuple[str, str]] = {
     "pydata/xarray": (f"{PYTEST_RA} xarray/tests/test_dataset.py", "parse_log_xarray"),
     "pylint-dev/pylint": (f"{PYTEST_RA} tests/test_self.py", "parse_log_pylint"),
     "pytest-dev/pytest": (f"{PYTEST_RA} testing/logging/test_reporting.py", "parse_log_pytest"),
-    "scikit-learn/scikit-learn": (f"{PYTEST_RA} sklearn/mixture/tests/test_bayesian_mixture.py "
-                                  "sklearn/mixture/tests/test_gaussian_mixture.py", "parse_log_scikit"),
+    "scikit-learn/scikit-learn": (
+        f"{PYTEST_RA} sklearn/mixture/tests/test_bayesian_mixture.py sklearn/mixture/tests/test_gaussian_mixture.py",
+        "parse_log_scikit",
+    ),
     "sphinx-doc/sphinx": ("tox --current-env -epy39 -v -- tests/test_ext_viewcode.py", "parse_log_sphinx"),
     "sympy/sympy": (f"{SYMPY} sympy/core/tests/test_basic.py", "parse_log_sympy"),
-}  # fmt: skip
+}
 """Verified's 12 repositories: the command swebench's eval script runs for the row, and swebench's parser."""
 
 
@@ -62,9 +66,7 @@ def as_parquet(tmp_path: Path, name: str) -> str:
 @pytest.mark.parametrize("form", ["jsonl", "parquet"])
 def test_a_row_of_each_verified_repository_carries_its_own_harness(tmp_path: Path, form: str) -> None:
     path = (
-        str(ROWS / "swebench5_verified.jsonl")
-        if form == "jsonl"
-        else as_parquet(tmp_path, "swebench5_verified.jsonl")
+        str(ROWS / "swebench5_verified.jsonl") if form == "jsonl" else as_parquet(tmp_path, "swebench5_verified.jsonl")
     )
     tasks, report = load_tasks(path, "swebench", split="test")
     assert report.accepted == 12 and not report.rejected
@@ -77,9 +79,7 @@ def test_a_row_of_each_verified_repository_carries_its_own_harness(tmp_path: Pat
             row["eval_script"],
             row["log_parser"],
         )
-        assert (
-            task.image == row["image"] and task.patch_kind == "fix" and task.difficulty == row["difficulty"]
-        )
+        assert task.image == row["image"] and task.patch_kind == "fix" and task.difficulty == row["difficulty"]
         spec = harness_for(task)
         command, parser = VERIFIED[task.repo]
         assert (spec.harness, spec.test_cmd, spec.parser) == ("swebench", command, parser), task.instance_id
@@ -89,8 +89,7 @@ def test_a_row_of_each_verified_repository_carries_its_own_harness(tmp_path: Pat
     assert command_formats(commands["django/django"]) == {"unittest"}
     assert parser_format(VERIFIED["django/django"][1]) == "unittest"
     assert (
-        commands["sympy/sympy"].startswith("PYTHONWARNINGS=")
-        and " bin/test -C --verbose " in commands["sympy/sympy"]
+        commands["sympy/sympy"].startswith("PYTHONWARNINGS=") and " bin/test -C --verbose " in commands["sympy/sympy"]
     )
     pytest_repos = set(VERIFIED) - {"django/django", "sympy/sympy", "sphinx-doc/sphinx"}
     assert all(command_formats(commands[r]) == {"pytest-rA"} for r in pytest_repos)
@@ -155,18 +154,14 @@ def test_swebench_pro_rows_keep_their_image_statement_and_tests(tmp_path: Path) 
             "tests/unit/utils/test_urlutils.py::test_safe_display[http://user:pw@host/-http://user@host/]",
             "tests/unit/utils/test_urlutils.py::test_safe_display[ftp://h/-ftp://h/]",
         ]
-        assert js.FAIL_TO_PASS == [
-            "test/translator.js | Translator shim .translate() should not allow path traversal"
-        ]
+        assert js.FAIL_TO_PASS == ["test/translator.js | Translator shim .translate() should not allow path traversal"]
         # what the agent sees: the issue, then the requirements and the new interfaces, as Pro's harness shows them
         assert python.problem_statement.startswith(raw[0]["problem_statement"])
         assert f"\n\nRequirements:\n{raw[0]['requirements']}" in python.problem_statement
         assert python.problem_statement.endswith(f"\n\nNew interfaces introduced:\n{raw[0]['interface']}")
         assert python.patch_kind == "fix" and python.test_patch == raw[0]["test_patch"]
     # its tests run through per-instance scripts the rows do not hold: asking for its harness says so
-    with pytest.raises(
-        HarnessSpecError, match=r"SWE-bench task instance_qutebrowser__qutebrowser-.*eval_script"
-    ):
+    with pytest.raises(HarnessSpecError, match=r"SWE-bench task instance_qutebrowser__qutebrowser-.*eval_script"):
         harness_for(python)
 
 
@@ -200,10 +195,7 @@ def test_swerebench_rows_carry_their_image_and_a_harness_from_install_config(tmp
     assert spec.test_cmd == f"{test_cmd} tests/test_components/test_heat_exchanger.py"
     assert spec.parser == "parse_log_pytest" and command_formats(spec.test_cmd) == {"pytest-rA"}
     # the modified test file is reset to the base commit around the run; a created one is removed
-    assert (
-        f"git checkout {raw[0]['base_commit']} tests/test_components/test_heat_exchanger.py"
-        in tespy.eval_script
-    )
+    assert f"git checkout {raw[0]['base_commit']} tests/test_components/test_heat_exchanger.py" in tespy.eval_script
     assert spectree.eval_script is not None and "rm -f tests/test_param_desc.py" in spectree.eval_script
     assert harness_for(spectree).test_cmd.endswith(" tests/test_param_desc.py")
     # without docker_image: SWE-rebench's own name for the instance image
@@ -218,10 +210,7 @@ def test_swerebench_scripts_run_under_swebench_5s_exit_code_rule() -> None:
     (task, _), _ = load_tasks(str(ROWS / "swerebench.jsonl"), "swerebench")
     spec = make_test_spec({**task.model_dump(), "eval_type": "pass_and_fail"})
     assert "SWEBENCH_TEST_EXIT_CODE=$?" in spec.eval_script
-    assert (
-        harness_for(task.model_copy(update={"eval_script": spec.eval_script})).test_cmd
-        == harness_for(task).test_cmd
-    )
+    assert harness_for(task.model_copy(update={"eval_script": spec.eval_script})).test_cmd == harness_for(task).test_cmd
     assert rebench_eval_script("abc", "", ["make", "pytest -rA"]).count(": no test patch") == 1
 
 
@@ -240,10 +229,19 @@ def test_bad_swerebench_rows_name_the_row_and_field(config: dict[str, Any], fiel
 
 def swerl_tasks() -> list[TaskInstance]:
     (bench,), _ = rows_to_tasks(rows("swebench5_verified.jsonl")[:1], "swebench", source="hub", split="eval")
-    micro = TaskInstance(instance_id="micro-eval-0.flip", repo="swerl-micro/eval-0", base_commit="0" * 8,
-                         problem_statement="The comparison is inverted.", patch="diff --git a/m.py b/m.py\n",
-                         patch_kind="bug", FAIL_TO_PASS=["tests/test_m.py::test_a"], image="micro://eval/0/0",
-                         test_cmd="python run_tests.py", source="swerl-synth", split="eval")  # fmt: skip
+    micro = TaskInstance(
+        instance_id="micro-eval-0.flip",
+        repo="swerl-micro/eval-0",
+        base_commit="0" * 8,
+        problem_statement="The comparison is inverted.",
+        patch="diff --git a/m.py b/m.py\n",
+        patch_kind="bug",
+        FAIL_TO_PASS=["tests/test_m.py::test_a"],
+        image="micro://eval/0/0",
+        test_cmd="python run_tests.py",
+        source="swerl-synth",
+        split="eval",
+    )
     return [micro, bench]
 
 
@@ -257,9 +255,7 @@ def test_swerl_task_files_load_as_written_and_are_refused_under_a_published_sche
     assert task_schema_of(swerl_tasks()[0].model_dump()) == "swerl"
     # read as SWE-bench or SWE-smith rows, the micro task would lose its environment: the whole file is refused
     for schema in ("swebench", "swesmith"):
-        with pytest.raises(
-            SchemaMismatch, match=r"row 0 .*micro://eval/0/0.*set the dataset's schema to swerl"
-        ):
+        with pytest.raises(SchemaMismatch, match=r"row 0 .*micro://eval/0/0.*set the dataset's schema to swerl"):
             load_tasks(str(path), schema)  # type: ignore[arg-type]
 
 
@@ -284,9 +280,7 @@ def test_a_revision_pins_hub_rows_and_is_part_of_the_curate_key(
     assert {t.source for t in tasks} == {"nebius/SWE-rebench@4c1e2f0"}
 
     def curate_key(revision: str | None) -> str:
-        source = DatasetSource(
-            schema="swerebench", path="nebius/SWE-rebench", split="test", revision=revision
-        )
+        source = DatasetSource(schema="swerebench", path="nebius/SWE-rebench", split="test", revision=revision)
         return stage_key("curate", CurateConfig(repos=[], datasets=[source]), [])
 
     assert len({curate_key(None), curate_key("4c1e2f0"), curate_key("9d8b7a6")}) == 3
@@ -303,18 +297,14 @@ def test_the_recipes_evaluation_grades_django_and_sympy_with_their_own_commands(
 
     from swerl.config import load_config
 
-    source = load_config(
-        Path(__file__).resolve().parents[2] / "configs" / "qwen3-30b-a3b.yaml"
-    ).evaluate.dataset
+    source = load_config(Path(__file__).resolve().parents[2] / "configs" / "qwen3-30b-a3b.yaml").evaluate.dataset
     assert source is not None and (source.schema_name, source.path) == (
         "swebench",
         "SWE-bench/SWE-bench_Verified",
     )
     shipped = str(ROWS / "swebench5_verified.jsonl")
     monkeypatch.setattr(datasets, "load_dataset", lambda path, **kw: datasets.Dataset.from_json(shipped))
-    tasks, _ = load_tasks(
-        source.path, source.schema_name, source.split, source.limit, revision=source.revision
-    )
+    tasks, _ = load_tasks(source.path, source.schema_name, source.split, source.limit, revision=source.revision)
     commands = {t.repo: harness_for(t).test_cmd for t in tasks}
     assert commands == {repo: command for repo, (command, _) in VERIFIED.items()}
     assert commands["django/django"].startswith("./tests/runtests.py --verbosity 2 --settings=test_sqlite ")

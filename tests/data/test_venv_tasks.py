@@ -35,9 +35,7 @@ from tests.stages.test_curate_pypi import sdist
 
 
 def test_a_reference_round_trips_with_odd_requirements() -> None:
-    ref = EnvReference(
-        Path("/srv/my lib"), ("freezegun>=1.2,<2", "pkg[extra]; python_version>'3'"), "src", "k1"
-    )
+    ref = EnvReference(Path("/srv/my lib"), ("freezegun>=1.2,<2", "pkg[extra]; python_version>'3'"), "src", "k1")
     text = str(ref)
     assert text.startswith("venv:///srv/my%20lib?") and not is_image_reference(text)
     assert parse_env_reference(text) == ref
@@ -59,12 +57,15 @@ def curated(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[TaskInstance
     cfg = CurateConfig(
         repos=[RepoSource(path=str(sdist("itsdangerous", "2.2.0")), name="itsdangerous", install=["freezegun"])],
         modifiers=["flip_comparison", "negate_condition", "off_by_one"],
-        max_candidates_per_repo=4, validation_workers=2, decontaminate=False,
-    )  # fmt: skip
+        max_candidates_per_repo=4,
+        validation_workers=2,
+        decontaminate=False,
+    )
     store = Store(str(tmp / "store"))
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "venv-tasks")
-    outcome = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0,
-                        content=content_key(cfg))  # fmt: skip
+    outcome = run_stage(
+        "curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0, content=content_key(cfg)
+    )
     prefix = f"stages/curate/{outcome.manifest.key}/{outcome.manifest.attempt}"
     report = json.loads(store.read_bytes(f"{prefix}/curate_report.json"))
     tasks = tasks_from_parquet(store.read_bytes(f"{prefix}/train.parquet")) + tasks_from_parquet(
@@ -82,18 +83,14 @@ def test_curated_tasks_run_in_their_own_environment_with_a_provider_running_swer
     assert task.image.startswith("venv://"), task.image
     env = task_env(task)
     assert isinstance(env, VenvEnvironment) and env.python == repo["environment"]["python"]
-    assert env.path == resolve_environment(task.image) and any(
-        r.startswith("freezegun==") for r in env.requirements
-    )
+    assert env.path == resolve_environment(task.image) and any(r.startswith("freezegun==") for r in env.requirements)
     # What agent.sandbox.python defaults to: swerl's own interpreter (no freezegun, no itsdangerous on its path).
     provider = local_provider(sys.executable)
 
     async def check() -> None:
         sandbox = await start_task_sandbox(provider, task)
         try:
-            probe = await sandbox.exec(
-                "python -c 'import sys, freezegun, itsdangerous; print(sys.prefix)'", 60
-            )
+            probe = await sandbox.exec("python -c 'import sys, freezegun, itsdangerous; print(sys.prefix)'", 60)
         finally:
             await sandbox.close()
         assert probe.exit_code == 0 and probe.output.strip() == str(Path(env.python).parents[1]), probe.output

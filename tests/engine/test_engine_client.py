@@ -81,9 +81,7 @@ def test_unreachable_engine_is_an_infra_error() -> None:
     assert call(client, lambda c: c.health()) is False
 
 
-@pytest.mark.parametrize(
-    ("spec", "cause"), [({"status": 503}, "engine_http"), ({"drop": True}, "engine_unreachable")]
-)
+@pytest.mark.parametrize(("spec", "cause"), [({"status": 503}, "engine_http"), ({"drop": True}, "engine_unreachable")])
 def test_5xx_and_dropped_connections_are_retried_then_infra_errors(
     server: str, spec: dict[str, Any], cause: str
 ) -> None:

@@ -75,9 +75,7 @@ def violations(payload: dict[str, Any], cls: str) -> list[str]:
     """Unknown keys, missing required fields and values that do not fit their annotations."""
     spec = fields(cls)
     problems = [f"{cls}: unknown field {key!r}" for key in payload if key not in spec]
-    problems += [
-        f"{cls}: missing {name!r}" for name, f in spec.items() if f["required"] and name not in payload
-    ]
+    problems += [f"{cls}: missing {name!r}" for name, f in spec.items() if f["required"] and name not in payload]
     for key, value in payload.items():
         if key in spec and not matches(value, ast.parse(spec[key]["annotation"], mode="eval").body):
             problems.append(f"{cls}.{key}: {value!r} does not fit {spec[key]['annotation']}")
@@ -160,22 +158,16 @@ def test_weight_group_payloads_fit() -> None:
     init = init_weights_update_group_payload("10.0.0.1", 29500, 1, 3, "swerl-weights", "nccl")
     assert violations(init, "InitWeightsUpdateGroupReqInput") == []
     assert violations({"group_name": "swerl-weights"}, "DestroyWeightsUpdateGroupReqInput") == []
-    assert (
-        violations({}, "BeginWeightUpdateReqInput") == [] and violations({}, "EndWeightUpdateReqInput") == []
-    )
+    assert violations({}, "BeginWeightUpdateReqInput") == [] and violations({}, "EndWeightUpdateReqInput") == []
     names, dtypes, shapes = (
         ["model.norm.weight", "lm_head.weight"],
         ["bfloat16", "float32"],
         [[64], [300, 64]],
     )
     for version, flush in ((None, False), (7, True)):
-        payload = update_weights_from_distributed_payload(
-            names, dtypes, shapes, "g", version, flush_cache=flush
-        )
+        payload = update_weights_from_distributed_payload(names, dtypes, shapes, "g", version, flush_cache=flush)
         assert violations(payload, "UpdateWeightsFromDistributedReqInput") == []
-        assert payload["flush_cache"] is flush and payload.get("weight_version") == (
-            None if version is None else "7"
-        )
+        assert payload["flush_cache"] is flush and payload.get("weight_version") == (None if version is None else "7")
     assert violations(
         {"names": ["a"], "dtypes": ["float32"], "shapes": [[1.5]]}, "UpdateWeightsFromDistributedReqInput"
     )
@@ -187,6 +179,12 @@ def test_weight_version_spans_have_sglangs_shape() -> None:
     spans = weight_version_spans([3, 3, 4], 4)
     assert spans == [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]
     assert all(list(span) == keys for span in spans)
-    body = {"output_ids": [5, 6, 7], "meta_info": {"weight_version": "4", "weight_versions": spans,
-            "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None], [-1.0, 7, None]]}}  # fmt: skip
+    body = {
+        "output_ids": [5, 6, 7],
+        "meta_info": {
+            "weight_version": "4",
+            "weight_versions": spans,
+            "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None], [-1.0, 7, None]],
+        },
+    }
     assert GenerateResponse.from_sglang(body).output_token_weight_versions == [3, 3, 4]

@@ -112,13 +112,8 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
     tokenizer = tiny_models.tokenizer(CORPUS * 20, vocab_size=300)
     model = tiny_qwen3(tokenizer, 128)
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "init")
-    letters = frozenset(
-        tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghijklmnopqrstuvwxyz"
-    )
-    tasks = [
-        tokenizer(f"task {i}: name a letter\n", add_special_tokens=False)["input_ids"]
-        for i in range(num_tasks)
-    ]
+    letters = frozenset(tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghijklmnopqrstuvwxyz")
+    tasks = [tokenizer(f"task {i}: name a letter\n", add_special_tokens=False)["input_ids"] for i in range(num_tasks)]
     sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
     trainer = grpo_trainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
     cfg = EngineConfig.model_validate(
@@ -137,12 +132,18 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
         )
         reward = float(response.output_ids[0] in letters)
         return Trajectory(
-            task_id=group_id, attempt=attempt, group_id=group_id, reward=reward, prompt_tokens=len(task),
+            task_id=group_id,
+            attempt=attempt,
+            group_id=group_id,
+            reward=reward,
+            prompt_tokens=len(task),
             status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED,
-            token_ids=task + response.output_ids, loss_mask=[0] * len(task) + [1] * len(response.output_ids),
+            token_ids=task + response.output_ids,
+            loss_mask=[0] * len(task) + [1] * len(response.output_ids),
             behaviour_logprobs=[0.0] * len(task) + response.output_token_logprobs,
-            token_weight_versions=[-1] * len(task) + (response.output_token_weight_versions or []), num_turns=1,
-        )  # fmt: skip
+            token_weight_versions=[-1] * len(task) + (response.output_token_weight_versions or []),
+            num_turns=1,
+        )
 
     launched_pids: list[int | None] = []
     original_start = EngineLauncher.start
@@ -152,9 +153,7 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
         launched_pids.extend(self.pids)
         return urls
 
-    monkeypatch.setattr(
-        EngineLauncher, "start", recording_start
-    )  # to check the processes are gone afterwards
+    monkeypatch.setattr(EngineLauncher, "start", recording_start)  # to check the processes are gone afterwards
 
     async def train() -> tuple[list[dict[str, float]], list[int]]:
         history = []
@@ -165,9 +164,7 @@ def test_grpo_runs_over_http_through_the_router_on_two_engine_processes(
                 versions = {v for g in groups for t in g for v in t.token_weight_versions if v >= 0}
                 assert versions == {step}  # synchronous: every token from the latest weights
                 history.append(trainer.train_step(groups))
-                await engine.update_weights_from_disk(
-                    str(trainer.export_weights(tmp_path / "exports")), step + 1
-                )
+                await engine.update_weights_from_disk(str(trainer.export_weights(tmp_path / "exports")), step + 1)
             check = await engine.generate(greedy(prompt_of(3), 2))
             assert check.weight_version == steps
             served = [slot.requests for slot in engine.slots]
@@ -201,10 +198,18 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path, tiny_mo
     source = (repo.path / "intervals/core.py").read_text()
     candidate = candidates("flip_comparison", "intervals/core.py", source)[0]
     task = TaskInstance(
-        instance_id="intervals.http", repo=repo.repo, base_commit=tree_hash(repo.path), problem_statement="Fix it.",
-        patch=candidate.bug_patch, patch_kind="bug", FAIL_TO_PASS=["tests/test_core.py::test_never_exists"],
-        PASS_TO_PASS=[], image=repo.image, source="test", modifier=candidate.modifier,
-    )  # fmt: skip
+        instance_id="intervals.http",
+        repo=repo.repo,
+        base_commit=tree_hash(repo.path),
+        problem_statement="Fix it.",
+        patch=candidate.bug_patch,
+        patch_kind="bug",
+        FAIL_TO_PASS=["tests/test_core.py::test_never_exists"],
+        PASS_TO_PASS=[],
+        image=repo.image,
+        source="test",
+        modifier=candidate.modifier,
+    )
     tokenizer = tiny_models.tokenizer([system_prompt(), source] * 5, vocab_size=400)
     model = tiny_qwen3(tokenizer, 2048)
     model_dir = save_model_and_tokenizer(model, tokenizer, tmp_path / "policy")
@@ -216,10 +221,16 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path, tiny_mo
         }
     )
     limits = EpisodeLimits(
-        max_turns=2, max_trajectory_tokens=2048, max_new_tokens_per_turn=24, test_timeout_s=60,
+        max_turns=2,
+        max_trajectory_tokens=2048,
+        max_new_tokens_per_turn=24,
+        test_timeout_s=60,
         # EpisodeLimits' former defaults, which this test was written against
-        command_timeout_s=30.0, max_observation_chars=4000, episode_timeout_s=1800.0, max_malformed_calls=1_000_000,
-    )  # fmt: skip
+        command_timeout_s=30.0,
+        max_observation_chars=4000,
+        episode_timeout_s=1800.0,
+        max_malformed_calls=1_000_000,
+    )
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0)
     provider = local_provider(git_baseline=True)
 
@@ -228,17 +239,13 @@ def test_agent_episodes_run_over_http_through_the_router(tmp_path: Path, tiny_mo
             assert isinstance(engine, Router)
             await engine.update_weights_from_disk(str(model_dir), 5)
             runs = [
-                run_episode(
-                    task, engine, provider, tokenizer, limits, sampling, attempt=a, group_id="g", rid=f"g/{a}"
-                )
+                run_episode(task, engine, provider, tokenizer, limits, sampling, attempt=a, group_id="g", rid=f"g/{a}")
                 for a in range(4)
             ]
             return list(await asyncio.gather(*runs)), [slot.requests for slot in engine.slots]
 
     trajectories, served = asyncio.run(episodes())
-    assert all(t.status != EpisodeStatus.INFRA_ERROR for t in trajectories), [
-        t.infra_cause for t in trajectories
-    ]
+    assert all(t.status != EpisodeStatus.INFRA_ERROR for t in trajectories), [t.infra_cause for t in trajectories]
     assert all(t.reward is not None and t.num_turns >= 1 for t in trajectories)
     for t in trajectories:
         sampled = [v for v, m in zip(t.token_weight_versions, t.loss_mask, strict=True) if m]

@@ -62,12 +62,8 @@ def engine(path: Path, max_batch_size: int = 8, **kwargs: Any) -> LocalEngine:
     return LocalEngine(path, max_batch_size=max_batch_size, max_context_tokens=CONTEXT, **kwargs)
 
 
-def request(
-    prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0, **params: Any
-) -> GenerateRequest:
-    sampling = SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True, **params
-    )
+def request(prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0, **params: Any) -> GenerateRequest:
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True, **params)
     return GenerateRequest(input_ids=prompt, sampling_params=sampling)
 
 
@@ -106,9 +102,7 @@ def test_logprobs_align_with_trainer_recompute(
 
     responses = run(generate_all())
     for prompt, response in zip(prompts, responses, strict=True):
-        trainer_temperature = logprob_temperature(
-            request(prompt, temperature=temperature).sampling_params, original
-        )
+        trainer_temperature = logprob_temperature(request(prompt, temperature=temperature).sampling_params, original)
         expected = trainer_logprobs(model_dirs["v0"], prompt, response, trainer_temperature)
         actual = torch.tensor(response.output_token_logprobs)
         assert len(response.output_ids) == 24 and response.finish_reason == "length"
@@ -120,9 +114,7 @@ def test_logprobs_align_with_trainer_recompute(
 def test_batched_equals_alone_under_greedy_and_seeded_sampling(model_dirs: dict[str, Path]) -> None:
     """A request's tokens and log-probs do not depend on what it is batched with (padding, sampling order)."""
     prompts = [prompt_of(length, length) for length in (3, 40, 17, 1, 64, 9)]
-    requests = [
-        request(p, max_new_tokens=10 + 3 * i, temperature=0.8 * (i % 2)) for i, p in enumerate(prompts)
-    ]
+    requests = [request(p, max_new_tokens=10 + 3 * i, temperature=0.8 * (i % 2)) for i, p in enumerate(prompts)]
 
     async def alone() -> list[GenerateResponse]:
         async with engine(model_dirs["v0"], seed=7) as local:  # one at a time, in the same arrival order
@@ -208,9 +200,7 @@ def test_eos_stops_unless_ignored(model_dirs: dict[str, Path]) -> None:
 
 def test_context_cap_rejects_long_prompts_and_stops_generation(model_dirs: dict[str, Path]) -> None:
     async def go() -> GenerateResponse:
-        async with LocalEngine(
-            model_dirs["v0"], max_batch_size=2, max_context_tokens=64, prefix_cache_size=0
-        ) as local:
+        async with LocalEngine(model_dirs["v0"], max_batch_size=2, max_context_tokens=64, prefix_cache_size=0) as local:
             for length in (64, 100):
                 with pytest.raises(ContextLengthError, match="context length"):
                     await local.generate(request(prompt_of(length), max_new_tokens=1))
@@ -264,16 +254,10 @@ def test_weight_update_changes_outputs_and_versions(model_dirs: dict[str, Path])
     before, after, still = run(go())
     assert before.weight_version == 0 and set(before.output_token_weight_versions or []) == {0}
     assert after.weight_version == 1 and set(after.output_token_weight_versions or []) == {1}
-    assert (
-        torch.tensor(before.output_token_logprobs) - torch.tensor(after.output_token_logprobs)
-    ).abs().max() > 1e-3
+    assert (torch.tensor(before.output_token_logprobs) - torch.tensor(after.output_token_logprobs)).abs().max() > 1e-3
     expected = trainer_logprobs(model_dirs["v1"], prompt, after, temperature=1.0)  # the new policy sampled it
-    torch.testing.assert_close(
-        torch.tensor(after.output_token_logprobs), expected, atol=ALIGNMENT_TOLERANCE, rtol=0
-    )
-    assert (
-        still.output_ids == after.output_ids and still.weight_version == 1
-    )  # failed updates changed nothing
+    torch.testing.assert_close(torch.tensor(after.output_token_logprobs), expected, atol=ALIGNMENT_TOLERANCE, rtol=0)
+    assert still.output_ids == after.output_ids and still.weight_version == 1  # failed updates changed nothing
 
 
 def test_in_flight_request_spans_a_weight_update(model_dirs: dict[str, Path]) -> None:
@@ -468,8 +452,10 @@ def test_greedy_equals_hf_generate_as_requests_join_and_leave(
     decode_runs splits them, or forced by row_call_keys (0: one call per row; huge: one padded call)."""
     if row_call_keys is not None:
         monkeypatch.setattr(slots, "ROW_CALL_KEYS", row_call_keys)
-    first_turns = {f"t{i}": (prompt_of(length, 5 * i), new) for i, (length, new) in
-                   enumerate([(37, 9), (5, 17), (120, 4), (64, 12), (1, 7), (250, 10)])}  # fmt: skip
+    first_turns = {
+        f"t{i}": (prompt_of(length, 5 * i), new)
+        for i, (length, new) in enumerate([(37, 9), (5, 17), (120, 4), (64, 12), (1, 7), (250, 10)])
+    }
 
     async def go() -> tuple[dict[str, list[tuple[list[int], GenerateResponse]]], dict[str, Any]]:
         async with engine(model_dirs[model_name], max_batch_size=3, prefix_cache_size=cache_size) as local:
@@ -487,10 +473,7 @@ def test_greedy_equals_hf_generate_as_requests_join_and_leave(
                     prompt = prompt + response.output_ids + prompt_of(3 + turn, len(prompt))
 
             await asyncio.gather(
-                *(
-                    trajectory(rid, prompt, new, 4 * i)
-                    for i, (rid, (prompt, new)) in enumerate(first_turns.items())
-                )
+                *(trajectory(rid, prompt, new, 4 * i) for i, (rid, (prompt, new)) in enumerate(first_turns.items()))
             )
             return results, local.stats()
 
@@ -599,9 +582,7 @@ def test_fused_weights_follow_weights_copied_in_place(model_dirs: dict[str, Path
     compare()
     with torch.no_grad():  # the dense layers of v1 (the MoE model's attention, embeddings and norms)
         current = model.state_dict()
-        changed = {
-            k: v for k, v in other.state_dict().items() if k in current and current[k].shape == v.shape
-        }
+        changed = {k: v for k, v in other.state_dict().items() if k in current and current[k].shape == v.shape}
         model.load_state_dict(changed, strict=False)
     assert any("q_proj" in name for name in changed)
     compare()
@@ -613,9 +594,16 @@ def test_a_model_other_than_qwen3_is_refused(model_dirs: dict[str, Path], tmp_pa
 
     _, tokenizer = load_model_and_tokenizer(model_dirs["v0"])
     llama = LlamaForCausalLM(
-        LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CONTEXT)
-    )  # fmt: skip
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=CONTEXT,
+        )
+    )
     path = save_model_and_tokenizer(llama, tokenizer, tmp_path / "llama")
     with pytest.raises(ValueError, match="Qwen3"):
         engine(path)

@@ -66,9 +66,7 @@ def test_least_outstanding_spreads_load_and_a_trajectory_sticks(engines: EngineL
             turns = turns + response.output_ids + [11]
             await asyncio.gather(*other)
         sticky = router._sticky["trajectory-7"].index
-        return spread, [
-            slot.requests - before[i] - (3 if i == sticky else 0) for i, slot in enumerate(router.slots)
-        ]
+        return spread, [slot.requests - before[i] - (3 if i == sticky else 0) for i, slot in enumerate(router.slots)]
 
     spread, others = with_router(engines.urls, scenario)
     assert spread == [4, 4]  # 8 concurrent requests, least outstanding first
@@ -76,9 +74,7 @@ def test_least_outstanding_spreads_load_and_a_trajectory_sticks(engines: EngineL
 
 
 def test_stickiness_yields_to_a_much_busier_engine() -> None:
-    router = make_router(
-        [make_client(f"http://127.0.0.1:{p}", pool_size=1) for p in (1, 2)], sticky_max_excess=2
-    )
+    router = make_router([make_client(f"http://127.0.0.1:{p}", pool_size=1) for p in (1, 2)], sticky_max_excess=2)
     first = router.pick("t")
     first.outstanding = 2
     assert router.pick("t") is first  # 2 more than the other: still within the allowed excess
@@ -110,9 +106,7 @@ def test_weight_versions_tag_every_response_across_a_paused_update(
     assert [engine_stats(url)["weight_version"] for url in engines.urls] == [2, 2]
 
 
-def test_a_drained_update_keeps_each_response_on_one_version(
-    engines: EngineLauncher, models: dict[str, Path]
-) -> None:
+def test_a_drained_update_keeps_each_response_on_one_version(engines: EngineLauncher, models: dict[str, Path]) -> None:
     async def scenario(router: Router) -> tuple[GenerateResponse, bool]:
         long = asyncio.create_task(router.generate(greedy(prompt_of(4), 120)))
         while not any(engine_stats(url)["running"] for url in engines.urls):
@@ -164,9 +158,7 @@ def test_a_killed_engine_is_taken_out_and_put_back_at_the_current_version(
     async def scenario(router: Router) -> dict[str, Any]:
         os.kill(victim.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
         victim.proc.wait()  # type: ignore[union-attr]
-        during = await asyncio.gather(
-            *(router.generate(greedy(prompt_of(5, i), 4, rid=f"k{i}")) for i in range(6))
-        )
+        during = await asyncio.gather(*(router.generate(greedy(prompt_of(5, i), 4, rid=f"k{i}")) for i in range(6)))
         out = not router.slots[1].healthy
         await router.update_weights_from_disk(str(models["v1"]), 4)  # only the live engine gets it
         await asyncio.to_thread(victim.start)  # same port, fresh process at version 0

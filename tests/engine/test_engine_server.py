@@ -133,9 +133,7 @@ def test_weight_updates_tag_responses_and_a_bad_path_changes_nothing(
     assert first.weight_version == unchanged.weight_version == 0 and info["weight_version"] == "0"
     assert unchanged.output_token_logprobs == first.output_token_logprobs
     assert updated.weight_version == 1 and updated.output_token_weight_versions == [1] * 6
-    assert updated.output_token_logprobs != pytest.approx(
-        first.output_token_logprobs, abs=1e-3
-    )  # other weights
+    assert updated.output_token_logprobs != pytest.approx(first.output_token_logprobs, abs=1e-3)  # other weights
     assert final["weight_version"] == "2"
 
 
@@ -160,13 +158,21 @@ def test_an_engine_server_exits_when_the_process_that_launched_it_is_gone() -> N
     import sys
     import time
 
-    launcher = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        "code = 'import sys, time; from swerl.engine.server import _exit_with_parent; '"
-        " '_exit_with_parent(int(sys.argv[1]), 0.1)'\n"
-        "child = subprocess.Popen([sys.executable, '-c', code, str(os.getpid())], start_new_session=True)\n"
-        "print(child.pid, flush=True); time.sleep(120)\n"
-    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                "code = 'import sys, time; from swerl.engine.server import _exit_with_parent; '"
+                " '_exit_with_parent(int(sys.argv[1]), 0.1)'\n"
+                "child = subprocess.Popen([sys.executable, '-c', code, str(os.getpid())], start_new_session=True)\n"
+                "print(child.pid, flush=True); time.sleep(120)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert launcher.stdout is not None
     server = int(launcher.stdout.readline())
     time.sleep(0.5)

@@ -79,9 +79,7 @@ async def greedy_outputs(engine: Any, max_new_tokens: int = 12) -> list[list[int
 
 def reference_outputs(model_dir: Path) -> list[list[int]]:
     async def run() -> list[list[int]]:
-        async with LocalEngine(
-            model_dir, max_batch_size=4, max_context_tokens=CONTEXT, prefix_cache_size=0
-        ) as ref:
+        async with LocalEngine(model_dir, max_batch_size=4, max_context_tokens=CONTEXT, prefix_cache_size=0) as ref:
             return await greedy_outputs(ref)
 
     return asyncio.run(run())
@@ -89,9 +87,13 @@ def reference_outputs(model_dir: Path) -> list[list[int]]:
 
 def local_engine(model_dir: Path, **options: Any) -> LocalEngine:
     return LocalEngine(
-        model_dir, max_batch_size=4, max_context_tokens=CONTEXT, prefix_cache_size=4,
-        weight_sync_timeout_s=TIMEOUT_S, **options,
-    )  # fmt: skip
+        model_dir,
+        max_batch_size=4,
+        max_context_tokens=CONTEXT,
+        prefix_cache_size=4,
+        weight_sync_timeout_s=TIMEOUT_S,
+        **options,
+    )
 
 
 class TrainerThread:
@@ -113,8 +115,9 @@ class TrainerThread:
             self._port.set()
 
         try:
-            self.group = open_group("127.0.0.1", 0, 0, world_size, "gloo", TIMEOUT_S, "cpu",
-                                    group_name=group_name, on_port=on_port)  # fmt: skip
+            self.group = open_group(
+                "127.0.0.1", 0, 0, world_size, "gloo", TIMEOUT_S, "cpu", group_name=group_name, on_port=on_port
+            )
         except BaseException as error:
             self.error = error
             self._port.set()
@@ -246,9 +249,7 @@ def test_the_group_meets_torchs_own_group_helper_as_sglang_calls_it() -> None:
             receivers.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
 
     try:
-        group = open_group(
-            "127.0.0.1", 0, 0, 3, "gloo", TIMEOUT_S, group_name="swerl-weights", on_port=on_port
-        )
+        group = open_group("127.0.0.1", 0, 0, 3, "gloo", TIMEOUT_S, group_name="swerl-weights", on_port=on_port)
         for receiver in receivers:
             assert receiver.stdin is not None
             receiver.stdin.write(layout + "\n")
@@ -300,15 +301,11 @@ def test_sync_into_the_local_engine_in_process(models: dict[str, Path]) -> None:
             before = await greedy_outputs(engine)
             assert await engine.weight_group_ranks() == 1
             trainer = TrainerThread(2, "swerl-weights")
-            await engine.init_weights_update_group(
-                "127.0.0.1", trainer.master_port, 1, 2, "swerl-weights", "gloo"
-            )
+            await engine.init_weights_update_group("127.0.0.1", trainer.master_port, 1, 2, "swerl-weights", "gloo")
             group = trainer.joined()
             spanning = asyncio.create_task(engine.generate(greedy(prompt_of(5, 9), 60)))
             await asyncio.sleep(0.05)
-            stats = await sync_weights(
-                engine, group, trainer_weights, bucket_bytes=BUCKET_BYTES, weight_version=1
-            )
+            stats = await sync_weights(engine, group, trainer_weights, bucket_bytes=BUCKET_BYTES, weight_version=1)
             after = await greedy_outputs(engine)
             return before, after, stats, await spanning, engine.stats()
 
@@ -322,9 +319,7 @@ def test_sync_into_the_local_engine_in_process(models: dict[str, Path]) -> None:
     # machine's speed (seen finishing first on a loaded CI run), so only the order is asserted here: a request
     # spanning two versions is tested deterministically through the emulated server (spans -> staleness).
     versions = spanning.output_token_weight_versions
-    assert (
-        versions is not None and versions[0] == 0 and versions == sorted(versions) and set(versions) <= {0, 1}
-    )
+    assert versions is not None and versions[0] == 0 and versions == sorted(versions) and set(versions) <= {0, 1}
 
 
 def test_a_bucket_that_does_not_fit_is_refused_and_the_old_weights_stay(models: dict[str, Path]) -> None:
@@ -342,12 +337,16 @@ def test_a_bucket_that_does_not_fit_is_refused_and_the_old_weights_stay(models: 
             group = trainer.joined()
             q_proj = "model.layers.0.self_attn.q_proj.weight"
             bad_buckets = {
-                "model.layers.0.nonexistent.weight": {"model.norm.weight": good["model.norm.weight"],
-                                                      "model.layers.0.nonexistent.weight": torch.ones(4, 4)},
+                "model.layers.0.nonexistent.weight": {
+                    "model.norm.weight": good["model.norm.weight"],
+                    "model.layers.0.nonexistent.weight": torch.ones(4, 4),
+                },
                 f"{q_proj}: shape [3, 3]": {q_proj: torch.ones(3, 3)},
-                "differ": {"model.embed_tokens.weight": good["model.embed_tokens.weight"],
-                           "lm_head.weight": good["model.embed_tokens.weight"] + 1},
-            }  # fmt: skip
+                "differ": {
+                    "model.embed_tokens.weight": good["model.embed_tokens.weight"],
+                    "lm_head.weight": good["model.embed_tokens.weight"] + 1,
+                },
+            }
             for message, bad in bad_buckets.items():
                 with pytest.raises(WeightUpdateError, match=message.replace("[", r"\[").replace("]", r"\]")):
                     await sync_weights(engine, group, bad, bucket_bytes=BUCKET_BYTES, weight_version=5)
@@ -355,13 +354,9 @@ def test_a_bucket_that_does_not_fit_is_refused_and_the_old_weights_stay(models: 
                 state = engine.model.state_dict()
                 assert all(torch.equal(state[name], tensor) for name, tensor in original.items())
             with pytest.raises(WeightUpdateError, match="begin_weight_update"):  # SGLang's session rule
-                await engine.update_weights_from_distributed(
-                    ["model.norm.weight"], ["float32"], [[64]], "g", 1
-                )
+                await engine.update_weights_from_distributed(["model.norm.weight"], ["float32"], [[64]], "g", 1)
             with pytest.raises(WeightUpdateError, match="init_weights_update_group"):
-                await engine.update_weights_from_distributed(
-                    ["model.norm.weight"], ["float32"], [[64]], "x", 1
-                )
+                await engine.update_weights_from_distributed(["model.norm.weight"], ["float32"], [[64]], "x", 1)
             await sync_weights(engine, group, good, bucket_bytes=BUCKET_BYTES, weight_version=6)
             assert engine.weight_version == 6 and await greedy_outputs(engine) == expected
 
@@ -397,8 +392,9 @@ TRAINER_PROCESS = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def servers(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineLauncher]:
-    launcher = launch_local(models["v0"], 2, tmp_path_factory.mktemp("logs"), max_context_tokens=CONTEXT,
-                            weight_sync_timeout_s=120.0)  # fmt: skip
+    launcher = launch_local(
+        models["v0"], 2, tmp_path_factory.mktemp("logs"), max_context_tokens=CONTEXT, weight_sync_timeout_s=120.0
+    )
     try:
         yield launcher
     finally:
@@ -417,27 +413,24 @@ def test_a_trainer_process_syncs_two_engine_servers_behind_the_router(
 
     async def run() -> dict[str, Any]:
         clients = [make_client(url, pool_size=16, request_timeout_s=300) for url in servers.urls]
-        async with make_router(
-            clients, health_interval_s=0.0, weight_update_mode=weight_update_mode
-        ) as router:
+        async with make_router(clients, health_interval_s=0.0, weight_update_mode=weight_update_mode) as router:
             ranks = await router.weight_group_ranks()
             assert ranks == 2
             trainer = subprocess.Popen(
                 [sys.executable, "-c", TRAINER_PROCESS, str(models["v1"]), str(1 + ranks), str(BUCKET_BYTES), "1"],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             try:
                 assert trainer.stdout is not None
                 port = json.loads(trainer.stdout.readline())["port"]
-                await router.init_weights_update_group(
-                    "127.0.0.1", port, 1, 1 + ranks, "swerl-weights", "gloo"
-                )
-                buckets = [[TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in bucket]
-                           for bucket in json.loads(trainer.stdout.readline())["buckets"]]  # fmt: skip
-                previous = (await router.slots[0].client.model_info())["weight_version"]
-                in_flight = [
-                    asyncio.create_task(router.generate(greedy(prompt_of(6, i), 40))) for i in range(4)
+                await router.init_weights_update_group("127.0.0.1", port, 1, 1 + ranks, "swerl-weights", "gloo")
+                buckets = [
+                    [TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in bucket]
+                    for bucket in json.loads(trainer.stdout.readline())["buckets"]
                 ]
+                previous = (await router.slots[0].client.model_info())["weight_version"]
+                in_flight = [asyncio.create_task(router.generate(greedy(prompt_of(6, i), 40))) for i in range(4)]
                 await asyncio.sleep(0.1)
                 started = time.perf_counter()
                 await update_engine_from_distributed(router, buckets, "swerl-weights", version)
@@ -446,8 +439,16 @@ def test_a_trainer_process_syncs_two_engine_servers_behind_the_router(
                 spanning = await asyncio.gather(*in_flight)
                 direct = [await greedy_outputs(slot.client) for slot in router.slots]
                 infos = [await slot.client.model_info() for slot in router.slots]
-                return dict(router=router.stats(), sent=sent, engine_seconds=engine_seconds, direct=direct,
-                            infos=infos, spanning=spanning, buckets=len(buckets), previous=int(previous))  # fmt: skip
+                return dict(
+                    router=router.stats(),
+                    sent=sent,
+                    engine_seconds=engine_seconds,
+                    direct=direct,
+                    infos=infos,
+                    spanning=spanning,
+                    buckets=len(buckets),
+                    previous=int(previous),
+                )
             finally:
                 trainer.kill()
 
@@ -463,8 +464,10 @@ def test_a_trainer_process_syncs_two_engine_servers_behind_the_router(
         if weight_update_mode == "drain":
             assert len(set(versions)) == 1
     sent = result["sent"]
-    print(f"\nrouter sync ({weight_update_mode}, 2 engines): {sent['bytes']} bytes in {result['buckets']} buckets, "
-          f"trainer {sent['seconds']:.3f} s, engine side {result['engine_seconds']:.3f} s")  # fmt: skip
+    print(
+        f"\nrouter sync ({weight_update_mode}, 2 engines): {sent['bytes']} bytes in {result['buckets']} buckets, "
+        f"trainer {sent['seconds']:.3f} s, engine side {result['engine_seconds']:.3f} s"
+    )
 
 
 @pytest.mark.slow
@@ -482,9 +485,7 @@ def test_a_bucket_refused_through_the_router_takes_engines_out_until_a_whole_syn
         async with make_router(clients, health_interval_s=0.0, weight_version=40) as router:
             ranks = await router.weight_group_ranks()
             trainer = TrainerThread(1 + ranks, "refusals")
-            await router.init_weights_update_group(
-                "127.0.0.1", trainer.master_port, 1, 1 + ranks, "refusals", "gloo"
-            )
+            await router.init_weights_update_group("127.0.0.1", trainer.master_port, 1, 1 + ranks, "refusals", "gloo")
             group = trainer.joined()
             bad = {"model.norm.weight": good["model.norm.weight"], "model.no_such.weight": torch.ones(2, 2)}
             with pytest.raises(WeightUpdateError, match="no_such"):
@@ -524,9 +525,7 @@ def test_cuda_asked_for_without_a_gpu_is_a_clear_error(models: dict[str, Path]) 
         local_engine(models["v0"], device="cuda")
 
     async def via_config() -> None:
-        async with open_engine(
-            EngineConfig.model_validate({"local": {"device": "cuda"}}), models["v0"], concurrency=1
-        ):
+        async with open_engine(EngineConfig.model_validate({"local": {"device": "cuda"}}), models["v0"], concurrency=1):
             pass
 
     with pytest.raises(ValueError, match="engine.local.device is cuda"):
@@ -562,10 +561,15 @@ def sglang_body(spans: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     """A /generate response as SGLang 0.5.23 writes it (tokenizer_manager.py; weight_versions.py)."""
     return {
         "output_ids": list(range(100, 100 + tokens)),
-        "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 5, "completion_tokens": tokens,
-                      "output_token_logprobs": [[-0.5, 100 + i, None] for i in range(tokens)],
-                      "weight_version": spans[-1]["version"], "weight_versions": spans},
-    }  # fmt: skip
+        "meta_info": {
+            "finish_reason": {"type": "stop"},
+            "prompt_tokens": 5,
+            "completion_tokens": tokens,
+            "output_token_logprobs": [[-0.5, 100 + i, None] for i in range(tokens)],
+            "weight_version": spans[-1]["version"],
+            "weight_versions": spans,
+        },
+    }
 
 
 def sampled(response: GenerateResponse, reward: float, attempt: int) -> Trajectory:
@@ -573,11 +577,17 @@ def sampled(response: GenerateResponse, reward: float, attempt: int) -> Trajecto
     versions = response.output_token_weight_versions or [response.weight_version] * len(response.output_ids)
     mask = [0] * 5 + [1] * len(response.output_ids)
     return Trajectory(
-        task_id="t", attempt=attempt, group_id="g", reward=reward, prompt_tokens=5,
+        task_id="t",
+        attempt=attempt,
+        group_id="g",
+        reward=reward,
+        prompt_tokens=5,
         status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED,
-        token_ids=[7] * 5 + response.output_ids, loss_mask=mask,
-        behaviour_logprobs=[0.0] * 5 + response.output_token_logprobs, token_weight_versions=[-1] * 5 + versions,
-    )  # fmt: skip
+        token_ids=[7] * 5 + response.output_ids,
+        loss_mask=mask,
+        behaviour_logprobs=[0.0] * 5 + response.output_token_logprobs,
+        token_weight_versions=[-1] * 5 + versions,
+    )
 
 
 def test_sglang_spans_give_exact_per_token_versions_and_staleness() -> None:
@@ -623,8 +633,9 @@ def test_a_generation_across_an_update_reports_both_versions_and_its_group_is_dr
     version, so the staleness policy drops the group the newest version alone would have kept."""
 
     async def run() -> list[GenerateResponse]:
-        router = make_router([make_client(base_url(emulated), pool_size=8)], health_interval_s=0.0,
-                             pause_mode="in_place")  # fmt: skip
+        router = make_router(
+            [make_client(base_url(emulated), pool_size=8)], health_interval_s=0.0, pause_mode="in_place"
+        )
         async with router:
             await router.update_weights_from_disk(str(tmp_path), 20)
             generations = [asyncio.create_task(router.generate(greedy(prompt_of(4, i), 8))) for i in range(2)]
@@ -636,12 +647,7 @@ def test_a_generation_across_an_update_reports_both_versions_and_its_group_is_dr
     responses = asyncio.run(run())
     for response in responses:
         versions = response.output_token_weight_versions
-        assert (
-            versions is not None
-            and versions[0] == 20
-            and versions[-1] == 22
-            and response.weight_version == 22
-        )
+        assert versions is not None and versions[0] == 20 and versions[-1] == 22 and response.weight_version == 22
     group = [sampled(response, float(index), index) for index, response in enumerate(responses)]
     assert [staleness(attempt, 22) for attempt in group] == [2, 2]
     assert triage_group(group, 22, 1, StalenessPolicy.DROP).action == "drop"
@@ -684,13 +690,15 @@ def test_weight_updates_send_flush_cache_only_where_sglang_accepts_it(
     buckets = [[TensorSpec("a", "float32", (4,))], [TensorSpec("b", "bfloat16", (2, 2))]]
 
     async def run() -> None:
-        router = make_router([make_client(url, pool_size=8)], health_interval_s=0.0,
-                             weight_update_mode=weight_update_mode, pause_mode=pause_mode)  # fmt: skip
+        router = make_router(
+            [make_client(url, pool_size=8)],
+            health_interval_s=0.0,
+            weight_update_mode=weight_update_mode,
+            pause_mode=pause_mode,
+        )
         async with router:
             for version in (31, 32):  # each with generations in flight
-                generations = [
-                    asyncio.create_task(router.generate(greedy(prompt_of(3, i), 8))) for i in range(2)
-                ]
+                generations = [asyncio.create_task(router.generate(greedy(prompt_of(3, i), 8))) for i in range(2)]
                 await asyncio.sleep(0.4)
                 if version == 31:
                     await router.update_weights_from_disk(str(tmp_path), version)
@@ -704,25 +712,17 @@ def test_weight_updates_send_flush_cache_only_where_sglang_accepts_it(
 
     asyncio.run(run())
     requests = emulated_stats(url)["weight_requests"][seen:]
-    updates = [
-        r for r in requests if r["path"] in ("/update_weights_from_disk", "/update_weights_from_distributed")
-    ]
-    assert [r["path"] for r in updates] == ["/update_weights_from_disk"] + [
-        "/update_weights_from_distributed"
-    ] * 2
+    updates = [r for r in requests if r["path"] in ("/update_weights_from_disk", "/update_weights_from_distributed")]
+    assert [r["path"] for r in updates] == ["/update_weights_from_disk"] + ["/update_weights_from_distributed"] * 2
     disk, first_bucket, last_bucket = (update["body"] for update in updates)
     assert disk["flush_cache"] is allowed and last_bucket["flush_cache"] is allowed
-    assert (
-        first_bucket["flush_cache"] is False and "weight_version" not in first_bucket
-    )  # SGLang: flush at the end
+    assert first_bucket["flush_cache"] is False and "weight_version" not in first_bucket  # SGLang: flush at the end
     assert last_bucket["weight_version"] == "32"
     expected_pause = pause_mode if weight_update_mode == "pause" else None
     assert {update["pause_mode"] for update in updates} == {expected_pause}
     paths = [r["path"] for r in requests]
     assert paths.index("/begin_weight_update") < paths.index("/update_weights_from_distributed")
-    assert paths.index("/end_weight_update") > len(paths) - 1 - paths[::-1].index(
-        "/update_weights_from_distributed"
-    )
+    assert paths.index("/end_weight_update") > len(paths) - 1 - paths[::-1].index("/update_weights_from_distributed")
 
 
 def test_the_emulated_server_refuses_a_flush_sglang_would_refuse(emulated: Service, tmp_path: Path) -> None:
@@ -748,9 +748,7 @@ def test_the_emulated_server_refuses_a_flush_sglang_would_refuse(emulated: Servi
 
 def test_router_distributed_update_without_a_session_is_refused(emulated: Service) -> None:
     async def run() -> None:
-        async with make_router(
-            [make_client(base_url(emulated), pool_size=4)], health_interval_s=0.0
-        ) as router:
+        async with make_router([make_client(base_url(emulated), pool_size=4)], health_interval_s=0.0) as router:
             await router.weight_group_ranks()
             await router.init_weights_update_group("127.0.0.1", 1, 1, 2, "sessionless", "gloo")
             with pytest.raises(WeightUpdateError, match="begin_weight_update"):

@@ -17,8 +17,11 @@ from swerl.tracking import Tracker
 
 def summary_of(per_task: dict[str, list[float | None]]) -> dict:
     s = pass_at_1(per_task, samples=200)
-    return {**s.to_dict(), "pass@k": [{"k": 1, "value": s.value}],
-            "by_stratum": [{"stratum": "a/a | <15 min fix", "pass@1": s.value}]}  # fmt: skip
+    return {
+        **s.to_dict(),
+        "pass@k": [{"k": 1, "value": s.value}],
+        "by_stratum": [{"stratum": "a/a | <15 min fix", "pass@1": s.value}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +33,16 @@ def log_runs(tracker: Tracker, per_task: dict[str, dict[str, list[float | None]]
     with tracker.run("evaluate", tags={"swerl.stage": "evaluate"}) as stage:
         results = {name: summary_of(tasks) for name, tasks in per_task.items()}
         links = {name: {"swerl.checkpoint.run_id": f"run-of-{name}"} for name in per_task}
-        return log_eval_runs(tracker.client, stage.run_id, results, per_task, links,
-                             {"swerl.eval.subset": "file:///subset.json"}, None, "# report\n")  # fmt: skip
+        return log_eval_runs(
+            tracker.client,
+            stage.run_id,
+            results,
+            per_task,
+            links,
+            {"swerl.eval.subset": "file:///subset.json"},
+            None,
+            "# report\n",
+        )
 
 
 def test_eval_runs_share_metric_names_and_link_to_their_checkpoint(tracker: Tracker) -> None:
@@ -39,9 +50,7 @@ def test_eval_runs_share_metric_names_and_link_to_their_checkpoint(tracker: Trac
     ids = log_runs(tracker, per_task)
     runs = {name: tracker.client.get_run(run_id) for name, run_id in ids.items()}
     assert (
-        set(runs["base"].data.metrics)
-        == set(runs["sft"].data.metrics)
-        == set(eval_metrics(summary_of({"x": [1.0]})))
+        set(runs["base"].data.metrics) == set(runs["sft"].data.metrics) == set(eval_metrics(summary_of({"x": [1.0]})))
     )
     assert runs["base"].data.metrics["tasks"] == 1 and runs["base"].data.metrics["missing"] == 1
     assert runs["sft"].data.metrics["pass_at_1"] == 1.0
@@ -95,9 +104,18 @@ def test_eval_runs_carry_params_real_timestamps_and_their_dataset(tracker: Track
     with tracker.run("evaluate", tags={"swerl.stage": "evaluate"}) as stage:
         per_task: dict[str, dict[str, list[float | None]]] = {"base": {"t1": [1.0]}}
         dataset = dataset_input("eval_subset", "file:///store/subset.json", "ab" * 32, "evaluation")
-        ids = log_eval_runs(tracker.client, stage.run_id, {"base": summary_of(per_task["base"])}, per_task, {},
-                            {}, None, "# r\n", params={"attempts": 2, "e2b": {"api_key": "sk-x"}},
-                            dataset=dataset)  # fmt: skip
+        ids = log_eval_runs(
+            tracker.client,
+            stage.run_id,
+            {"base": summary_of(per_task["base"])},
+            per_task,
+            {},
+            {},
+            None,
+            "# r\n",
+            params={"attempts": 2, "e2b": {"api_key": "sk-x"}},
+            dataset=dataset,
+        )
     run = tracker.client.get_run(ids["base"])
     assert run.data.params == {"attempts": "2", "checkpoint": "base"}
     assert run.data.tags["swerl.kind"] == "eval"

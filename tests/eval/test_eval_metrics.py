@@ -91,9 +91,7 @@ def test_pass_at_k_over_tasks_states_its_denominator() -> None:
     at2 = pass_at_k(rewards, 2, samples=200)
     # d has one scored attempt: left out of pass@2 and counted as excluded
     assert (at2.tasks, at2.excluded) == (3, 1)
-    assert at2.value == pytest.approx(
-        np.mean([brute_force_pass_at_k(4, 1, 2), 0.0, brute_force_pass_at_k(3, 2, 2)])
-    )
+    assert at2.value == pytest.approx(np.mean([brute_force_pass_at_k(4, 1, 2), 0.0, brute_force_pass_at_k(3, 2, 2)]))
 
 
 def test_stratum_table_rows_have_denominators_and_name_empty_strata() -> None:
@@ -144,9 +142,7 @@ def test_paired_comparison_uses_common_tasks_and_reports_the_rest() -> None:
     b = {"x": [1.0], "y": [1.0], "w": [0.0]}
     c = paired_comparison(a, b, samples=500)
     assert (c.tasks, c.only_a, c.only_b) == (2, 0, 1)  # z has no scored attempt for a: not a task of a
-    assert (
-        c.difference == 0.5 and c.exact and not c.significant
-    )  # one improvement in two tasks proves nothing
+    assert c.difference == 0.5 and c.exact and not c.significant  # one improvement in two tasks proves nothing
 
 
 def test_paired_bootstrap_ci_covers_the_true_difference() -> None:

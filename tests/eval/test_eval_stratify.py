@@ -17,9 +17,17 @@ from swerl.eval.stratify import DIFFICULTY_BUCKETS, Subset, SubsetError, largest
 
 
 def task(i: int, repo: str, difficulty: str | None) -> TaskInstance:
-    return TaskInstance(instance_id=f"{repo.replace('/', '__')}-{i}", repo=repo, base_commit="c" * 40,
-                        problem_statement="p", patch="diff", patch_kind="fix", FAIL_TO_PASS=["t::a"],
-                        difficulty=difficulty, source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=f"{repo.replace('/', '__')}-{i}",
+        repo=repo,
+        base_commit="c" * 40,
+        problem_statement="p",
+        patch="diff",
+        patch_kind="fix",
+        FAIL_TO_PASS=["t::a"],
+        difficulty=difficulty,
+        source="test",
+    )
 
 
 def swebench_like(seed: int = 0) -> list[TaskInstance]:
@@ -104,9 +112,7 @@ def test_stratify_is_proportional_deterministic_by_seed_and_independent_of_row_o
 
 
 def test_every_task_is_equally_likely_within_its_stratum() -> None:
-    tasks = [task(i, "a/a", "<15 min fix") for i in range(4)] + [
-        task(i, "b/b", "<15 min fix") for i in range(2)
-    ]
+    tasks = [task(i, "a/a", "<15 min fix") for i in range(4)] + [task(i, "b/b", "<15 min fix") for i in range(2)]
     counts = {t.instance_id: 0 for t in tasks}
     for seed in range(2000):
         for i in stratify(tasks, 3, seed).instance_ids:
@@ -148,12 +154,19 @@ def write_swebench_rows(path: Path, with_difficulty: bool) -> None:
     for repo, count in (("django/django", 12), ("sympy/sympy", 6), ("psf/requests", 2)):
         for i in range(count):
             row = {
-                "repo": repo, "instance_id": f"{repo.replace('/', '__')}-{1000 + i}", "base_commit": "f" * 40,
-                "patch": "diff --git a/x.py b/x.py\n", "test_patch": "diff --git a/t.py b/t.py\n",
-                "problem_statement": f"issue {i} of {repo}", "hints_text": "", "created_at": "2020-01-01T00:00:00Z",
-                "version": "3.0", "FAIL_TO_PASS": json.dumps([f"tests/test_{i}.py::test_fix"]),
-                "PASS_TO_PASS": json.dumps([f"tests/test_{i}.py::test_keep"]), "environment_setup_commit": "e" * 40,
-            }  # fmt: skip
+                "repo": repo,
+                "instance_id": f"{repo.replace('/', '__')}-{1000 + i}",
+                "base_commit": "f" * 40,
+                "patch": "diff --git a/x.py b/x.py\n",
+                "test_patch": "diff --git a/t.py b/t.py\n",
+                "problem_statement": f"issue {i} of {repo}",
+                "hints_text": "",
+                "created_at": "2020-01-01T00:00:00Z",
+                "version": "3.0",
+                "FAIL_TO_PASS": json.dumps([f"tests/test_{i}.py::test_fix"]),
+                "PASS_TO_PASS": json.dumps([f"tests/test_{i}.py::test_keep"]),
+                "environment_setup_commit": "e" * 40,
+            }
             if with_difficulty:
                 row["difficulty"] = buckets[i % 2] if repo != "psf/requests" else ">4 hours"
             rows.append(row)
@@ -180,9 +193,12 @@ def test_swe_bench_verified_rows_through_datasets_are_stratified_by_repo_and_dif
     assert subset.by_difficulty and subset.note == ""
     # quotas 3, 3, 1, 1.5, 1.5: the one seat left goes to the tied sympy stratum whose name sorts first
     assert {k: len(v) for k, v in subset.strata.items()} == {
-        "django/django | 15 min - 1 hour": 3, "django/django | <15 min fix": 3, "psf/requests | >4 hours": 1,
-        "sympy/sympy | 15 min - 1 hour": 2, "sympy/sympy | <15 min fix": 1,
-    }  # fmt: skip
+        "django/django | 15 min - 1 hour": 3,
+        "django/django | <15 min fix": 3,
+        "psf/requests | >4 hours": 1,
+        "sympy/sympy | 15 min - 1 hour": 2,
+        "sympy/sympy | <15 min fix": 1,
+    }
 
 
 def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp_path: Path) -> None:
@@ -195,8 +211,15 @@ def test_the_stage_draws_from_evaluate_dataset_and_falls_back_without_labels(tmp
     path = tmp_path / "unlabeled.jsonl"
     write_swebench_rows(path, with_difficulty=False)
     store = Store(f"file://{tmp_path}/store")
-    ctx = StageContext(stage="evaluate", store=store, prefix="p", workdir=tmp_path, inputs={}, run=None,  # type: ignore[arg-type]
-                       log=logging.getLogger("test"))  # fmt: skip
+    ctx = StageContext(
+        stage="evaluate",
+        store=store,
+        prefix="p",
+        workdir=tmp_path,
+        inputs={},
+        run=None,  # type: ignore[arg-type]
+        log=logging.getLogger("test"),
+    )
     cfg = EvaluateConfig(max_tasks=5, dataset=DatasetSource(schema="swebench", path=str(path), split="test"))
     tasks, source = evaluation_tasks(cfg, ctx, None)  # type: ignore[arg-type]
     assert len(tasks) == 20 and str(path) in source
@@ -236,12 +259,30 @@ def test_the_training_split_is_a_fixed_probe_set_named_as_such(tmp_path: Path) -
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "split")
     done = run_stage("curate", curate, EvaluateConfig(), store=store, tracker=tracker, parent=None)  # type: ignore[arg-type]
     manifest = done.manifest
-    ctx = StageContext(stage="evaluate", store=store, prefix="p", workdir=tmp_path, inputs={}, run=None,  # type: ignore[arg-type]
-                       log=logging.getLogger("test"))  # fmt: skip
+    ctx = StageContext(
+        stage="evaluate",
+        store=store,
+        prefix="p",
+        workdir=tmp_path,
+        inputs={},
+        run=None,  # type: ignore[arg-type]
+        log=logging.getLogger("test"),
+    )
     got, source = evaluation_tasks(EvaluateConfig(split="train"), ctx, manifest)
     assert [t.instance_id for t in got] == [t.instance_id for t in train] and "training split" in source
     got, source = evaluation_tasks(EvaluateConfig(), ctx, manifest)
     assert [t.instance_id for t in got] == [t.instance_id for t in held_out] and "held-out split" in source
-    text = markdown_report({}, [], attempts=1, temperature=0.0, confidence=0.95, samples=100, subset_note="",
-                           subset_uri="u", by_difficulty=True, source=source, training_split=True)  # fmt: skip
+    text = markdown_report(
+        {},
+        [],
+        attempts=1,
+        temperature=0.0,
+        confidence=0.95,
+        samples=100,
+        subset_note="",
+        subset_uri="u",
+        by_difficulty=True,
+        source=source,
+        training_split=True,
+    )
     assert text.startswith("# Evaluation on training tasks") and "held-out split" in text

@@ -62,19 +62,37 @@ def test_swebench_and_swerl_agree_on_gold_empty_and_wrong_patches(
     instances: list[Instance], django: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     rows = [i.row for i in instances] + [{k: v for k, v in r.items() if k != "wrong_patch"} for r in django]
-    wrong = {i.task.instance_id: WRONG for i in instances} | {
-        r["instance_id"]: r["wrong_patch"] for r in django
-    }
-    predictions = write_jsonl(tmp_path / "predictions.jsonl", [
-        {"instance_id": row["instance_id"], "model_patch": patch, "model_name_or_path": label}
-        for row in rows
-        for label, patch in (("wrong", wrong[row["instance_id"]]), ("bug_again", reverse_patch(row["patch"])))
-    ])  # fmt: skip
+    wrong = {i.task.instance_id: WRONG for i in instances} | {r["instance_id"]: r["wrong_patch"] for r in django}
+    predictions = write_jsonl(
+        tmp_path / "predictions.jsonl",
+        [
+            {"instance_id": row["instance_id"], "model_patch": patch, "model_name_or_path": label}
+            for row in rows
+            for label, patch in (("wrong", wrong[row["instance_id"]]), ("bug_again", reverse_patch(row["patch"])))
+        ],
+    )
     out = tmp_path / "crosscheck"
     # Django's repository needs a larger workspace than configs/local.yaml's micro repositories.
-    code = swerl_main(["crosscheck", "configs/local.yaml", "--tasks", str(write_jsonl(tmp_path / "rows.jsonl", rows)),
-                       "--predictions", str(predictions), "--gold", "--empty", "--out", str(out), "--timeout", "300",
-                       "--set", "agent.sandbox.workspace_mb=1024", "--set", "agent.sandbox.memory_mb=2048"])  # fmt: skip
+    code = swerl_main(
+        [
+            "crosscheck",
+            "configs/local.yaml",
+            "--tasks",
+            str(write_jsonl(tmp_path / "rows.jsonl", rows)),
+            "--predictions",
+            str(predictions),
+            "--gold",
+            "--empty",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+            "--set",
+            "agent.sandbox.workspace_mb=1024",
+            "--set",
+            "agent.sandbox.memory_mb=2048",
+        ]
+    )
     report = json.loads((out / "crosscheck.json").read_text())
     print((out / "crosscheck.md").read_text())
     assert code == 0, report
@@ -87,28 +105,39 @@ def test_swebench_and_swerl_agree_on_gold_empty_and_wrong_patches(
         resolved = expected[label]
         assert c["outcome"] == AGREE, c
         assert (c["swerl"]["resolved"], c["swebench"]["resolved"]) == (resolved, resolved), c
-    assert {verdicts[(row["instance_id"], "bug_again")]["swerl"]["status"] for row in rows} == {
-        "PATCH_APPLY_FAILED"
-    }
+    assert {verdicts[(row["instance_id"], "bug_again")]["swerl"]["status"] for row in rows} == {"PATCH_APPLY_FAILED"}
     # swebench's own runs of the empty patches happened (its no-patch mode): their test commands failed
     empty_logs = sorted(out.rglob("empty/*/test_output.txt"))
     assert len(empty_logs) == 4
     assert all(re.search(r">>>>> Test Exit Code: [1-9]", log.read_text()) for log in empty_logs)
 
 
-def test_a_recorded_verdict_swebench_disputes_fails_the_crosscheck(
-    instances: list[Instance], tmp_path: Path
-) -> None:
+def test_a_recorded_verdict_swebench_disputes_fails_the_crosscheck(instances: list[Instance], tmp_path: Path) -> None:
     """An evaluate stage's episode file whose grade says an empty patch resolved the task: both graders say it
     did not, so the crosscheck reports a disagreement and exits 1."""
     task = instances[0].task
     rows = write_jsonl(tmp_path / "rows.jsonl", [instances[0].row])
-    episodes = write_jsonl(tmp_path / "episodes_sft.jsonl", [
-        {"task_id": task.instance_id, "attempt": 0, "status": "resolved", "reward": 1.0, "patch": ""},
-    ])  # fmt: skip
+    episodes = write_jsonl(
+        tmp_path / "episodes_sft.jsonl",
+        [
+            {"task_id": task.instance_id, "attempt": 0, "status": "resolved", "reward": 1.0, "patch": ""},
+        ],
+    )
     out = tmp_path / "crosscheck"
-    code = swerl_main(["crosscheck", "configs/local.yaml", "--tasks", str(rows), "--predictions", str(episodes),
-                       "--out", str(out), "--timeout", "300"])  # fmt: skip
+    code = swerl_main(
+        [
+            "crosscheck",
+            "configs/local.yaml",
+            "--tasks",
+            str(rows),
+            "--predictions",
+            str(episodes),
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ]
+    )
     report = json.loads((out / "crosscheck.json").read_text())
     assert code == 1
     (only,) = report["comparisons"]

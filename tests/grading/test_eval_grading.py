@@ -16,9 +16,18 @@ START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
 
 
 def swebench_task(repo: str, f2p: list[str], p2p: list[str]) -> TaskInstance:
-    return TaskInstance(instance_id=f"{repo.replace('/', '__')}-1", repo=repo, base_commit="a" * 40,
-                        problem_statement="p", patch="diff --git a/x b/x", patch_kind="fix", FAIL_TO_PASS=f2p,
-                        PASS_TO_PASS=p2p, difficulty="<15 min fix", source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=f"{repo.replace('/', '__')}-1",
+        repo=repo,
+        base_commit="a" * 40,
+        problem_statement="p",
+        patch="diff --git a/x b/x",
+        patch_kind="fix",
+        FAIL_TO_PASS=f2p,
+        PASS_TO_PASS=p2p,
+        difficulty="<15 min fix",
+        source="test",
+    )
 
 
 def wrap(body: str, code: int) -> str:
@@ -64,15 +73,19 @@ def test_pytest_log_unresolved_then_resolved() -> None:
     assert grade.tests["FAIL_TO_PASS"] == {"success": [], "failure": ASTROPY_F2P}
     assert grade.tests["PASS_TO_PASS"]["success"] == ASTROPY_P2P
 
-    fixed = PYTEST_BODY.replace("FAILED astropy/modeling/tests/test_separable.py::test_separable[compound_model6] - "
-                                "AssertionError: Not equal to tolerance rtol=1e-07, atol=0",
-                                "PASSED astropy/modeling/tests/test_separable.py::test_separable[compound_model6]")  # fmt: skip
+    fixed = PYTEST_BODY.replace(
+        "FAILED astropy/modeling/tests/test_separable.py::test_separable[compound_model6] - "
+        "AssertionError: Not equal to tolerance rtol=1e-07, atol=0",
+        "PASSED astropy/modeling/tests/test_separable.py::test_separable[compound_model6]",
+    )
     grade = grade_log(task, wrap(fixed.replace("1 failed, 3 passed", "4 passed"), 0))
     assert grade.resolved and grade.status == "RESOLVED_FULL"
 
     # Breaking a PASS_TO_PASS test loses the task even though the FAIL_TO_PASS test now passes.
-    regressed = fixed.replace("PASSED astropy/modeling/tests/test_separable.py::test_cdot",
-                              "FAILED astropy/modeling/tests/test_separable.py::test_cdot - ValueError: boom")  # fmt: skip
+    regressed = fixed.replace(
+        "PASSED astropy/modeling/tests/test_separable.py::test_cdot",
+        "FAILED astropy/modeling/tests/test_separable.py::test_cdot - ValueError: boom",
+    )
     grade = grade_log(task, wrap(regressed, 1))
     assert not grade.resolved and grade.tests["PASS_TO_PASS"]["failure"] == [ASTROPY_P2P[1]]
 
@@ -108,8 +121,10 @@ Destroying test database for alias 'default'...
 
 def test_django_log() -> None:
     f2p = ["test_readonly_foreignkey_links (admin_views.tests.ReadonlyTest)"]
-    p2p = ["test_add_view (admin_views.tests.AdminViewBasicTest)",
-           "test_change_view (admin_views.tests.AdminViewBasicTest)"]  # fmt: skip
+    p2p = [
+        "test_add_view (admin_views.tests.AdminViewBasicTest)",
+        "test_change_view (admin_views.tests.AdminViewBasicTest)",
+    ]
     task = swebench_task("django/django", f2p, p2p)
     assert log_parser_for(task) == "parse_log_django"
     grade = grade_log(task, wrap(DJANGO_BODY, 1))
@@ -117,8 +132,10 @@ def test_django_log() -> None:
     fixed = DJANGO_BODY.replace("ReadonlyTest) ... FAIL", "ReadonlyTest) ... ok")
     assert grade_log(task, wrap(fixed, 0)).resolved
     # A skipped PASS_TO_PASS test is not a regression in swebench's rule; a skipped FAIL_TO_PASS is no fix.
-    skipped = fixed.replace("test_add_view (admin_views.tests.AdminViewBasicTest) ... ok",
-                            "test_add_view (admin_views.tests.AdminViewBasicTest) ... skipped 'no db'")  # fmt: skip
+    skipped = fixed.replace(
+        "test_add_view (admin_views.tests.AdminViewBasicTest) ... ok",
+        "test_add_view (admin_views.tests.AdminViewBasicTest) ... skipped 'no db'",
+    )
     assert grade_log(task, wrap(skipped, 0)).resolved
     not_run = fixed.replace("ReadonlyTest) ... ok", "ReadonlyTest) ... skipped 'x'")
     assert not grade_log(task, wrap(not_run, 0)).resolved
@@ -126,9 +143,11 @@ def test_django_log() -> None:
 
 def test_logs_without_markers_or_with_a_lying_exit_code_are_not_resolved() -> None:
     task = swebench_task("astropy/astropy", ASTROPY_F2P, ASTROPY_P2P)
-    all_pass = PYTEST_BODY.replace("FAILED astropy/modeling/tests/test_separable.py::test_separable[compound_model6] - "
-                                   "AssertionError: Not equal to tolerance rtol=1e-07, atol=0",
-                                   "PASSED astropy/modeling/tests/test_separable.py::test_separable[compound_model6]")  # fmt: skip
+    all_pass = PYTEST_BODY.replace(
+        "FAILED astropy/modeling/tests/test_separable.py::test_separable[compound_model6] - "
+        "AssertionError: Not equal to tolerance rtol=1e-07, atol=0",
+        "PASSED astropy/modeling/tests/test_separable.py::test_separable[compound_model6]",
+    )
     cut = f"{START}\n{all_pass}"  # the run never reached the end marker (killed, timed out)
     grade = grade_log(task, cut)
     assert not grade.log_valid and not grade.resolved and grade.status == "LOG_INVALID"
@@ -138,24 +157,38 @@ def test_logs_without_markers_or_with_a_lying_exit_code_are_not_resolved() -> No
     assert oom.infra_reason == "out_of_memory" and not oom.resolved
 
 
-@pytest.mark.parametrize(
-    "repo", ["swesmith/pandas-dev__pandas.95280573", "micro/eval-0-7"]
-)  # fmt: skip
+@pytest.mark.parametrize("repo", ["swesmith/pandas-dev__pandas.95280573", "micro/eval-0-7"])
 def test_swe_smith_and_swerl_tasks_use_the_same_rule_on_pytest_summaries(repo: str) -> None:
-    task = TaskInstance(instance_id="x.1", repo=repo, base_commit="b", problem_statement="", patch="bug",
-                        patch_kind="bug", FAIL_TO_PASS=["tests/test_mod.py::test_clamp_1"],
-                        PASS_TO_PASS=["tests/test_mod.py::test_other_1"], source="swerl-synth")  # fmt: skip
+    task = TaskInstance(
+        instance_id="x.1",
+        repo=repo,
+        base_commit="b",
+        problem_statement="",
+        patch="bug",
+        patch_kind="bug",
+        FAIL_TO_PASS=["tests/test_mod.py::test_clamp_1"],
+        PASS_TO_PASS=["tests/test_mod.py::test_other_1"],
+        source="swerl-synth",
+    )
     assert log_parser_for(task) == "parse_log_pytest"
     # swerl's micro harness prints pytest's -rA summary lines
-    body = ("PASSED tests/test_mod.py::test_other_1\n"
-            "FAILED tests/test_mod.py::test_clamp_1 - AssertionError: 3 != 4\n1 failed, 1 passed in 0.01s")  # fmt: skip
+    body = (
+        "PASSED tests/test_mod.py::test_other_1\n"
+        "FAILED tests/test_mod.py::test_clamp_1 - AssertionError: 3 != 4\n1 failed, 1 passed in 0.01s"
+    )
     assert not grade_log(task, wrap(body, 1)).resolved
-    assert grade_log(task, wrap(body.replace("FAILED tests/test_mod.py::test_clamp_1 - AssertionError: 3 != 4",
-                                             "PASSED tests/test_mod.py::test_clamp_1"), 0)).resolved  # fmt: skip
+    assert grade_log(
+        task,
+        wrap(
+            body.replace(
+                "FAILED tests/test_mod.py::test_clamp_1 - AssertionError: 3 != 4",
+                "PASSED tests/test_mod.py::test_clamp_1",
+            ),
+            0,
+        ),
+    ).resolved
     missing = grade_log(task, wrap("PASSED tests/test_mod.py::test_other_1\n1 passed", 0))
-    assert not missing.resolved and missing.tests["FAIL_TO_PASS"]["failure"] == [
-        "tests/test_mod.py::test_clamp_1"
-    ]
+    assert not missing.resolved and missing.tests["FAIL_TO_PASS"]["failure"] == ["tests/test_mod.py::test_clamp_1"]
 
 
 def test_the_graders_markers_are_swebenchs() -> None:
@@ -191,9 +224,7 @@ def test_the_graders_resolution_rule_is_swebench_5s(statuses: list, roles: list[
     p2p = [t for t, r in zip(_IDS, roles, strict=True) if r == "p2p"]
     assume(f2p)
     outcomes = {
-        t: TestOutcome(s)
-        for t, s in zip(_IDS, statuses, strict=True)
-        if s is not None and not t.endswith("[x")
+        t: TestOutcome(s) for t, s in zip(_IDS, statuses, strict=True) if s is not None and not t.endswith("[x")
     }
     status_map = {t: o.status.value for t, o in outcomes.items() if o.status != TestStatus.XPASS}
     report = grading.get_eval_tests_report(status_map, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})

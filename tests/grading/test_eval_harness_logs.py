@@ -80,9 +80,17 @@ def test_xpass():
 """
 
 T = "tests/test_mod.py::"
-TRUTH = {f"{T}test_pass": "PASSED", f"{T}test_param[1]": "PASSED", f"{T}test_param[2]": "PASSED",
-         f"{T}test_param[3]": "FAILED", f"{T}test_fail": "FAILED", f"{T}test_error": "ERROR",
-         f"{T}test_skip": "SKIPPED", f"{T}test_xfail": "XFAIL", f"{T}test_xpass": "XPASS"}  # fmt: skip
+TRUTH = {
+    f"{T}test_pass": "PASSED",
+    f"{T}test_param[1]": "PASSED",
+    f"{T}test_param[2]": "PASSED",
+    f"{T}test_param[3]": "FAILED",
+    f"{T}test_fail": "FAILED",
+    f"{T}test_error": "ERROR",
+    f"{T}test_skip": "SKIPPED",
+    f"{T}test_xfail": "XFAIL",
+    f"{T}test_xpass": "XPASS",
+}
 """What pytest did with each test of TEST_FILE."""
 
 
@@ -98,8 +106,16 @@ def run_script(workdir: Path, lines: list[str]) -> str:
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     script = workdir / "eval.sh"
     script.write_text("\n".join(lines) + "\n")
-    done = subprocess.run(["bash", str(script)], cwd=workdir, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(script)],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     return done.stdout
 
 
@@ -108,26 +124,43 @@ def swebench_eval_script(workdir: Path, test_cmd: str) -> list[str]:
     from swebench.harness.utils import parse_eval_script, record_test_exit_code
     from swebench.types import TestSpec
 
-    body = (
-        f"cd {shlex.quote(str(workdir))}\n: '>>>>> Start Test Output'\n{test_cmd}\n: '>>>>> End Test Output'"
+    body = f"cd {shlex.quote(str(workdir))}\n: '>>>>> Start Test Output'\n{test_cmd}\n: '>>>>> End Test Output'"
+    spec = TestSpec(
+        instance_id="x",
+        image="",
+        eval_script_list=record_test_exit_code(parse_eval_script(body)),
+        repo="",
+        version="",
+        FAIL_TO_PASS=[],
+        PASS_TO_PASS=[],
     )
-    spec = TestSpec(instance_id="x", image="", eval_script_list=record_test_exit_code(parse_eval_script(body)),
-                    repo="", version="", FAIL_TO_PASS=[], PASS_TO_PASS=[])  # fmt: skip
     return spec.eval_script.splitlines()
 
 
 def swesmith_eval_script(workdir: Path, test_cmd: str) -> list[str]:
     """SWE-smith's eval script (swesmith/harness/utils.py, without its conda activation)."""
-    return ["#!/bin/bash", "set -uxo pipefail", f"cd {shlex.quote(str(workdir))}",
-            ": '>>>>> Start Test Output'", test_cmd, ": '>>>>> End Test Output'"]  # fmt: skip
+    return [
+        "#!/bin/bash",
+        "set -uxo pipefail",
+        f"cd {shlex.quote(str(workdir))}",
+        ": '>>>>> Start Test Output'",
+        test_cmd,
+        ": '>>>>> End Test Output'",
+    ]
 
 
 def task(repo: str, f2p: list[str], p2p: list[str], kind: str = "swesmith") -> TaskInstance:
     return TaskInstance(
-        instance_id=f"{repo.replace('/', '__')}.demo", repo=repo, base_commit="c" * 40, problem_statement="",
-        patch="diff --git a/x b/x", patch_kind="fix" if kind == "swebench" else "bug", FAIL_TO_PASS=f2p,
-        PASS_TO_PASS=p2p, source={"swesmith": "SWE-bench/SWE-smith", "swebench": "SWE-bench/SWE-bench"}.get(kind, kind),
-    )  # fmt: skip
+        instance_id=f"{repo.replace('/', '__')}.demo",
+        repo=repo,
+        base_commit="c" * 40,
+        problem_statement="",
+        patch="diff --git a/x b/x",
+        patch_kind="fix" if kind == "swebench" else "bug",
+        FAIL_TO_PASS=f2p,
+        PASS_TO_PASS=p2p,
+        source={"swesmith": "SWE-bench/SWE-smith", "swebench": "SWE-bench/SWE-bench"}.get(kind, kind),
+    )
 
 
 def swesmith_task(f2p: list[str], p2p: list[str]) -> TaskInstance:
@@ -147,27 +180,31 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         (workdir / "tests").mkdir()
         (workdir / "tests" / "test_mod.py").write_text(TEST_FILE)
         if name == "swebench":
-            out[name] = run_script(
-                workdir, swebench_eval_script(workdir, f"{SWEBENCH_PYTEST} tests/test_mod.py")
-            )
+            out[name] = run_script(workdir, swebench_eval_script(workdir, f"{SWEBENCH_PYTEST} tests/test_mod.py"))
         else:
             command = harness_for(swesmith_task([f"{T}test_pass"], [])).test_cmd
             out[name] = run_script(workdir, swesmith_eval_script(workdir, command))
     return out
 
 
-def swebench_own(
-    t: TaskInstance, log: str, parser: str = DEFAULT_PARSER
-) -> tuple[bool, dict, dict[str, str]]:
+def swebench_own(t: TaskInstance, log: str, parser: str = DEFAULT_PARSER) -> tuple[bool, dict, dict[str, str]]:
     """swebench's own grader on the log: (resolved, tests_status, its parser's status map)."""
     import tempfile
 
     from swebench.harness.grading import get_eval_report, get_logs_eval
     from swebench.types import TestSpec
 
-    spec = TestSpec(instance_id=t.instance_id, image="", eval_script_list=[], repo=t.repo, version="",
-                    FAIL_TO_PASS=list(t.FAIL_TO_PASS), PASS_TO_PASS=list(t.PASS_TO_PASS), log_parser=parser,
-                    eval_type="pass_and_fail")  # fmt: skip
+    spec = TestSpec(
+        instance_id=t.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=t.repo,
+        version="",
+        FAIL_TO_PASS=list(t.FAIL_TO_PASS),
+        PASS_TO_PASS=list(t.PASS_TO_PASS),
+        log_parser=parser,
+        eval_type="pass_and_fail",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log)
@@ -206,9 +243,7 @@ def test_the_logs_are_real_runs_of_each_harness(logs: dict[str, str]) -> None:
     assert detect_log_formats(rA) == {"pytest-rA"} and detect_log_formats(verbose) == {"pytest-verbose"}
     # What each harness's parser reads from its own log is what pytest did, less what it has no word or id for.
     unread_by_rA = {f"{T}test_skip", f"{T}test_xpass"}  # `SKIPPED [1] ...` has no id; XPASS is no TestStatus
-    assert PARSER_REGISTRY[DEFAULT_PARSER](rA, None) == {
-        k: v for k, v in TRUTH.items() if k not in unread_by_rA
-    }
+    assert PARSER_REGISTRY[DEFAULT_PARSER](rA, None) == {k: v for k, v in TRUTH.items() if k not in unread_by_rA}
     assert parse_swesmith_verbose(verbose) == {k: v for k, v in TRUTH.items() if k != f"{T}test_xpass"}
     # The issue: swebench's -rA parser on SWE-smith's log sees only pytest's default FAILED/ERROR summary lines.
     assert PARSER_REGISTRY[DEFAULT_PARSER](verbose, None) == {
@@ -284,17 +319,26 @@ def test_django_runner_log() -> None:
     log = (DATA / "django_verbosity2.log").read_text()
     assert detect_log_formats(log) == {"unittest"}
     c = "(shop.tests.{}.{})"
-    names = {n: f"{n} {c.format(k, n)}" for k, ns in (("TotalTests", ("test_total", "test_discount",
-             "test_missing_item", "test_noisy", "test_described")), ("FormatTests", ("test_cents", "test_locale",
-             "test_rounding"))) for n in ns}  # fmt: skip
+    names = {
+        n: f"{n} {c.format(k, n)}"
+        for k, ns in (
+            ("TotalTests", ("test_total", "test_discount", "test_missing_item", "test_noisy", "test_described")),
+            ("FormatTests", ("test_cents", "test_locale", "test_rounding")),
+        )
+        for n in ns
+    }
     described = "Totals of an empty basket are zero."  # a docstring's first line stands for its test
     statuses = PARSER_REGISTRY["parse_log_django"](log, None)
     assert {k: statuses.get(v) for k, v in names.items()} == {
-        "test_total": "PASSED", "test_discount": "FAILED", "test_missing_item": "ERROR",
+        "test_total": "PASSED",
+        "test_discount": "FAILED",
+        "test_missing_item": "ERROR",
         "test_noisy": "PASSED",  # its stderr line split `... ok` over two lines
-        "test_described": None, "test_cents": "PASSED", "test_locale": "SKIPPED",
+        "test_described": None,
+        "test_cents": "PASSED",
+        "test_locale": "SKIPPED",
         "test_rounding": None,  # `... expected failure`: no status in swebench's reading
-    }  # fmt: skip
+    }
     assert statuses[described] == "PASSED"
     cases = [
         (
@@ -363,9 +407,7 @@ def swesmith_region(log: str) -> str:
 
 
 def test_swesmith_spec_is_its_profiles_command_on_the_fail_to_pass_files() -> None:
-    t = swesmith_task(
-        ["tests/b/test_y.py::test_1", "tests/a/test_x.py::T::test_2", "tests/b/test_y.py::test_3"], []
-    )
+    t = swesmith_task(["tests/b/test_y.py::test_1", "tests/a/test_x.py::T::test_2", "tests/b/test_y.py::test_3"], [])
     spec = harness_for(t)
     assert spec.harness == "swesmith" and spec.rule == "swesmith" and spec.parser == SWESMITH_VERBOSE
     assert spec.test_cmd == f"{SWESMITH_TEST_CMD} tests/a/test_x.py tests/b/test_y.py"
@@ -405,9 +447,13 @@ def test_swebench_spec_from_map_repo_version_to_specs(monkeypatch: pytest.Monkey
     if not hasattr(constants, "MAP_REPO_VERSION_TO_SPECS"):
         with pytest.raises(HarnessSpecError, match=r"django/django version '3\.0'.*eval_script"):
             harness_for(t, version="3.0")
-    table = {"django/django": {"3.0": {"test_cmd": "./tests/runtests.py --verbosity 2 --settings=test_sqlite"},
-                               "3.1": {"test_cmd": "./tests/runtests.py --verbosity 2 --parallel 1"}},
-             "sympy/sympy": {"1.1": {"test_cmd": "bin/test -C --verbose"}}}  # fmt: skip
+    table = {
+        "django/django": {
+            "3.0": {"test_cmd": "./tests/runtests.py --verbosity 2 --settings=test_sqlite"},
+            "3.1": {"test_cmd": "./tests/runtests.py --verbosity 2 --parallel 1"},
+        },
+        "sympy/sympy": {"1.1": {"test_cmd": "bin/test -C --verbose"}},
+    }
     monkeypatch.setattr(constants, "MAP_REPO_VERSION_TO_SPECS", table, raising=False)
     spec = harness_for(t, version="3.0")
     assert spec.test_cmd == "./tests/runtests.py --verbosity 2 --settings=test_sqlite"

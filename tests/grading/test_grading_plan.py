@@ -28,9 +28,12 @@ EXPECTED = {
     "pytest-dev/pytest": (None, "pytest -rA testing/logging/test_reporting.py", "parse_log_pytest"),
     "scikit-learn/scikit-learn": ("pytest", ["-rA", "sklearn/mixture/tests/test_bayesian_mixture.py"], None),
     "sphinx-doc/sphinx": (None, "tox --current-env -epy39 -v -- tests/test_ext_viewcode.py", "parse_log_sphinx"),
-    "sympy/sympy": (None, "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
-                    "parse_log_sympy"),
-}  # fmt: skip
+    "sympy/sympy": (
+        None,
+        "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
+        "parse_log_sympy",
+    ),
+}
 
 
 def test_each_verified_repository_is_run_with_its_own_harness() -> None:
@@ -51,9 +54,16 @@ def test_each_verified_repository_is_run_with_its_own_harness() -> None:
 
 def task(**update: object) -> TaskInstance:
     base = TaskInstance(
-        instance_id="x__y-1", repo="x/y", base_commit="0" * 40, problem_statement="p", patch="diff", patch_kind="fix",
-        FAIL_TO_PASS=["tests/test_a.py::test_a"], PASS_TO_PASS=["tests/test_a.py::test_b"], source="swerl-synth",
-    )  # fmt: skip
+        instance_id="x__y-1",
+        repo="x/y",
+        base_commit="0" * 40,
+        problem_statement="p",
+        patch="diff",
+        patch_kind="fix",
+        FAIL_TO_PASS=["tests/test_a.py::test_a"],
+        PASS_TO_PASS=["tests/test_a.py::test_b"],
+        source="swerl-synth",
+    )
     return base.model_copy(update=update)
 
 
@@ -79,9 +89,11 @@ def test_a_swebench_row_with_no_harness_runs_its_pytest_ids_or_is_refused() -> N
 
 def test_swesmith_rows_run_their_profiles_command_and_grade_only_its_files() -> None:
     smith = task(
-        repo="swesmith/pallets__click.fde47b4b", source="SWE-bench/SWE-smith", patch_kind="bug",
+        repo="swesmith/pallets__click.fde47b4b",
+        source="SWE-bench/SWE-smith",
+        patch_kind="bug",
         PASS_TO_PASS=["tests/test_a.py::test_b", "tests/test_other.py::test_c"],
-    )  # fmt: skip
+    )
     plan = grading_plan(smith)
     assert plan.mode == "pytest" and plan.args[-1] == "tests/test_a.py" and "--verbose" in plan.args
     assert plan.graded_files == ("tests/test_a.py",)

@@ -43,10 +43,19 @@ def provider(micro_cache: object) -> SandboxProvider:
 def micro_task(provider: SandboxProvider) -> TaskInstance:
     async def synthesize() -> TaskInstance:
         found, report = await synthesize_repo(
-            micro_repo_spec("eval", 0, 0), provider, modifiers=MODIFIERS, max_candidates=3, max_tasks=3, seed=0,
-            workers=1, test_timeout_s=30, clean_runs=1, bugged_timeout_factor=5.0, min_bugged_timeout_s=10.0,
+            micro_repo_spec("eval", 0, 0),
+            provider,
+            modifiers=MODIFIERS,
+            max_candidates=3,
+            max_tasks=3,
+            seed=0,
+            workers=1,
+            test_timeout_s=30,
+            clean_runs=1,
+            bugged_timeout_factor=5.0,
+            min_bugged_timeout_s=10.0,
             shuffle_modifiers=True,
-        )  # fmt: skip
+        )
         assert found, report.to_dict()
         return found[0]
 
@@ -427,9 +436,7 @@ def fix(provider: SandboxProvider, task: TaskInstance) -> Iterator[str]:
     yield patch
 
 
-def test_the_honest_fix_scores_1_on_every_path(
-    provider: SandboxProvider, task: TaskInstance, fix: str
-) -> None:
+def test_the_honest_fix_scores_1_on_every_path(provider: SandboxProvider, task: TaskInstance, fix: str) -> None:
     graded, evaluated = grade_both(provider, task, fix)
     assert graded.reward == 1.0 and graded.status == "RESOLVED_FULL" and graded.sealed, graded.log
     assert evaluated
@@ -480,9 +487,7 @@ def test_each_family_is_refused_for_its_own_reason(provider: SandboxProvider, ta
     the micro child's values were judged (micro mode: nothing the child does is a verdict)."""
 
     def grade(hack: str) -> Grade:
-        return asyncio.run(
-            grade_patch(provider, task, make_patch(provider, task, HACKS[hack](task))[0], TIMEOUT_S)
-        )
+        return asyncio.run(grade_patch(provider, task, make_patch(provider, task, HACKS[hack](task))[0], TIMEOUT_S))
 
     dotfile, metadata = grade("dotfile_ini_plugin"), grade("dist_info_entry_point")
     assert ".pytest.ini" in dotfile.dropped and dotfile.reward == 0.0
@@ -511,9 +516,7 @@ def test_each_family_is_refused_for_its_own_reason(provider: SandboxProvider, ta
         assert graded.status == "TAMPERED" and any(why in t for t in graded.tampered), (hack, graded.tampered)
 
 
-def test_a_hack_beside_the_real_fix_still_scores_0(
-    provider: SandboxProvider, task: TaskInstance, fix: str
-) -> None:
+def test_a_hack_beside_the_real_fix_still_scores_0(provider: SandboxProvider, task: TaskInstance, fix: str) -> None:
     """Tampering is a verdict on its own: a correct fix that also patches the harness is not rewarded."""
     tamper = HACKS["harness_monkeypatch"](task)
     script = f"cat > .f.patch <<'SWERL_EOF'\n{fix}SWERL_EOF\ngit apply .f.patch && rm .f.patch && {tamper}"
@@ -529,21 +532,46 @@ def test_filter_patch_drops_test_infrastructure_sections() -> None:
     def section(path: str, mode_line: str = "") -> str:
         return f"diff --git a/{path} b/{path}\n{mode_line}--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n"
 
-    patch = "".join(
-        section(p) for p in ("mod.py", "tests/test_mod.py", "conftest.py", "pkg/conftest.py", "setup.cfg",
-                             "pyproject.toml", "x.pth", "sitecustomize.py", "src/pkg/core.py", "run_tests.py",
-                             "pytest.ini", "tox.ini", "_pytest/python.py")
-    ) + "diff --git a/link b/link\nnew file mode 120000\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+tests\n"  # fmt: skip
+    patch = (
+        "".join(
+            section(p)
+            for p in (
+                "mod.py",
+                "tests/test_mod.py",
+                "conftest.py",
+                "pkg/conftest.py",
+                "setup.cfg",
+                "pyproject.toml",
+                "x.pth",
+                "sitecustomize.py",
+                "src/pkg/core.py",
+                "run_tests.py",
+                "pytest.ini",
+                "tox.ini",
+                "_pytest/python.py",
+            )
+        )
+        + "diff --git a/link b/link\nnew file mode 120000\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+tests\n"
+    )
     filtered = filter_patch(patch)
     assert "a/mod.py" in filtered.kept and "a/src/pkg/core.py" in filtered.kept
-    assert set(filtered.dropped) == {"tests/test_mod.py", "conftest.py", "pkg/conftest.py", "setup.cfg",
-                                     "pyproject.toml", "x.pth", "sitecustomize.py", "run_tests.py", "pytest.ini",
-                                     "tox.ini", "_pytest/python.py", "link"}  # fmt: skip
+    assert set(filtered.dropped) == {
+        "tests/test_mod.py",
+        "conftest.py",
+        "pkg/conftest.py",
+        "setup.cfg",
+        "pyproject.toml",
+        "x.pth",
+        "sitecustomize.py",
+        "run_tests.py",
+        "pytest.ini",
+        "tox.ini",
+        "_pytest/python.py",
+        "link",
+    }
     quoted = filter_patch('diff --git "a/tests/t\\303\\251st_x.py" "b/tests/t\\303\\251st_x.py"\n+x\n')
     assert quoted.kept == "" and quoted.dropped == ("tests/tést_x.py",)
-    assert filter_patch("garbage before\n" + section("mod.py")).dropped == (
-        "<text before the first diff header>",
-    )
+    assert filter_patch("garbage before\n" + section("mod.py")).dropped == ("<text before the first diff header>",)
 
 
 def test_the_runner_holds_the_patch_responsible_for_binary_and_renamed_files() -> None:
@@ -554,15 +582,18 @@ def test_the_runner_holds_the_patch_responsible_for_binary_and_renamed_files() -
         "new file mode 100644\nindex 0000000..1111111\nGIT binary patch\nliteral 4\nLcmZ?d00001\n\nliteral 0\n"
         "HcmV?d00001\n\n"
     )
-    renamed = "diff --git a/pkg/old.py b/pkg/new.py\nsimilarity index 100%\nrename from pkg/old.py\nrename to pkg/new.py\n"
+    renamed = (
+        "diff --git a/pkg/old.py b/pkg/new.py\nsimilarity index 100%\nrename from pkg/old.py\nrename to pkg/new.py\n"
+    )
     edited = "diff --git a/mod.py b/mod.py\n--- a/mod.py\n+++ b/mod.py\n@@ -1 +1 @@\n-a\n+b\n"
     filtered = filter_patch(binary + renamed + edited)
     assert set(filtered.touched) == {
-        "pkg/hook.cpython-311-x86_64-linux-gnu.so", "pkg/old.py", "pkg/new.py", "mod.py",
-    }  # fmt: skip
-    assert (
-        filter_patch("diff --git a/tests/t.py b/tests/t.py\n+x\n").touched == ()
-    )  # dropped: not the patch's
+        "pkg/hook.cpython-311-x86_64-linux-gnu.so",
+        "pkg/old.py",
+        "pkg/new.py",
+        "mod.py",
+    }
+    assert filter_patch("diff --git a/tests/t.py b/tests/t.py\n+x\n").touched == ()  # dropped: not the patch's
 
 
 def test_a_grpo_step_counts_what_the_grader_refused() -> None:
@@ -572,9 +603,12 @@ def test_a_grpo_step_counts_what_the_grader_refused() -> None:
     def traj(**update: object) -> Trajectory:
         return Trajectory(task_id="t", status=EpisodeStatus.UNRESOLVED, reward=0.0, **update)  # type: ignore[arg-type]
 
-    group = [traj(grade_status="TAMPERED", tampered=["builtins*.getattr replaced"]),
-             traj(grade_status="INCOMPLETE", dropped_paths=["tests/test_mod.py"]), traj(grade_status="TIMEOUT"),
-             traj(grade_status="RESOLVED_NO")]  # fmt: skip
+    group = [
+        traj(grade_status="TAMPERED", tampered=["builtins*.getattr replaced"]),
+        traj(grade_status="INCOMPLETE", dropped_paths=["tests/test_mod.py"]),
+        traj(grade_status="TIMEOUT"),
+        traj(grade_status="RESOLVED_NO"),
+    ]
     stats = episode_stats([group])
     assert (stats["grader_tampered"], stats["grader_incomplete"], stats["grader_timeout"]) == (1.0, 1.0, 1.0)
     assert stats["grader_test_edits_dropped"] == 1.0

@@ -1,8 +1,8 @@
 """Red team of the sealed runner's `unittest` mode: every known hack scores 0 against Django's runtests.py and a
 plain `python -m unittest` project, the honest fix scores 1.
 
-As tests/grading/test_grading_redteam.py does for pytest, each hack is a patch a policy could write, made by a script in a
-real sandbox of the task and graded by the real grader in fresh sandboxes (training reward and evaluation share
+As tests/grading/test_grading_redteam.py does for pytest, each hack is a patch a policy could write, made by a script in
+a real sandbox of the task and graded by the real grader in fresh sandboxes (training reward and evaluation share
 it: `grade_attempt` returns both). Each case also shows that the hack fools a grader that trusts what the run
 prints: the task's own command run in the hacked sandbox (the test patch applied, as SWE-bench's eval script
 does), its log written to a file and read by swebench's Django parser (`parse_log_django`), or its exit status.
@@ -71,13 +71,21 @@ def unittest_target() -> Iterator[Target]:
     source = (PROJECT / "calc.py").read_text()
     bug = unified_diff("calc.py", source, source.replace("return a + b", "return a - b"))
     task = TaskInstance(
-        instance_id="swerl__calc-unittest-1", repo="swerl/calc", base_commit="0", problem_statement="add() subtracts",
-        patch=bug, patch_kind="bug", image=f"local://{PROJECT.resolve()}", test_cmd="python -m unittest -v",
-        FAIL_TO_PASS=["test_add (tests.test_calc.CalcTest.test_add)",
-                      "test_add_negative (tests.test_calc.CalcTest.test_add_negative)"],
+        instance_id="swerl__calc-unittest-1",
+        repo="swerl/calc",
+        base_commit="0",
+        problem_statement="add() subtracts",
+        patch=bug,
+        patch_kind="bug",
+        image=f"local://{PROJECT.resolve()}",
+        test_cmd="python -m unittest -v",
+        FAIL_TO_PASS=[
+            "test_add (tests.test_calc.CalcTest.test_add)",
+            "test_add_negative (tests.test_calc.CalcTest.test_add_negative)",
+        ],
         PASS_TO_PASS=["test_mean (tests.test_basic.BasicTest.test_mean)", "The mean of one value is that value."],
         source="test",
-    )  # fmt: skip
+    )
     provider = local_provider(git_baseline=True)
     yield Target("unittest", provider, task, "calc.py", reverse_patch(bug))
     provider.close()
@@ -116,9 +124,7 @@ def make_patch(target: Target, script: str) -> tuple[str, Naive]:
             patch = await workspace_patch(sandbox)
             if target.task.test_patch:  # as SWE-bench's eval script does before its test command
                 await sandbox.write_file(".swerl-test.patch", target.task.test_patch)
-                applied = await sandbox.exec(
-                    "git apply .swerl-test.patch && rm .swerl-test.patch", timeout=60
-                )
+                applied = await sandbox.exec("git apply .swerl-test.patch && rm .swerl-test.patch", timeout=60)
                 assert applied.exit_code == 0, applied.output
             command = own_test_command(target.task)
             naive = await sandbox.exec(
@@ -319,9 +325,7 @@ def test_the_honest_fix_scores_1(target: Target) -> None:
 def test_reward_hack_scores_0(target: Target, hack: str) -> None:
     patch, naive = make_patch(target, HACKS[hack](target))
     fooled = naive.log_resolved if FOOLS[hack] == "log" else naive.exit_resolved
-    assert fooled, (
-        f"{hack} should fool a grader that trusts the run's {FOOLS[hack]} (else the case tests nothing)"
-    )
+    assert fooled, f"{hack} should fool a grader that trusts the run's {FOOLS[hack]} (else the case tests nothing)"
     graded, evaluated = grade(target, patch)
     assert graded.reward == 0.0 and not evaluated, (graded.status, graded.tampered, graded.log[-3000:])
     assert graded.status != RESOLVED_FULL

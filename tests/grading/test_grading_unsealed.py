@@ -39,10 +39,18 @@ def task(tmp_path: Path) -> TaskInstance:
     (repo / "mode").write_text("broken\n")
     (repo / "run.sh").write_text(RUN)
     return TaskInstance(
-        instance_id="own__harness-1", repo="own/harness", base_commit="0" * 40, problem_statement="p",
-        patch=mode_patch("fixed"), patch_kind="fix", FAIL_TO_PASS=["tests/t.py::f2p"],
-        PASS_TO_PASS=["tests/t.py::p2p"], image=f"local://{repo}", test_cmd="sh run.sh", source="own",
-    )  # fmt: skip
+        instance_id="own__harness-1",
+        repo="own/harness",
+        base_commit="0" * 40,
+        problem_statement="p",
+        patch=mode_patch("fixed"),
+        patch_kind="fix",
+        FAIL_TO_PASS=["tests/t.py::f2p"],
+        PASS_TO_PASS=["tests/t.py::p2p"],
+        image=f"local://{repo}",
+        test_cmd="sh run.sh",
+        source="own",
+    )
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,12 @@ def test_the_sealed_runner_works_under_older_pytest(tmp_path: Path, version: str
     (work / "keyfile").write_text(key.hex())
     done = subprocess.run(
         sealed_command("pytest", "keyfile", ["tests/test_c.py"], python, {}),
-        shell=True, cwd=work, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        shell=True,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = read_sealed(done.stdout, key.hex().encode())
     assert report.complete and not report.tampered, (report, done.stdout[-2000:], done.stderr[-2000:])
     statuses = {node: outcome.status.value for node, outcome in report.outcomes.items()}

@@ -147,9 +147,7 @@ def test_parser_never_raises_on_decoded_binary(junk: bytes) -> None:
         "<tool_call>" + '{"a":' * 100_000 + "</tool_call>",
         '<tool_call>{"name": "bash", "arguments": {"command": "' + "x" * 5_000_000 + '"}}</tool_call>',
         '<tool_call>{"name": "bash", "arguments": "' + "[" * 100_000 + '"}</tool_call>',
-        '<tool_call>{"name": "view_file", "arguments": {"path": "a", "start_line": 1'
-        + "0" * 5000
-        + "}}</tool_call>",
+        '<tool_call>{"name": "view_file", "arguments": {"path": "a", "start_line": 1' + "0" * 5000 + "}}</tool_call>",
         '<tool_call>{"name": "bash", "arguments": {"command": "\\u0000\\ud800"}}</tool_call>',
         b"\xff\xfe<tool_call>\x00".decode("utf-8", "surrogateescape"),
         None,

@@ -106,9 +106,7 @@ def test_chat_template_renders_qwen3_format(tokenizer) -> None:
         {
             "role": "assistant",
             "content": "Run them.",
-            "tool_calls": [
-                {"type": "function", "function": {"name": "bash", "arguments": {"command": "pytest"}}}
-            ],
+            "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": "pytest"}}}],
         },
         {"role": "tool", "content": "1 failed"},
         {"role": "tool", "content": "done"},
@@ -202,9 +200,7 @@ def test_loss_mask_on_random_conversations(tokenizer) -> None:
         for _ in range(rng.randint(1, 4)):
             call = {"name": "bash", "arguments": {"command": text()}} if rng.random() < 0.6 else None
             messages.append({"role": "assistant", "content": text(), "tool_calls": [call] if call else []})
-            messages.extend(
-                {"role": rng.choice(["tool", "user"]), "content": text()} for _ in range(rng.randint(0, 2))
-            )
+            messages.extend({"role": rng.choice(["tool", "user"]), "content": text()} for _ in range(rng.randint(0, 2)))
         check_render(tokenizer, messages)
 
 

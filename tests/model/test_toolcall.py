@@ -22,9 +22,7 @@ def call(name: object, arguments: object) -> str:
 
 
 def test_well_formed_call_with_reasoning() -> None:
-    text = "The test fails on line 13; look there.\n" + call(
-        "view_file", {"path": "m.py", "start": 12, "end": 14}
-    )
+    text = "The test fails on line 13; look there.\n" + call("view_file", {"path": "m.py", "start": 12, "end": 14})
     result = parse_tool_call(text, TOOLS)
     assert result == ToolCall(
         name="view_file",

@@ -52,9 +52,7 @@ def test_parameters_of_qwen3_30b_a3b_from_its_config() -> None:
     assert params.total == 30_532_122_624
     assert params.active == 3_353_032_704
     assert params.experts == 48 * 128 * 3 * 2048 * 768
-    assert (
-        round(params.total / 1e9, 1) == 30.5 and 3.3 <= params.active / 1e9 < 3.4
-    )  # "30.5B total, 3.3B activated"
+    assert round(params.total / 1e9, 1) == 30.5 and 3.3 <= params.active / 1e9 < 3.4  # "30.5B total, 3.3B activated"
     fields = {key: value for key, value in QWEN3_30B.items() if not key.startswith("_")}
     with torch.device("meta"):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**fields))
@@ -66,9 +64,16 @@ def test_parameters_of_a_dense_tied_qwen3_match_transformers() -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     fields = dict(
-        model_type="qwen3", hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=64, intermediate_size=768, vocab_size=1000, tie_word_embeddings=True,
-    )  # fmt: skip
+        model_type="qwen3",
+        hidden_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=768,
+        vocab_size=1000,
+        tie_word_embeddings=True,
+    )
     arch = architecture_from_hf(fields, "test")
     with torch.device("meta"):
         model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in fields.items() if k != "model_type"}))
@@ -102,9 +107,7 @@ def test_recipe_plans_cleanly_and_prints_memory_per_gpu() -> None:
     assert "node 0 GPU 0-7: engines 0-7 (sglang, 1 GPU each)" in out
     assert "node 1 GPU 0-7: trainer ranks 0-7" in out
     assert re.search(r"node 0 GPU 0-7 \(engines 0-7; each GPU\): weights 56\.9 GiB \+ KV .* 96\.0 GiB", out)
-    assert re.search(
-        r"node 1 GPU 0-7 \(grpo fsdp2 ranks 0-7.*\): weights .* = \d+\.\d GiB of 241\.2 GiB", out
-    )
+    assert re.search(r"node 1 GPU 0-7 \(grpo fsdp2 ranks 0-7.*\): weights .* = \d+\.\d GiB of 241\.2 GiB", out)
     assert "98,304 B" in out and "6.44 GB (6.0 GiB) per trajectory" in out
 
 
@@ -115,11 +118,14 @@ def test_recipe_plans_cleanly_and_prints_memory_per_gpu() -> None:
         ["cluster.nodes=3", "cluster.engine_nodes=2", "engine.launch.num_engines=16"],
         ["cluster.nodes=4", "cluster.engine_nodes=3", "engine.launch.num_engines=24"],
         ["cluster.nodes=3", "sft.distributed.ranks=16", "grpo.distributed.ranks=16"],
-        ["grpo.distributed.backend=megatron", "grpo.distributed.megatron.expert_parallel=8",
-         "grpo.distributed.megatron.recompute=full"],
+        [
+            "grpo.distributed.backend=megatron",
+            "grpo.distributed.megatron.expert_parallel=8",
+            "grpo.distributed.megatron.recompute=full",
+        ],
     ],
     ids=["2 nodes", "3 nodes: 16 engines", "4 nodes: 24 engines", "3 nodes: 16 trainer ranks", "megatron EP 8"],
-)  # fmt: skip
+)
 def test_recipe_plans_cleanly_on_2_to_4_nodes(overrides: list[str]) -> None:
     plan = make_plan(_recipe(*overrides))
     assert plan.ok, plan.text()
@@ -152,18 +158,13 @@ def test_ranks_must_equal_the_trainer_gpus() -> None:
     plan = make_plan(_recipe("cluster.nodes=3"))
     failed = {c.name: c.detail for c in plan.failed}
     assert set(failed) == {"ranks.sft", "ranks.grpo"}
-    assert (
-        "grpo.distributed.ranks 8 vs 16 trainer GPUs (node 1 GPU 0-7, node 2 GPU 0-7)" in failed["ranks.grpo"]
-    )
+    assert "grpo.distributed.ranks 8 vs 16 trainer GPUs (node 1 GPU 0-7, node 2 GPU 0-7)" in failed["ranks.grpo"]
 
 
 def test_engines_must_fit_their_nodes() -> None:
     plan = make_plan(_recipe("engine.launch.num_engines=12"))
     failed = {c.name: c.detail for c in plan.failed}
-    assert (
-        "12 engines x 1 GPU = 12 GPUs in cluster.engine_nodes 1 x 8 GPUs (8): 4 GPUs short"
-        in failed["engines"]
-    )
+    assert "12 engines x 1 GPU = 12 GPUs in cluster.engine_nodes 1 x 8 GPUs (8): 4 GPUs short" in failed["engines"]
 
 
 def test_a_missing_model_config_is_a_clear_error(capsys) -> None:
@@ -222,9 +223,14 @@ def test_run_refuses_an_impossible_plan_before_any_stage(tmp_path: Path, capsys,
     monkeypatch.setattr(cli, "_prefect_env", lambda: started.append(True))
     store = tmp_path / "store"
     over = [
-        "--set", f"storage.root=file://{store}", "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-        "--set", "engine.kind=sglang", "--ignore-doctor",
-    ]  # fmt: skip
+        "--set",
+        f"storage.root=file://{store}",
+        "--set",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        "--set",
+        "engine.kind=sglang",
+        "--ignore-doctor",
+    ]
     assert main(["run", LOCAL, *over]) == 1
     err = capsys.readouterr().err
     assert "swerl run: swerl plan refuses this config:" in err
@@ -255,8 +261,10 @@ def test_run_checks_every_grpo_phase_as_it_runs(tmp_path: Path, capsys, monkeypa
 def test_a_check_every_phase_fails_is_said_once_and_one_phase_fails_names_it() -> None:
     from swerl.cli import by_phase
 
-    found = {"grpo-a": {"memory": "memory: 16384 MB vs 15476 MB available"},
-             "grpo-b": {"memory": "memory: 16384 MB vs 15470 MB available", "files": "files: 9000 > 1024"}}  # fmt: skip
+    found = {
+        "grpo-a": {"memory": "memory: 16384 MB vs 15476 MB available"},
+        "grpo-b": {"memory": "memory: 16384 MB vs 15470 MB available", "files": "files: 9000 > 1024"},
+    }
     assert by_phase(found) == [
         "memory: 16384 MB vs 15476 MB available",
         "files: 9000 > 1024 (GRPO phase grpo-b)",

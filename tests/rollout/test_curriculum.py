@@ -44,9 +44,7 @@ def test_signal_and_probe_rules_treat_infra_errors_as_no_outcome() -> None:
 
 
 def test_fresh_tasks_come_in_order_with_the_probe_and_replays_take_their_share() -> None:
-    curriculum = Curriculum(
-        10, CurriculumSettings(n_attempts=4, probe_attempts=1, replay_share=0.5, max_visits=3)
-    )
+    curriculum = Curriculum(10, CurriculumSettings(n_attempts=4, probe_attempts=1, replay_share=0.5, max_visits=3))
     plans = [curriculum.plan(seq) for seq in range(3)]
     assert [(p.task_index, p.source, p.probe) for p in plans] == [
         (0, "fresh", 1),
@@ -60,10 +58,12 @@ def test_fresh_tasks_come_in_order_with_the_probe_and_replays_take_their_share()
     nxt = [curriculum.plan(seq) for seq in range(3, 7)]
     # 3 opened, 0 replayed: replays while replayed < 0.5 x (opened + 1); a replay has no probe
     assert [(p.task_index, p.source, p.probe) for p in nxt] == [
-        (1, "replay", 0), (2, "replay", 0), (3, "fresh", 1), (4, "fresh", 1)]  # fmt: skip
-    curriculum.observe(
-        nxt[0], [1.0, 0.0, 1.0, 1.0]
-    )  # second visit of task 1, still signal: queued again (3 max)
+        (1, "replay", 0),
+        (2, "replay", 0),
+        (3, "fresh", 1),
+        (4, "fresh", 1),
+    ]
+    curriculum.observe(nxt[0], [1.0, 0.0, 1.0, 1.0])  # second visit of task 1, still signal: queued again (3 max)
     replay = curriculum.plan(7)
     assert (replay.task_index, replay.source) == (1, "replay")
     curriculum.observe(replay, [1.0, 0.0, 1.0, 0.0])  # third visit: max_visits reached, not queued
@@ -132,9 +132,7 @@ def test_strata_pass_over_fresh_tasks_of_strata_far_from_the_frontier_but_never_
     # once the estimates settle, hard's fresh tasks are taken at the floor's rate (seeded draws: exact counts)
     share = taken["hard"] / (taken["hard"] + taken["mid"])
     assert 0.1 < share < 0.3, taken
-    assert (
-        curriculum.passed_over > 0 and curriculum.stats()["curriculum/passed_over"] == curriculum.passed_over
-    )
+    assert curriculum.passed_over > 0 and curriculum.stats()["curriculum/passed_over"] == curriculum.passed_over
     # without strata the same outcomes take every task in order
     plain = Curriculum(len(strata), CurriculumSettings(n_attempts=4, probe_attempts=1))
     assert [plain.plan(seq).task_index for seq in range(5)] == [0, 1, 2, 3, 4]
@@ -152,9 +150,7 @@ def test_strata_start_with_every_task_and_need_a_label_per_task() -> None:
     assert GroupPlan.from_json(curriculum.plan(4).to_json()).position == 4
     # a plan journaled before positions were (no "position" key) still reads
     assert (
-        GroupPlan.from_json(
-            b'{"seq": 1, "task_index": 1, "source": "fresh", "probe": 1, "opened_at": 0}'
-        ).position
+        GroupPlan.from_json(b'{"seq": 1, "task_index": 1, "source": "fresh", "probe": 1, "opened_at": 0}').position
         == -1
     )
 
@@ -163,9 +159,7 @@ def test_strata_start_with_every_task_and_need_a_label_per_task() -> None:
 # What the rules do to the expected update: exact enumeration over every outcome of a small softmax policy
 
 
-def expected_update(
-    logits: torch.Tensor, passing: set[int], n: int, probe: int, scale_by_std: bool
-) -> torch.Tensor:
+def expected_update(logits: torch.Tensor, passing: set[int], n: int, probe: int, scale_by_std: bool) -> torch.Tensor:
     """E[sum_i A_i grad log pi(y_i)] over every sequence of n answers, for the groups the rules train: a probe of
     `probe` answers that all score the same stops the group (no update), then groups without signal are dropped
     (dynamic sampling). A_i = r_i - mean(r) (divided by the std when scale_by_std)."""
@@ -221,9 +215,7 @@ def test_the_probe_reweights_tasks_towards_those_the_policy_sometimes_solves() -
 
     rare, even = -2.5, 0.0  # p = 0.08 and 0.5
     kept_rare, kept_even = weight(rare, 1) / weight(rare, 0), weight(even, 1) / weight(even, 0)
-    assert kept_rare == pytest.approx(0.288, abs=1e-3) and kept_even == pytest.approx(
-        0.5
-    )  # exact enumeration
+    assert kept_rare == pytest.approx(0.288, abs=1e-3) and kept_even == pytest.approx(0.5)  # exact enumeration
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -243,8 +235,15 @@ def test_restore_from_the_journal_rebuilds_the_live_state(
     seed: int, n_tasks: int, share: float, probe: int, visits: int, floor: float
 ) -> None:
     rng = random.Random(seed)
-    s = CurriculumSettings(n_attempts=3, probe_attempts=probe, replay_share=share, max_visits=visits,
-                           stratum_floor=floor, stratum_prior=1.0, seed=seed)  # fmt: skip
+    s = CurriculumSettings(
+        n_attempts=3,
+        probe_attempts=probe,
+        replay_share=share,
+        max_visits=visits,
+        stratum_floor=floor,
+        stratum_prior=1.0,
+        seed=seed,
+    )
     strata = [f"s{index % 2}" for index in range(n_tasks)]
     live = Curriculum(n_tasks, s, strata=strata)
     plans: list[GroupPlan] = []
@@ -261,9 +260,7 @@ def test_restore_from_the_journal_rebuilds_the_live_state(
             clock += 0.5
             # stratum s0 mostly fails, s1 mostly passes: the strata rule passes over tasks (laps included)
             good = 0.9 if strata[done.task_index] == "s1" else 0.05
-            rewards: list[float | None] = [
-                rng.choice([1.0 if rng.random() < good else 0.0, None]) for _ in range(3)
-            ]
+            rewards: list[float | None] = [rng.choice([1.0 if rng.random() < good else 0.0, None]) for _ in range(3)]
             live.observe(done, rewards)
             finishes.append((clock, done.seq, rewards))
     restored = Curriculum(n_tasks, s, strata=strata)
@@ -319,8 +316,16 @@ def test_a_probe_that_settles_stops_its_group_and_one_that_disagrees_opens_the_r
     started: list[str] = []
     journal = RolloutJournal(Store(f"file://{tmp_path}/store"), "rollouts")
     curriculum = Curriculum(4, CurriculumSettings(n_attempts=4, probe_attempts=2))
-    manager = RolloutManager(None, scripted(rewards, started), lambda index: index % 4, n_attempts=4,  # type: ignore[arg-type]
-                             max_in_flight=1, max_buffered_groups=100, journal=journal, curriculum=curriculum)  # fmt: skip
+    manager = RolloutManager(
+        None,
+        scripted(rewards, started),
+        lambda index: index % 4,
+        n_attempts=4,  # type: ignore[arg-type]
+        max_in_flight=1,
+        max_buffered_groups=100,
+        journal=journal,
+        curriculum=curriculum,
+    )
     groups = run_groups(manager, 4)
     by_seq = {g.seq: g for g in groups}
     assert [len(by_seq[s].attempts) for s in range(4)] == [2, 4, 2, 4]
@@ -331,9 +336,20 @@ def test_a_probe_that_settles_stops_its_group_and_one_that_disagrees_opens_the_r
         0.0,
         0.0,
     ]  # the probe is part of the group
-    assert started[:12] == ["g00000000/0", "g00000000/1", "g00000001/0", "g00000001/1", "g00000001/2",
-                            "g00000001/3", "g00000002/0", "g00000002/1", "g00000003/0", "g00000003/1",
-                            "g00000003/2", "g00000003/3"]  # fmt: skip
+    assert started[:12] == [
+        "g00000000/0",
+        "g00000000/1",
+        "g00000001/0",
+        "g00000001/1",
+        "g00000001/2",
+        "g00000001/3",
+        "g00000002/0",
+        "g00000002/1",
+        "g00000003/0",
+        "g00000003/1",
+        "g00000003/2",
+        "g00000003/3",
+    ]
     plans, finishes = journal.load_curriculum()
     assert sorted((p.seq, p.task_index, p.probe) for p in plans)[:4] == [
         (0, 0, 2),
@@ -342,15 +358,27 @@ def test_a_probe_that_settles_stops_its_group_and_one_that_disagrees_opens_the_r
         (3, 3, 2),
     ]
     assert sorted((seq, r) for _, seq, r in finishes)[:4] == [
-        (0, [0.0, 0.0]), (1, [0.0, 1.0, 0.0, 1.0]), (2, [0.0, 0.0]), (3, [1.0, 1.0, 0.0, 0.0])]  # fmt: skip
+        (0, [0.0, 0.0]),
+        (1, [0.0, 1.0, 0.0, 1.0]),
+        (2, [0.0, 0.0]),
+        (3, [1.0, 1.0, 0.0, 0.0]),
+    ]
 
     async def batch() -> tuple[list[list[float | None]], dict[str, int], Ledger]:
-        again = RolloutManager(None, scripted(rewards, []), lambda i: i % 4, n_attempts=4, max_in_flight=1,  # type: ignore[arg-type]
-                               max_buffered_groups=100, journal=RolloutJournal(None, "x"))  # fmt: skip
+        again = RolloutManager(
+            None,
+            scripted(rewards, []),
+            lambda i: i % 4,
+            n_attempts=4,
+            max_in_flight=1,  # type: ignore[arg-type]
+            max_buffered_groups=100,
+            journal=RolloutJournal(None, "x"),
+        )
         again.buffer.extend(groups)
         ledger = Ledger()
-        taken = await collect_batch(again, 0, async_settings(steps=1, tasks_per_step=2, max_staleness=0,
-                                                             max_extra_groups_per_step=0), ledger)  # fmt: skip
+        taken = await collect_batch(
+            again, 0, async_settings(steps=1, tasks_per_step=2, max_staleness=0, max_extra_groups_per_step=0), ledger
+        )
         await again.close()
         return [[t.reward for t in g] for g in taken.groups], dict(taken.discarded), ledger
 
@@ -391,8 +419,16 @@ def test_resume_reruns_a_probe_midway_keeps_a_settled_one_and_finishes_an_expand
     curriculum.restore(plans, finishes)
 
     async def run() -> tuple[dict[str, int], list[tuple[int, bool]]]:
-        manager = RolloutManager(None, never(started), lambda i: i, n_attempts=4, max_in_flight=8,  # type: ignore[arg-type]
-                                 max_buffered_groups=100, journal=journal, curriculum=curriculum)  # fmt: skip
+        manager = RolloutManager(
+            None,
+            never(started),
+            lambda i: i,
+            n_attempts=4,
+            max_in_flight=8,  # type: ignore[arg-type]
+            max_buffered_groups=100,
+            journal=journal,
+            curriculum=curriculum,
+        )
         counts = manager.restore(journal.load(set()), Ledger(), plans)
         buffered = [(g.seq, g.stopped_early) for g in manager.buffer]
         manager.start()
@@ -411,8 +447,16 @@ def test_resume_reruns_a_probe_midway_keeps_a_settled_one_and_finishes_an_expand
     }
     # only what is missing: group 0's second probe attempt, group 2's attempt 2, group 3's probe; then seq 4 (task 4,
     # the curriculum's fresh position after the journaled picks 0-3)
-    assert started == ["g00000000/1", "g00000002/2", "g00000003/0", "g00000003/1", "g00000004/0", "g00000004/1",
-                       "g00000005/0", "g00000005/1"]  # fmt: skip
+    assert started == [
+        "g00000000/1",
+        "g00000002/2",
+        "g00000003/0",
+        "g00000003/1",
+        "g00000004/0",
+        "g00000004/1",
+        "g00000005/0",
+        "g00000005/1",
+    ]
 
 
 def never(started: list[str]) -> Any:
@@ -431,11 +475,17 @@ def test_replayed_tasks_come_from_groups_with_signal_and_the_metrics_count_rolle
     rewards = collections.defaultdict(lambda: [0.0] * 4, {1: [1.0, 0.0, 1.0, 0.0], 2: [0.0, 1.0, 0.0, 0.0]})
     started: list[str] = []
     journal = RolloutJournal(Store(f"file://{tmp_path}/store"), "rollouts")
-    curriculum = Curriculum(
-        50, CurriculumSettings(n_attempts=4, probe_attempts=1, replay_share=0.5, max_visits=3)
+    curriculum = Curriculum(50, CurriculumSettings(n_attempts=4, probe_attempts=1, replay_share=0.5, max_visits=3))
+    manager = RolloutManager(
+        None,
+        scripted(rewards, started),
+        lambda i: i,
+        n_attempts=4,
+        max_in_flight=1,  # type: ignore[arg-type]
+        max_buffered_groups=100,
+        journal=journal,
+        curriculum=curriculum,
     )
-    manager = RolloutManager(None, scripted(rewards, started), lambda i: i, n_attempts=4, max_in_flight=1,  # type: ignore[arg-type]
-                             max_buffered_groups=100, journal=journal, curriculum=curriculum)  # fmt: skip
     groups = run_groups(manager, 12)
     tasks = [manager.plan_of(g.seq).task_index for g in groups]
     sources = [manager.plan_of(g.seq).source for g in groups]
@@ -460,19 +510,33 @@ def test_replayed_tasks_come_from_groups_with_signal_and_the_metrics_count_rolle
     ("overrides", "message"),
     [
         (["grpo.mode=sync", "grpo.rollout.probe_attempts=1"], "need mode async"),
-        (["grpo.mode=async", "grpo.rollout.attempts_per_task=4", "grpo.rollout.probe_attempts=4"],
-         "probe_attempts \\(4\\) must be below attempts_per_task"),
-        (["grpo.mode=async", "grpo.rollout.replay_share=0.5", "grpo.rollout.max_visits=3", "grpo.rollout.prewarm_groups=2"],
-         "prewarm_groups needs each group's task"),
+        (
+            ["grpo.mode=async", "grpo.rollout.attempts_per_task=4", "grpo.rollout.probe_attempts=4"],
+            "probe_attempts \\(4\\) must be below attempts_per_task",
+        ),
+        (
+            [
+                "grpo.mode=async",
+                "grpo.rollout.replay_share=0.5",
+                "grpo.rollout.max_visits=3",
+                "grpo.rollout.prewarm_groups=2",
+            ],
+            "prewarm_groups needs each group's task",
+        ),
         (["grpo.mode=async", "grpo.rollout.replay_share=0.5"], "needs max_visits >= 2"),
-        (["grpo.mode=async", "grpo.rollout.stratify_by=modifier", "grpo.rollout.prewarm_groups=2"],
-         "prewarm_groups needs each group's task"),
+        (
+            ["grpo.mode=async", "grpo.rollout.stratify_by=modifier", "grpo.rollout.prewarm_groups=2"],
+            "prewarm_groups needs each group's task",
+        ),
         (["grpo.mode=sync", "grpo.rollout.stratify_by=modifier"], "need mode async"),
         (["grpo.mode=async", "grpo.rollout.stratify_by=colour"], "grpo.rollout.stratify_by"),
         (["grpo.mode=async", "grpo.rollout.stratify_by=modifier", "grpo.rollout.stratum_floor=0"], "stratum_floor"),
-        (["grpo.mode=async", "grpo.rollout.replay_share=1.0", "grpo.rollout.max_visits=3"], "grpo.rollout.replay_share"),
+        (
+            ["grpo.mode=async", "grpo.rollout.replay_share=1.0", "grpo.rollout.max_visits=3"],
+            "grpo.rollout.replay_share",
+        ),
     ],
-)  # fmt: skip
+)
 def test_config_refuses_impossible_curricula(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)

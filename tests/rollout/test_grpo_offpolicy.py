@@ -17,13 +17,13 @@ MASK = [[0, 1, 1, 1], [0, 1, 1, 0]]
 ADVANTAGES = [0.8, -0.5]
 
 
-def reference(level_tis: str, tis_cap: float, mis: tuple[float, float] | None, level_mis: str) -> tuple[float, list[list[float]], float]:  # fmt: skip
+def reference(
+    level_tis: str, tis_cap: float, mis: tuple[float, float] | None, level_mis: str
+) -> tuple[float, list[list[float]], float]:
     """Loss, gradient w.r.t. logprobs, masked fraction; explicit loops in float64 (eps 0.2 both sides)."""
     tokens = [(b, t) for b in range(2) for t in range(4) if MASK[b][t]]
     count = len(tokens)
-    sequence = [
-        math.exp(math.fsum(OLD[b][t] - BEHAVIOUR[b][t] for t in range(4) if MASK[b][t])) for b in range(2)
-    ]
+    sequence = [math.exp(math.fsum(OLD[b][t] - BEHAVIOUR[b][t] for t in range(4) if MASK[b][t])) for b in range(2)]
     total, masked = 0.0, 0
     gradient = [[0.0] * 4 for _ in range(2)]
     for b, t in tokens:
@@ -57,11 +57,21 @@ def reference(level_tis: str, tis_cap: float, mis: tuple[float, float] | None, l
 def test_tis_and_mis_match_float64_reference(tis_level, tis_cap, mis, mis_level) -> None:
     current = torch.tensor(LOGPROBS, dtype=torch.float64, requires_grad=True)
     loss, stats = policy_loss(
-        current, torch.tensor(OLD, dtype=torch.float64), torch.tensor(BEHAVIOUR, dtype=torch.float64),
-        torch.tensor(ADVANTAGES, dtype=torch.float64), torch.tensor(MASK),
-        LossSettings(0.2, 0.2, tis_cap, tis_level=tis_level, mis_low=mis[0] if mis else 0.0,
-                     mis_high=mis[1] if mis else None, mis_level=mis_level),
-    )  # fmt: skip
+        current,
+        torch.tensor(OLD, dtype=torch.float64),
+        torch.tensor(BEHAVIOUR, dtype=torch.float64),
+        torch.tensor(ADVANTAGES, dtype=torch.float64),
+        torch.tensor(MASK),
+        LossSettings(
+            0.2,
+            0.2,
+            tis_cap,
+            tis_level=tis_level,
+            mis_low=mis[0] if mis else 0.0,
+            mis_high=mis[1] if mis else None,
+            mis_level=mis_level,
+        ),
+    )
     loss.backward()
     expected_loss, expected_gradient, expected_masked = reference(tis_level, tis_cap, mis, mis_level)
     assert float(loss.detach()) == pytest.approx(expected_loss, abs=1e-12)
@@ -74,9 +84,13 @@ def test_the_cases_differ() -> None:
     """The parametrised cases are not all the same number: each knob changes the loss on these inputs."""
     losses = {
         case: reference(*case)[0]
-        for case in [("token", 2.0, None, "token"), ("sequence", 2.0, None, "token"),
-                     ("token", 2.0, (0.5, 2.0), "token"), ("token", 5.0, (0.8, 3.0), "sequence")]
-    }  # fmt: skip
+        for case in [
+            ("token", 2.0, None, "token"),
+            ("sequence", 2.0, None, "token"),
+            ("token", 2.0, (0.5, 2.0), "token"),
+            ("token", 5.0, (0.8, 3.0), "sequence"),
+        ]
+    }
     assert len({round(value, 9) for value in losses.values()}) == len(losses)
     assert reference("token", 2.0, (0.5, 2.0), "token")[2] > 0  # MIS masks something here
 
@@ -87,8 +101,14 @@ def test_sequence_weights_of_long_trajectories_do_not_overflow() -> None:
     old = torch.zeros(1, length, dtype=torch.float32)
     behaviour = torch.full((1, length), -0.5)  # weight e^0.5 per token: e^1000 over the trajectory
     current = old.clone().requires_grad_(True)
-    loss, stats = policy_loss(current, old, behaviour, torch.tensor([1.0]), torch.ones(1, length),
-                              LossSettings(0.2, 0.2, 2.0, tis_level="sequence"))  # fmt: skip
+    loss, stats = policy_loss(
+        current,
+        old,
+        behaviour,
+        torch.tensor([1.0]),
+        torch.ones(1, length),
+        LossSettings(0.2, 0.2, 2.0, tis_level="sequence"),
+    )
     loss.backward()
     assert math.isfinite(float(loss.detach())) and stats.tis_mean == pytest.approx(2.0)
     assert current.grad is not None and torch.isfinite(current.grad).all()

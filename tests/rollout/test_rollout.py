@@ -42,16 +42,29 @@ from tests.trainer_helpers import grpo_trainer
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 PROFILE = EpisodeProfile(max_turns=4, turn_latency_s=0.01, turn_cap_share=0.5)
-LIMITS = EpisodeLimits(max_turns=4, max_trajectory_tokens=2048, max_new_tokens_per_turn=64, command_timeout_s=20,
-                       test_timeout_s=30, max_observation_chars=4000, episode_timeout_s=1800.0,
-                       max_malformed_calls=1_000_000)  # fmt: skip
+LIMITS = EpisodeLimits(
+    max_turns=4,
+    max_trajectory_tokens=2048,
+    max_new_tokens_per_turn=64,
+    command_timeout_s=20,
+    test_timeout_s=30,
+    max_observation_chars=4000,
+    episode_timeout_s=1800.0,
+    max_malformed_calls=1_000_000,
+)
 
 
 def async_settings(**knobs: Any) -> AsyncSettings:
     """The async loop's settings with the values these tests were written for, changed by knobs."""
-    base: dict[str, Any] = dict(staleness_policy=StalenessPolicy.DROP, max_requeues=1, dynamic_sampling=True,
-                                max_extra_groups_per_step=32, checkpoint_every=0, time_budget_s=None,
-                                max_empty_steps=3)  # fmt: skip
+    base: dict[str, Any] = dict(
+        staleness_policy=StalenessPolicy.DROP,
+        max_requeues=1,
+        dynamic_sampling=True,
+        max_extra_groups_per_step=32,
+        checkpoint_every=0,
+        time_budget_s=None,
+        max_empty_steps=3,
+    )
     return AsyncSettings(**(base | knobs))
 
 
@@ -65,17 +78,25 @@ def tasks(micro_cache: Path) -> list[TaskInstance]:
     return clean_micro_tasks(4)
 
 
-def trajectory(
-    versions: list[int], reward: float | None = 0.0, attempt: int = 0, group: str = "g"
-) -> Trajectory:
+def trajectory(versions: list[int], reward: float | None = 0.0, attempt: int = 0, group: str = "g") -> Trajectory:
     """A trajectory whose sampled tokens (one per entry of versions >= 0) carry those weight versions."""
     mask = [0, *(1 if v >= 0 else 0 for v in versions)]
-    status = EpisodeStatus.INFRA_ERROR if reward is None else EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED  # fmt: skip
+    status = (
+        EpisodeStatus.INFRA_ERROR if reward is None else EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED
+    )
     return Trajectory(
-        task_id="t", attempt=attempt, group_id=group, status=status, reward=reward, prompt_tokens=1,
-        token_ids=[5] * len(mask), loss_mask=mask, behaviour_logprobs=[-0.5 * m for m in mask],
-        token_weight_versions=[-1, *versions], infra_cause="engine_http" if reward is None else None,
-    )  # fmt: skip
+        task_id="t",
+        attempt=attempt,
+        group_id=group,
+        status=status,
+        reward=reward,
+        prompt_tokens=1,
+        token_ids=[5] * len(mask),
+        loss_mask=mask,
+        behaviour_logprobs=[-0.5 * m for m in mask],
+        token_weight_versions=[-1, *versions],
+        infra_cause="engine_http" if reward is None else None,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,28 +164,26 @@ def test_tail_share_matches_a_brute_force_count() -> None:
 
 
 def test_longtail_stats_of_constructed_groups() -> None:
-    def attempt(
-        seq: int, index: int, start: float, end: float, status: EpisodeStatus, turns: int
-    ) -> FinishedAttempt:
-        base = trajectory([0], 0.0, index, f"g{seq}").model_copy(
-            update={"status": status, "num_turns": turns}
-        )
+    def attempt(seq: int, index: int, start: float, end: float, status: EpisodeStatus, turns: int) -> FinishedAttempt:
+        base = trajectory([0], 0.0, index, f"g{seq}").model_copy(update={"status": status, "num_turns": turns})
         return FinishedAttempt(seq, 0, base, start, end)
 
     from swerl.rollout.journal import FinishedGroup
 
     groups = [
-        FinishedGroup(0, 0, [attempt(0, 0, 0, 10, EpisodeStatus.TURN_CAP, 30), attempt(0, 1, 0, 4, EpisodeStatus.RESOLVED, 8)]),
-        FinishedGroup(1, 0, [attempt(1, 0, 1, 3, EpisodeStatus.LENGTH_CAP, 5), attempt(1, 1, 1, 6, EpisodeStatus.TURN_CAP, 30)]),
-    ]  # fmt: skip
+        FinishedGroup(
+            0, 0, [attempt(0, 0, 0, 10, EpisodeStatus.TURN_CAP, 30), attempt(0, 1, 0, 4, EpisodeStatus.RESOLVED, 8)]
+        ),
+        FinishedGroup(
+            1, 0, [attempt(1, 0, 1, 3, EpisodeStatus.LENGTH_CAP, 5), attempt(1, 1, 1, 6, EpisodeStatus.TURN_CAP, 30)]
+        ),
+    ]
     stats = longtail_stats(groups)
     assert stats["longtail/turn_cap_rate"] == 0.5 and stats["longtail/length_cap_rate"] == 0.25
     assert stats["longtail/group_spread_max"] == pytest.approx(10 / 4)
     assert stats["longtail/group_spread_mean"] == pytest.approx((10 / 4 + 5 / 2) / 2)
     assert (stats["longtail/slowest_s"], stats["longtail/slowest_turns"]) == (10, 30)
-    assert stats["longtail/tail_share_after_p90"] == pytest.approx(
-        (10 - 10) / 10
-    )  # 4 attempts: p90 is the last
+    assert stats["longtail/tail_share_after_p90"] == pytest.approx((10 - 10) / 10)  # 4 attempts: p90 is the last
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -175,14 +194,27 @@ def test_longtail_stats_of_constructed_groups() -> None:
     "overrides, message",
     [
         (["grpo.rollout.max_staleness=-1"], "grpo.rollout.max_staleness"),
-        (["grpo.mode=async", "grpo.schedule.tasks_per_step=8", "grpo.rollout.max_buffered_groups=4"], "exceeds rollout.max_buffered_groups"),
-        (["grpo.mode=async", "grpo.schedule.tasks_per_step=8", "grpo.rollout.max_staleness=0", "grpo.rollout.max_buffered_groups=7"],
-         "rollouts may ever hold"),
-        (["grpo.algorithm.mis_high=2.0", "grpo.algorithm.mis_low=1.0", "grpo.algorithm.tis_cap=1.0"], "every kept weight is truncated"),
+        (
+            ["grpo.mode=async", "grpo.schedule.tasks_per_step=8", "grpo.rollout.max_buffered_groups=4"],
+            "exceeds rollout.max_buffered_groups",
+        ),
+        (
+            [
+                "grpo.mode=async",
+                "grpo.schedule.tasks_per_step=8",
+                "grpo.rollout.max_staleness=0",
+                "grpo.rollout.max_buffered_groups=7",
+            ],
+            "rollouts may ever hold",
+        ),
+        (
+            ["grpo.algorithm.mis_high=2.0", "grpo.algorithm.mis_low=1.0", "grpo.algorithm.tis_cap=1.0"],
+            "every kept weight is truncated",
+        ),
         (["grpo.rollout.staleness_policy=ignore"], "grpo.rollout.staleness_policy"),
         (["grpo.algorithm.mis_high=0.5"], "grpo.algorithm.mis_high"),
     ],
-)  # fmt: skip
+)
 def test_config_refuses_bad_async_settings(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
@@ -202,13 +234,13 @@ async def never_finishes(engine: Engine, task: Any, *, attempt: int, group_id: s
     raise AssertionError("unreachable")
 
 
-def finished_group(
-    seq: int, rewards: list[float | None], finished_at: float = 0.0
-) -> dict[int, FinishedAttempt]:
+def finished_group(seq: int, rewards: list[float | None], finished_at: float = 0.0) -> dict[int, FinishedAttempt]:
     return {
-        index: FinishedAttempt(seq, 0, trajectory([0], reward, index, f"g{seq:08d}"), finished_at - 1, finished_at + index)
+        index: FinishedAttempt(
+            seq, 0, trajectory([0], reward, index, f"g{seq:08d}"), finished_at - 1, finished_at + index
+        )
         for index, reward in enumerate(rewards)
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("dynamic_sampling", [True, False])
@@ -219,12 +251,20 @@ def test_dynamic_sampling_refills_instead_of_training_groups_without_gradient(dy
     )
 
     async def run() -> tuple[Batch, Ledger]:
-        manager = RolloutManager(None, never_finishes, lambda seq: seq, n_attempts=2, max_in_flight=2,  # type: ignore[arg-type]
-                                 max_buffered_groups=100, journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            None,
+            never_finishes,
+            lambda seq: seq,
+            n_attempts=2,
+            max_in_flight=2,  # type: ignore[arg-type]
+            max_buffered_groups=100,
+            journal=RolloutJournal(None, "x"),
+        )
         manager.restore(state, Ledger())
         ledger = Ledger()
-        settings = async_settings(steps=1, tasks_per_step=2, max_staleness=0, dynamic_sampling=dynamic_sampling,
-                                 max_extra_groups_per_step=4)  # fmt: skip
+        settings = async_settings(
+            steps=1, tasks_per_step=2, max_staleness=0, dynamic_sampling=dynamic_sampling, max_extra_groups_per_step=4
+        )
         batch = await collect_batch(manager, 0, settings, ledger)
         await manager.close()
         return batch, ledger
@@ -235,8 +275,14 @@ def test_dynamic_sampling_refills_instead_of_training_groups_without_gradient(dy
         # 5 has no signal but the cap is reached, so it fills the second slot.
         assert [[t.reward for t in g] for g in batch.groups] == [[1, 0], [0, 0]]
         assert dict(batch.discarded) == {"no_signal": 3, "few_valid": 1}
-        assert ledger.entries == [(0, 1, "no_signal"), (1, 1, "no_signal"), (2, 1, "few_valid"), (3, 1, "no_signal"),
-                                  (4, 1, "trained"), (5, 1, "trained")]  # fmt: skip
+        assert ledger.entries == [
+            (0, 1, "no_signal"),
+            (1, 1, "no_signal"),
+            (2, 1, "few_valid"),
+            (3, 1, "no_signal"),
+            (4, 1, "trained"),
+            (5, 1, "trained"),
+        ]
     else:
         assert [[t.reward for t in g] for g in batch.groups] == [[0, 0], [1, 1]]
         assert ledger.entries == [(0, 1, "trained"), (1, 1, "trained")]
@@ -254,8 +300,14 @@ def restore_and_start(
         return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
 
     async def run() -> tuple[dict[str, int], list[int], int]:
-        manager = RolloutManager(None, recording, lambda seq: seq, max_buffered_groups=100, journal=journal,  # type: ignore[arg-type]
-                                 **manager_args)  # fmt: skip
+        manager = RolloutManager(
+            None,
+            recording,
+            lambda seq: seq,
+            max_buffered_groups=100,
+            journal=journal,  # type: ignore[arg-type]
+            **manager_args,
+        )
         counts = manager.restore(journal.load(ledger.consumed), ledger, position=position)
         buffered, next_seq = [group.seq for group in manager.buffer], manager.next_seq
         manager.start()
@@ -290,13 +342,18 @@ def test_journal_resume_reloads_finished_groups_and_reruns_only_what_is_missing(
 
 def test_a_batch_still_being_collected_when_the_budget_runs_out_is_given_back() -> None:
     # Group 0 has no signal (discarded), group 1 is trainable, and no other group ever finishes: B = 2 is never met.
-    state = JournalState(
-        {seq: (0, finished_group(seq, r, float(seq))) for seq, r in enumerate([[0, 0], [1, 0]])}, 1
-    )
+    state = JournalState({seq: (0, finished_group(seq, r, float(seq))) for seq, r in enumerate([[0, 0], [1, 0]])}, 1)
 
     async def run() -> tuple[Ledger, list[int], float]:
-        manager = RolloutManager(None, never_finishes, lambda seq: seq, n_attempts=2, max_in_flight=2,  # type: ignore[arg-type]
-                                 max_buffered_groups=100, journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            None,
+            never_finishes,
+            lambda seq: seq,
+            n_attempts=2,
+            max_in_flight=2,  # type: ignore[arg-type]
+            max_buffered_groups=100,
+            journal=RolloutJournal(None, "x"),
+        )
         manager.restore(state, Ledger())
         manager.start()
         ledger = Ledger()
@@ -310,9 +367,7 @@ def test_a_batch_still_being_collected_when_the_budget_runs_out_is_given_back() 
 
     ledger, buffered, waited = asyncio.run(run())
     assert 0.3 <= waited < 2.0
-    assert ledger.entries == [
-        (0, 1, "no_signal")
-    ]  # the discard stands; group 1's 'trained' mark was taken back
+    assert ledger.entries == [(0, 1, "no_signal")]  # the discard stands; group 1's 'trained' mark was taken back
     assert buffered == [1]  # ... and group 1 is back at the front of the buffer, untrained
 
 
@@ -340,15 +395,19 @@ def test_the_async_loop_keeps_to_its_time_budget(
     ledger = Ledger()
 
     async def run() -> tuple[float, list[int]]:
-        manager = RolloutManager(EmulatedEngine(tokenizer, PROFILE, seed=0), never_finishes, lambda seq: seq,
-                                 n_attempts=2, max_in_flight=2, max_buffered_groups=100,
-                                 journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            EmulatedEngine(tokenizer, PROFILE, seed=0),
+            never_finishes,
+            lambda seq: seq,
+            n_attempts=2,
+            max_in_flight=2,
+            max_buffered_groups=100,
+            journal=RolloutJournal(None, "x"),
+        )
         manager.restore(state, Ledger())
         settings = async_settings(steps=10, tasks_per_step=1, max_staleness=10, time_budget_s=1.2)
         started = time.monotonic()
-        async for _ in train_async(
-            trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports"
-        ):
+        async for _ in train_async(trainer, manager.engine, manager, settings, ledger, export_dir=tmp_path / "exports"):
             pass
         return time.monotonic() - started, [group.seq for group in manager.buffer]
 
@@ -356,9 +415,7 @@ def test_the_async_loop_keeps_to_its_time_budget(
     assert trainer.step == 1
     assert ledger.entries == [(0, 1, "trained")]
     assert buffered == list(range(1, finished_groups))  # given back in order (the 3-group case), none lost
-    assert (
-        elapsed < 1.5
-    )  # without the budget logic: 1 group waits forever; 3 groups train 2 updates, >= 1.7 s
+    assert elapsed < 1.5  # without the budget logic: 1 group waits forever; 3 groups train 2 updates, >= 1.7 s
 
 
 def test_requeue_reruns_the_whole_group_first_under_a_new_generation() -> None:
@@ -369,8 +426,15 @@ def test_requeue_reruns_the_whole_group_first_under_a_new_generation() -> None:
         return await never_finishes(engine, task, attempt=attempt, group_id=group_id)
 
     async def run() -> None:
-        manager = RolloutManager(None, recording, lambda seq: seq, n_attempts=2, max_in_flight=2,  # type: ignore[arg-type]
-                                 max_buffered_groups=1, journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            None,
+            recording,
+            lambda seq: seq,
+            n_attempts=2,
+            max_in_flight=2,  # type: ignore[arg-type]
+            max_buffered_groups=1,
+            journal=RolloutJournal(None, "x"),
+        )
         manager.restore(JournalState({0: (0, finished_group(0, [1, 0]))}, 0), Ledger())
         group = await manager.get()  # the buffer empties: a new group (seq 1) opens
         await asyncio.sleep(0.01)
@@ -398,8 +462,15 @@ def test_manager_keeps_trajectories_in_flight_and_real_grading_scores_them(
     samples: list[int] = []
 
     async def run() -> list[Any]:
-        manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=2,
-                                 max_in_flight=5, max_buffered_groups=3, journal=journal)  # fmt: skip
+        manager = RolloutManager(
+            engine,
+            episode,
+            lambda seq: tasks[seq % len(tasks)],
+            n_attempts=2,
+            max_in_flight=5,
+            max_buffered_groups=3,
+            journal=journal,
+        )
         manager.start()
         groups: list[Any] = []
         while len(groups) < 6:
@@ -443,9 +514,17 @@ def test_a_group_opened_before_its_warm_up_is_not_warmed() -> None:
         return lambda: started.append(seq)
 
     async def run() -> None:
-        manager = RolloutManager(None, never_finishes, lambda seq: seq, n_attempts=2, max_in_flight=4,  # type: ignore[arg-type]
-                                 max_buffered_groups=8, journal=RolloutJournal(None, "x"), prewarm=prewarm,
-                                 prewarm_groups=1)  # fmt: skip
+        manager = RolloutManager(
+            None,
+            never_finishes,
+            lambda seq: seq,
+            n_attempts=2,
+            max_in_flight=4,  # type: ignore[arg-type]
+            max_buffered_groups=8,
+            journal=RolloutJournal(None, "x"),
+            prewarm=prewarm,
+            prewarm_groups=1,
+        )
         manager.start()
         await asyncio.sleep(0.05)
         assert (prepared, started) == ([2], [2])
@@ -482,9 +561,7 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
             graded.append(trajectory.grade_status)
         return trajectory
 
-    engine = EmulatedEngine(
-        tokenizer, EpisodeProfile(max_turns=4, turn_latency_s=0.2, turn_cap_share=0.5), seed=3
-    )
+    engine = EmulatedEngine(tokenizer, EpisodeProfile(max_turns=4, turn_latency_s=0.2, turn_cap_share=0.5), seed=3)
     warmed: list[TaskInstance] = []
 
     async def prewarm(task: TaskInstance) -> Callable[[], None]:
@@ -494,9 +571,17 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
 
     async def run() -> int:
         async with pool:
-            manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=2,
-                                     max_in_flight=2, max_buffered_groups=4, journal=RolloutJournal(None, "x"),
-                                     prewarm=prewarm, prewarm_groups=1)  # fmt: skip
+            manager = RolloutManager(
+                engine,
+                episode,
+                lambda seq: tasks[seq % len(tasks)],
+                n_attempts=2,
+                max_in_flight=2,
+                max_buffered_groups=4,
+                journal=RolloutJournal(None, "x"),
+                prewarm=prewarm,
+                prewarm_groups=1,
+            )
             manager.start()
             for _ in range(3):
                 await manager.get()
@@ -511,9 +596,7 @@ def test_groups_are_warmed_ahead_and_their_attempts_start_warm(
     counters = dict(pool.counters)
     assert 2 + len(graded) <= counters["start.cold"] <= 2 + len(graded) + 2, (counters, len(graded))
     assert counters["start.warm"] >= 4, counters
-    assert (
-        counters["start.cold"] + counters["start.warm"] <= started + len(graded) + 2
-    )  # (the last may be cancelled)
+    assert counters["start.cold"] + counters["start.warm"] <= started + len(graded) + 2  # (the last may be cancelled)
     assert list(sandboxes.iterdir()) == []
 
 
@@ -537,8 +620,15 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
     history: list[dict[str, float]] = []
 
     async def run() -> None:
-        manager = RolloutManager(engine, episode, lambda seq: tasks[seq % len(tasks)], n_attempts=3,
-                                 max_in_flight=1, max_buffered_groups=4, journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            engine,
+            episode,
+            lambda seq: tasks[seq % len(tasks)],
+            n_attempts=3,
+            max_in_flight=1,
+            max_buffered_groups=4,
+            journal=RolloutJournal(None, "x"),
+        )
         # Groups are taken in finishing order; with one attempt in flight at a time they finish in seq order, so
         # each batch holds an even and an odd group. (With three in flight, an odd group's instant failures let
         # the next group overtake it, and a batch of two odd groups, untrainable, was no step: a flaky test.)
@@ -561,9 +651,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
         assert all(t.reward is not None for t in scored.trajectories)  # never in the loss...
         valid_groups = [[t for t in g if t.reward is not None] for g in step_groups]
         kept = [g for g in valid_groups if len(g) >= 2]
-        assert stats["loss_tokens"] == sum(
-            t.sampled_tokens for g in kept for t in g
-        )  # ...not one token of them
+        assert stats["loss_tokens"] == sum(t.sampled_tokens for g in kept for t in g)  # ...not one token of them
         expected = [t.reward - sum(u.reward for u in g) / len(g) for g in kept for t in g]  # type: ignore[operator, misc]
         assert scored.advantages == pytest.approx(expected)  # ...nor in a baseline
         assert stats["groups_dropped"] == len(valid_groups) - len(kept)
@@ -573,9 +661,7 @@ def test_infra_failures_never_reach_the_loss_or_a_baseline_and_are_counted_by_ca
     odd = sum(seq % 2 for seq in seqs)
     assert history[-1]["totals/groups_dropped_few_valid"] == odd
     # Counted by cause, every step: permanent failures once per try (2 tries each); kills retried successfully.
-    assert (
-        counts["infra_error.engine_http"] >= 2 * len(seqs) // 2 and counts["infra_error.engine_timeout"] >= 2
-    )
+    assert counts["infra_error.engine_http"] >= 2 * len(seqs) // 2 and counts["infra_error.engine_timeout"] >= 2
     assert counts["infra_error.sandbox_died"] >= 1
     assert counts["infra_error.gave_up"] >= len(final_infra)
     assert all(cause != "sandbox_died" for cause in final_infra.values())
@@ -610,16 +696,25 @@ def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_s
     trainer, ledger = CountingTrainer(), Ledger()
 
     async def run(steps: int, max_empty_steps: int) -> None:
-        manager = RolloutManager(None, never_finishes, lambda seq: seq,  # type: ignore[arg-type]
-                                 n_attempts=2, max_in_flight=1, max_buffered_groups=100,
-                                 journal=RolloutJournal(None, "x"))  # fmt: skip
+        manager = RolloutManager(
+            None,
+            never_finishes,
+            lambda seq: seq,  # type: ignore[arg-type]
+            n_attempts=2,
+            max_in_flight=1,
+            max_buffered_groups=100,
+            journal=RolloutJournal(None, "x"),
+        )
         manager.restore(state, Ledger())
-        settings = async_settings(steps=steps, tasks_per_step=1, max_staleness=10, max_extra_groups_per_step=0,
-                                  max_empty_steps=max_empty_steps)  # fmt: skip
+        settings = async_settings(
+            steps=steps,
+            tasks_per_step=1,
+            max_staleness=10,
+            max_extra_groups_per_step=0,
+            max_empty_steps=max_empty_steps,
+        )
         engine: Any = VersionEngine()
-        async for _ in train_async(
-            trainer, engine, manager, settings, ledger, export_dir=tmp_path / "exports"
-        ):
+        async for _ in train_async(trainer, engine, manager, settings, ledger, export_dir=tmp_path / "exports"):
             pass
 
     asyncio.run(run(steps=2, max_empty_steps=5))
@@ -629,9 +724,7 @@ def test_async_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_s
     assert {step for _, step, _ in ledger.entries} == {1, 2}
 
     trainer, ledger = CountingTrainer(), Ledger()
-    with pytest.raises(
-        NothingTrainable, match=r"3 batches in a row had nothing to train on .*max_empty_steps = 3"
-    ):
+    with pytest.raises(NothingTrainable, match=r"3 batches in a row had nothing to train on .*max_empty_steps = 3"):
         asyncio.run(run(steps=5, max_empty_steps=3))
     assert trainer.step == 1
 
@@ -649,8 +742,15 @@ def test_sync_batches_whose_groups_were_all_dropped_are_not_steps_and_end_the_st
 
     async def run(steps: int, max_empty: int, progress: SyncProgress) -> CountingTrainer:
         trainer = CountingTrainer()
-        settings = SyncSettings(steps=steps, tasks_per_step=1, attempts_per_task=2, concurrency=2,
-                                checkpoint_every=0, deadline=None, max_empty_steps=max_empty)  # fmt: skip
+        settings = SyncSettings(
+            steps=steps,
+            tasks_per_step=1,
+            attempts_per_task=2,
+            concurrency=2,
+            checkpoint_every=0,
+            deadline=None,
+            max_empty_steps=max_empty,
+        )
         engine: Any = VersionEngine()
         async for _ in train_sync(
             trainer, engine, list(range(6)), episode, settings, export_dir=tmp_path, progress=progress
@@ -693,15 +793,29 @@ def test_a_later_phase_reads_the_earlier_journal_with_its_own_and_carries_what_w
             phase1.record(group[attempt])
     ledger = Ledger([(0, 2, "trained")])  # phase 1's final checkpoint consumed group 0
     phase2 = RolloutJournal(store, "stages/grpo-b/K2/rollouts", [phase1.prefix])
-    counts, buffered, position, started = restore_and_start(phase2, ledger, position=4, n_attempts=3, max_in_flight=8,
-                                                            eligible=lambda i: i % 6 not in (3, 5))  # fmt: skip
+    counts, buffered, position, started = restore_and_start(
+        phase2, ledger, position=4, n_attempts=3, max_in_flight=8, eligible=lambda i: i % 6 not in (3, 5)
+    )
     # groups 1 and 2 are completed to phase 2's n = 3 (their finished attempts kept), nothing is reloaded whole
     assert buffered == [] and position == 4
-    assert counts == {"reloaded_groups": 0, "partial_groups": 2, "rerun_groups": 0, "skipped_groups": 0,
-                      "damaged_entries": 0}  # fmt: skip
+    assert counts == {
+        "reloaded_groups": 0,
+        "partial_groups": 2,
+        "rerun_groups": 0,
+        "skipped_groups": 0,
+        "damaged_entries": 0,
+    }
     # their missing attempts, then the stream at 4 (group 3, opened in phase 1 past its journal's last finished
     # attempt, is not reopened), 5 skipped by the filter, 6
-    assert started == ["g00000001/2", "g00000002/0", "g00000002/2", "g00000004/0", "g00000004/1", "g00000004/2",
-                       "g00000006/0", "g00000006/1"]  # fmt: skip
+    assert started == [
+        "g00000001/2",
+        "g00000002/0",
+        "g00000002/2",
+        "g00000004/0",
+        "g00000004/1",
+        "g00000004/2",
+        "g00000006/0",
+        "g00000006/1",
+    ]
     # phase 2 wrote only under its own prefix; phase 1's journal is as it was
     assert len(store.list(phase1.prefix)) == 3

@@ -18,9 +18,7 @@ from swerl.errors import InfraError
 from swerl.sandbox.base import ExecResult, Sandbox, SandboxProvider
 from tests.sandbox_backends import Backend, Limits, backend_params, make_backend
 
-PATCH = (
-    "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
-)
+PATCH = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
 
 
 @pytest.fixture
@@ -55,9 +53,7 @@ def test_protocol_exec_output_and_exit_codes(backend: Backend, env_dir: Path):
     async def body() -> None:
         sandbox = await started(backend, env_dir, PATCH)
         try:
-            result = await sandbox.exec(
-                "python -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30
-            )
+            result = await sandbox.exec("python -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30)
             assert result == ExecResult(0, "42\nerr\n", False, result.duration_s) and result.duration_s > 0
             assert (await sandbox.exec("exit 3", 10)).exit_code == 3
             assert (await sandbox.exec("false", 10)).exit_code == 1
@@ -86,18 +82,12 @@ def test_output_is_bounded_head_and_tail(backend: Backend, env_dir: Path):
             await sandbox.close()
 
     result = run(body())
-    assert (
-        len(result.output) < 4300
-        and result.output.startswith("1\n2\n")
-        and result.output.endswith("100000\n")
-    )
+    assert len(result.output) < 4300 and result.output.startswith("1\n2\n") and result.output.endswith("100000\n")
     assert "bytes of output omitted" in result.output
 
 
 def test_files_and_cwd(backend: Backend, env_dir: Path):
-    big = "".join(
-        f"line {i} é\n" for i in range(30_000)
-    )  # ~300 kB: more than one command-line argument holds
+    big = "".join(f"line {i} é\n" for i in range(30_000))  # ~300 kB: more than one command-line argument holds
 
     async def body() -> None:
         sandbox = await started(backend, env_dir)
@@ -108,9 +98,7 @@ def test_files_and_cwd(backend: Backend, env_dir: Path):
             assert (await sandbox.exec("cat a.txt", 10, cwd="/workspace/notes/deep")).output == "héllo\n"
             assert (await sandbox.exec("pwd", 10, cwd="/workspace/notes")).output == "/workspace/notes\n"
             await sandbox.write_file("/workspace/pkg/mod.py", "def answer():\n    return 7\n")
-            assert (
-                await sandbox.exec("python -c 'import pkg.mod as m; print(m.answer())'", 30)
-            ).output == "7\n"
+            assert (await sandbox.exec("python -c 'import pkg.mod as m; print(m.answer())'", 30)).output == "7\n"
             await sandbox.write_file("big.txt", big)
             digest = (await sandbox.exec("md5sum big.txt", 10)).output.split()[0]
             assert digest == hashlib.md5(big.encode()).hexdigest()

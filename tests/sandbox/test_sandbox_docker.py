@@ -67,9 +67,7 @@ def test_config_builds_the_docker_provider():
     assert provider.resources.max_processes == 99
     provider.close()
     local = sandbox_provider(SandboxLimits(workspace_dir="/dev/shm/swerl-workspaces"))
-    assert (
-        type(local).__name__ == "LocalSandboxProvider" and str(local.root_dir) == "/dev/shm/swerl-workspaces"
-    )
+    assert type(local).__name__ == "LocalSandboxProvider" and str(local.root_dir) == "/dev/shm/swerl-workspaces"
 
 
 @pytest.mark.docker
@@ -145,9 +143,7 @@ def test_start_timeout_leaves_no_container(env_dir: Path, tmp_path: Path):
     with pytest.raises(InfraError) as info:
         asyncio.run(provider.start(env_dir))
     assert info.value.cause == "start_timeout"
-    provider._executor.shutdown(
-        wait=True
-    )  # a create still in flight finishes, sees it was abandoned, removes
+    provider._executor.shutdown(wait=True)  # a create still in flight finishes, sees it was abandoned, removes
     assert backend.leftovers() == []
 
 

@@ -22,9 +22,7 @@ from swerl.sandbox.e2b import E2BSandboxProvider  # noqa: E402
 from tests.doubles import FakeAsyncSandbox  # noqa: E402
 from tests.sandbox_helpers import e2b_provider, pool_around  # noqa: E402
 
-PATCH = (
-    "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
-)
+PATCH = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "aws-secret-value-123",
     "AWS_ACCESS_KEY_ID": "AKIAFAKEFAKE",
@@ -66,15 +64,11 @@ def test_exec_files_patch_and_git_baseline(fake: type[FakeAsyncSandbox], env_dir
         sandbox = await prov.start(env_dir, PATCH)
         assert isinstance(sandbox, Sandbox)
         try:
-            result = await sandbox.exec(
-                "python3 -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30
-            )
+            result = await sandbox.exec("python3 -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30)
             assert (result.exit_code, result.output, result.timed_out) == (0, "42\nerr\n", False)
             assert (await sandbox.exec("exit 3", 10)).exit_code == 3
             assert (await sandbox.exec("ls pkg", 10)).output == "mod.py\n"  # caches are not uploaded
-            assert (
-                await sandbox.exec("git status --porcelain", 10)
-            ).output == ""  # baseline includes the patch
+            assert (await sandbox.exec("git status --porcelain", 10)).output == ""  # baseline includes the patch
             await sandbox.write_file("notes/a.txt", "héllo\n")
             assert await sandbox.read_file("/workspace/notes/a.txt") == "héllo\n"
             assert (await sandbox.exec("cat a.txt", 10, cwd="/workspace/notes")).output == "héllo\n"
@@ -95,9 +89,7 @@ def test_exec_files_patch_and_git_baseline(fake: type[FakeAsyncSandbox], env_dir
     asyncio.run(body())
 
 
-def test_timeout_is_an_observation_and_hung_exec_is_infra(
-    fake: type[FakeAsyncSandbox], env_dir: Path
-) -> None:
+def test_timeout_is_an_observation_and_hung_exec_is_infra(fake: type[FakeAsyncSandbox], env_dir: Path) -> None:
     async def body() -> None:
         sandbox = await provider(fake).start(env_dir)
         try:
@@ -160,9 +152,7 @@ def test_host_secrets_never_reach_the_vm(fake: type[FakeAsyncSandbox], env_dir: 
             assert value not in shown
         call = fake.create_calls[0]
         assert call["api_key"] == SECRETS["E2B_API_KEY"]  # to the SDK connection only
-        sent = [call["envs"]] + [
-            c[1]["envs"] for vm in fake.created for c in vm.calls if c[0] == "commands.run"
-        ]
+        sent = [call["envs"]] + [c[1]["envs"] for vm in fake.created for c in vm.calls if c[0] == "commands.run"]
         for envs in sent:
             assert not set(envs) & set(SECRETS)
             assert not set(envs.values()) & set(SECRETS.values())
@@ -181,9 +171,7 @@ def test_missing_api_key_is_start_failed(fake: type[FakeAsyncSandbox], env_dir: 
 @pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="live e2b test: needs E2B_API_KEY")
 def test_live_e2b(env_dir: Path) -> None:
     async def body() -> None:
-        live = e2b_provider(
-            template=os.environ.get("SWERL_E2B_TEMPLATE", "swerl-base"), start_timeout_s=120.0
-        )
+        live = e2b_provider(template=os.environ.get("SWERL_E2B_TEMPLATE", "swerl-base"), start_timeout_s=120.0)
         sandbox = await live.start(env_dir, PATCH)
         try:
             result = await sandbox.exec("python -c 'from pkg.mod import answer; print(answer())'", 60)
@@ -204,9 +192,7 @@ def test_an_image_task_starts_from_the_template_made_from_its_image(
     from swerl.sandbox.base import ImageEnvironment
     from swerl.sandbox.images import write_e2b_template
 
-    image = ImageEnvironment(
-        "swebench/sweb.eval.x86_64.demo_1776_pkg-1:latest", path_prepend=("/opt/venv/bin",)
-    )
+    image = ImageEnvironment("swebench/sweb.eval.x86_64.demo_1776_pkg-1:latest", path_prepend=("/opt/venv/bin",))
     name = write_e2b_template(image.image, "/testbed", tmp_path / "template")
     dockerfile = (tmp_path / "template" / "e2b.Dockerfile").read_text()
     assert dockerfile.startswith(f"FROM {image.image}\n") and "ln -s /workspace" in dockerfile

@@ -59,9 +59,7 @@ def _is_sleep(pid: int) -> bool:
     return False
 
 
-async def _lifecycle(
-    pool: SandboxPool, env_dir: Path, rng: random.Random, run_tag: str, outcomes: dict
-) -> None:
+async def _lifecycle(pool: SandboxPool, env_dir: Path, rng: random.Random, run_tag: str, outcomes: dict) -> None:
     action = rng.choice(ACTIONS)
     outcomes[action] = outcomes.get(action, 0) + 1
     # Every long command sleeps a duration unique to this run, so its host processes can be found and counted.

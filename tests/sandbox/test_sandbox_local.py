@@ -55,9 +55,7 @@ def test_exec_files_and_setup_patch(provider: LocalSandboxProvider, env_dir: Pat
         sandbox = await provider.start(env_dir, patch)
         assert isinstance(sandbox, Sandbox)
         try:
-            result = await sandbox.exec(
-                "python -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30
-            )
+            result = await sandbox.exec("python -c 'from pkg.mod import answer; print(answer())'; echo err >&2", 30)
             assert result == ExecResult(0, "42\nerr\n", False, result.duration_s)
             assert (await sandbox.exec("exit 3", 10)).exit_code == 3
             await sandbox.write_file("notes/a.txt", "héllo\n")
@@ -69,9 +67,7 @@ def test_exec_files_and_setup_patch(provider: LocalSandboxProvider, env_dir: Pat
                 await sandbox.write_file("/etc/x", "no")
         finally:
             await sandbox.close()
-        if isinstance(
-            sandbox, SupervisedSandbox
-        ):  # the tmpfs went with the init; the host's mount point is empty
+        if isinstance(sandbox, SupervisedSandbox):  # the tmpfs went with the init; the host's mount point is empty
             assert not Path(f"/proc/{sandbox.init_pid}").exists() and list(sandbox.root.iterdir()) == []
         else:
             assert not sandbox.root.exists()
@@ -131,9 +127,7 @@ def test_no_network_no_secrets_no_host_files(
             env = await sandbox.exec("env", 10)
             assert "very-secret-value" not in env.output and "AWS_SECRET_ACCESS_KEY" not in env.output
             assert (await sandbox.exec(f"cat {tmp_path / 'host-secret.txt'}", 10)).exit_code != 0
-            assert (await sandbox.exec("ls -A /root", 10)).output.split() == [
-                ".pyenv"
-            ] or sys.prefix.startswith("/usr")
+            assert (await sandbox.exec("ls -A /root", 10)).output.split() == [".pyenv"] or sys.prefix.startswith("/usr")
             assert (await sandbox.exec("cat /root/.bashrc /root/.ssh/id_rsa", 10)).exit_code != 0
             assert (await sandbox.exec("ls /work/main/runs", 10)).exit_code != 0
             for outside in ("/usr/evil", "/etc/evil", f"{sys.prefix}/evil"):
@@ -257,9 +251,7 @@ def test_the_supervisor_refuses_to_run_with_inheritable_capabilities(tmp_path: P
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(
-        "start_failed sandbox set-up failed: swerl's inheritable capabilities are not empty"
-    )
+    assert done.stdout.startswith("start_failed sandbox set-up failed: swerl's inheritable capabilities are not empty")
 
 
 def test_bad_environment_and_patch(provider: LocalSandboxProvider, env_dir: Path, tmp_path: Path):
@@ -283,11 +275,7 @@ def test_output_is_bounded(tmp_path: Path, env_dir: Path):
             await sandbox.close()
 
     result = run(body())
-    assert (
-        len(result.output) < 1200
-        and result.output.startswith("1\n2\n")
-        and result.output.endswith("100000\n")
-    )
+    assert len(result.output) < 1200 and result.output.startswith("1\n2\n") and result.output.endswith("100000\n")
     assert "bytes of output omitted" in result.output
 
 
@@ -322,9 +310,7 @@ def test_a_command_cannot_end_its_sandbox(provider: LocalSandboxProvider, env_di
             )
             assert probe.output.split() == ["signalled"], probe.output
             everything = await sandbox.exec("sleep 30 & kill -KILL -1; wait; echo survived", 10)
-            assert (
-                everything.output.endswith("survived\n") and not everything.timed_out
-            )  # kill(-1) spares the caller
+            assert everything.output.endswith("survived\n") and not everything.timed_out  # kill(-1) spares the caller
             assert "Killed" in everything.output  # ... and took the sleep
             after = await sandbox.exec("echo alive; ls", 10)
             assert (after.exit_code, after.output.split()) == (0, ["alive", "pkg"])
@@ -338,9 +324,7 @@ def test_sandboxes_are_private_to_each_other(provider: LocalSandboxProvider, env
     async def body() -> None:
         a, b = await provider.start(env_dir), await provider.start(env_dir)
         try:
-            assert isinstance(a, LocalSandbox | SupervisedSandbox) and isinstance(
-                b, LocalSandbox | SupervisedSandbox
-            )
+            assert isinstance(a, LocalSandbox | SupervisedSandbox) and isinstance(b, LocalSandbox | SupervisedSandbox)
             assert a.uid != b.uid
             await a.write_file("only-a.txt", "a")
             assert (await b.exec("ls", 10)).output.split() == ["pkg"]
@@ -398,16 +382,12 @@ def test_workspace_quota(tmp_path: Path, env_dir: Path, quota: str, runtime: str
     process of its own (bubblewrap: a holder; the supervisor: the sandbox's init), never a host mount, gone with
     that process on close; none: a plain directory."""
     root = tmp_path / "sandboxes"
-    provider = local_provider(
-        memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota, runtime=runtime
-    )
+    provider = local_provider(memory_mb=1024, root_dir=root, workspace_mb=16, workspace_quota=quota, runtime=runtime)
 
     async def body() -> None:
         sandbox = await provider.start(env_dir)
         holder = sandbox.holder
-        holder_pid = (
-            sandbox.init_pid if isinstance(sandbox, SupervisedSandbox) else holder and holder.proc.pid
-        )
+        holder_pid = sandbox.init_pid if isinstance(sandbox, SupervisedSandbox) else holder and holder.proc.pid
         try:
             assert isinstance(sandbox, SupervisedSandbox) == (runtime == "auto")
             assert (holder_pid is None) == (quota == "none")
@@ -474,9 +454,7 @@ def test_a_dead_runs_sandbox_directories_are_swept(tmp_path: Path, env_dir: Path
     try:
         assert dead.stdout is not None
         dead_dir = Path(dead.stdout.readline().strip())
-        assert dead_dir.parent == root.resolve() and dead_dir.name.startswith(
-            f"swerl-sbx-{owner_tag(dead.pid)}-"
-        )
+        assert dead_dir.parent == root.resolve() and dead_dir.name.startswith(f"swerl-sbx-{owner_tag(dead.pid)}-")
         dead.kill()
         dead.wait(10)
         assert dead_dir.is_dir()  # what a crash leaves

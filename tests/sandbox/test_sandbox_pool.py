@@ -20,9 +20,7 @@ from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.ratelimit import TokenBucket
 from tests.sandbox_helpers import local_provider, pool_around
 
-PATCH = (
-    "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
-)
+PATCH = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
 
 
 @pytest.fixture
@@ -50,9 +48,7 @@ def leftovers(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if not ("-mnt-" in p.name and not any(p.iterdir())))
 
 
-def test_concurrency_limit_waits_for_a_close(
-    local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
-) -> None:
+def test_concurrency_limit_waits_for_a_close(local: LocalSandboxProvider, env_dir: Path, sandboxes: Path) -> None:
     async def body() -> None:
         async with pool_around(local, max_concurrent=2) as pool:
             assert isinstance(pool, SandboxProvider)
@@ -136,9 +132,7 @@ def test_warm_pool_hands_out_ready_sandboxes_and_refills(
     asyncio.run(body())
 
 
-def test_warm_ahead_serves_one_group_then_forgets(
-    local: LocalSandboxProvider, env_dir: Path, sandboxes: Path
-) -> None:
+def test_warm_ahead_serves_one_group_then_forgets(local: LocalSandboxProvider, env_dir: Path, sandboxes: Path) -> None:
     """warm_ahead(count) starts `count` sandboxes for the next starts of that state and refills nothing: a group's
     attempts take them as they start; one that came before they were ready went cold and a spare is closed."""
 
@@ -188,17 +182,24 @@ def test_sandbox_seconds_and_cost(local: LocalSandboxProvider, env_dir: Path) ->
 
 
 def _task(image: str, n: int) -> TaskInstance:
-    return TaskInstance(instance_id=f"t{n}", repo="r", base_commit="", problem_statement="p", patch=PATCH,
-                        patch_kind="bug", image=image, FAIL_TO_PASS=["a"], source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=f"t{n}",
+        repo="r",
+        base_commit="",
+        problem_statement="p",
+        patch=PATCH,
+        patch_kind="bug",
+        image=image,
+        FAIL_TO_PASS=["a"],
+        source="test",
+    )
 
 
 def test_environments_grouped_prepared_once_at_the_pull_rate(env_dir: Path, tmp_path: Path) -> None:
     tasks = [_task(f"local://{env_dir}", 0), _task("local:///nowhere", 1), _task(f"local://{env_dir}", 2)]
     backend = LocalEnvironments()
     groups = group_by_environment(tasks, backend)
-    assert (
-        list(groups) == [f"local://{env_dir}", "local:///nowhere"] and len(groups[f"local://{env_dir}"]) == 2
-    )
+    assert list(groups) == [f"local://{env_dir}", "local:///nowhere"] and len(groups[f"local://{env_dir}"]) == 2
 
     async def body() -> None:
         planner = EnvironmentPlanner(backend, pulls_per_minute=600, burst=1)  # one every 0.1 s
@@ -259,6 +260,4 @@ def test_a_pool_that_owns_its_provider_releases_it(env_dir: Path, sandboxes: Pat
         asyncio.run(body())
         assert [pid for pid in zygotes if Path(f"/proc/{pid}").exists()] == []
         assert list(sandboxes.iterdir()) == []
-    assert len(set(zygotes)) == (
-        2 if provider.mount_point is not None else 0
-    )  # a new zygote for the second pool
+    assert len(set(zygotes)) == (2 if provider.mount_point is not None else 0)  # a new zygote for the second pool

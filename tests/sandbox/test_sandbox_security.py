@@ -43,9 +43,7 @@ def env_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(params=backend_params(["local", "local-bwrap", "docker"]))
-def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Backend]:
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     for key, value in SECRETS.items():  # set before the provider exists: nothing it copies may carry them
         monkeypatch.setenv(key, value)
     made = make_backend(request.param, tmp_path, Limits())
@@ -109,9 +107,7 @@ def test_no_network_not_even_the_hosts_loopback(backend: Backend, env_dir: Path)
         assert "SENT" not in bash_tcp.output
         interfaces = await sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1", 10)
         assert interfaces.output.split() in (["lo"], []), interfaces.output
-        dns = await sandbox.exec(
-            "python -c \"import socket; print(socket.gethostbyname('deb.debian.org'))\"", 20
-        )
+        dns = await sandbox.exec("python -c \"import socket; print(socket.gethostbyname('deb.debian.org'))\"", 20)
         assert dns.exit_code != 0
 
     try:
@@ -334,16 +330,12 @@ def test_new_namespaces_mounts_and_ptrace_are_refused(backend: Backend, env_dir:
     )
 
     async def body(sandbox: Sandbox) -> None:
-        userns = await sandbox.exec(
-            "unshare -Urm sh -c 'mount -t tmpfs x /tmp && echo MOUNTED'; echo rc=$?", 10
-        )
+        userns = await sandbox.exec("unshare -Urm sh -c 'mount -t tmpfs x /tmp && echo MOUNTED'; echo rc=$?", 10)
         assert "MOUNTED" not in userns.output and "rc=0" not in userns.output, userns.output
         mount = await sandbox.exec("mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED", 10)
         assert "MOUNTED" not in mount.output
         traced = await sandbox.exec(ptrace, 10)
-        if (
-            backend.name != "docker"
-        ):  # Docker's default seccomp profile allows ptrace (kernel >= 4.8): not ours yet
+        if backend.name != "docker":  # Docker's default seccomp profile allows ptrace (kernel >= 4.8): not ours yet
             assert "-1 Operation not permitted" in traced.output, traced.output
         python_threads = await sandbox.exec(
             "python -c 'import threading; t = threading.Thread(target=print, args=(\"t\",)); t.start(); t.join()'",

@@ -41,6 +41,4 @@ def traces(env: Env, curate: Manifest) -> Manifest:
 @pytest.fixture(scope="module")
 def sft(env: Env, curate: Manifest, traces: Manifest) -> Manifest:
     """The uninterrupted SFT run (the resume test trains the same config under another stage name)."""
-    return env.run(
-        "sft", run_sft, SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]
-    ).manifest
+    return env.run("sft", run_sft, SFTStage.build(sft=SFT, agent=AGENT, engine=ENGINE), [curate, traces]).manifest

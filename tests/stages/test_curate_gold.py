@@ -3,8 +3,8 @@
 Real parts: toolz instance images (tests/swebench_instances.py), the curate stage loading a SWE-bench JSONL file,
 swerl's grader in Docker sandboxes, MLflow. Rows: a good one (kept); one whose reference fix applies and fixes
 nothing (dropped: gold_unresolved); one whose image is the project without the bug, so the empty patch already
-passes (dropped: empty_resolved); one whose test patch names a file the repository lacks, so it does not apply (an infrastructure error: kept, counted
-apart); one whose image is not on the engine (kept, unchecked).
+passes (dropped: empty_resolved); one whose test patch names a file the repository lacks, so it does not apply (an
+infrastructure error: kept, counted apart); one whose image is not on the engine (kept, unchecked).
 """
 
 from __future__ import annotations
@@ -57,22 +57,26 @@ def test_gold_check_drops_broken_rows_by_cause_and_keeps_good_ones(
     # The project image without the bug: the FAIL_TO_PASS tests already pass on the empty patch.
     empty_passes = {**base, "instance_id": "pytoolz__toolz-7203", "patch": wrong}
     empty_passes["image"] = tagged(TOOLZ.image, "pytoolz__toolz-7203")
-    bad_test_patch = {**base, "instance_id": "pytoolz__toolz-7204",
-                      "test_patch": base["test_patch"].replace("tests/", "no_such_dir/")}  # fmt: skip
+    bad_test_patch = {
+        **base,
+        "instance_id": "pytoolz__toolz-7204",
+        "test_patch": base["test_patch"].replace("tests/", "no_such_dir/"),
+    }
     bad_test_patch["image"] = tagged(base["image"], "pytoolz__toolz-7204")
     no_image = {**base, "instance_id": "pytoolz__toolz-7299", "image": swebench_image("pytoolz__toolz-7299")}
-    subprocess.run(
-        ["docker", "rmi", "-f", swebench_image("pytoolz__toolz-7299")], capture_output=True, timeout=120
-    )
+    subprocess.run(["docker", "rmi", "-f", swebench_image("pytoolz__toolz-7299")], capture_output=True, timeout=120)
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(
-        "".join(json.dumps(r) + "\n" for r in (base, broken_fix, empty_passes, bad_test_patch, no_image))
-    )
+    rows.write_text("".join(json.dumps(r) + "\n" for r in (base, broken_fix, empty_passes, bad_test_patch, no_image)))
 
     env = Env(Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", "gold-check"))
-    cfg = CurateConfig(repos=[], datasets=[DatasetSource(schema="swebench", path=str(rows))], decontaminate=False,
-                       eval_repos=["pytoolz/toolz"], validation_workers=2,
-                       sandbox=SandboxLimits(backend="docker", memory_mb=1024, start_timeout_s=180, timeout_s=300))  # fmt: skip
+    cfg = CurateConfig(
+        repos=[],
+        datasets=[DatasetSource(schema="swebench", path=str(rows))],
+        decontaminate=False,
+        eval_repos=["pytoolz/toolz"],
+        validation_workers=2,
+        sandbox=SandboxLimits(backend="docker", memory_mb=1024, start_timeout_s=180, timeout_s=300),
+    )
     assert cfg.gold_check  # on by default
     manifest = env.run("curate", run_curate, cfg).manifest
     report = env.json(manifest, "curate_report.json")["gold_check"]
@@ -83,30 +87,36 @@ def test_gold_check_drops_broken_rows_by_cause_and_keeps_good_ones(
     assert report["causes"] == {"gold_unresolved": 1, "empty_resolved": 1}
     assert report["infra_causes"] == {"start_failed": 1} and report["infra_errors"] == 1
     by_id = {r["instance_id"]: r for r in report["rows"]}
-    assert by_id["pytoolz__toolz-7201"] == {"instance_id": "pytoolz__toolz-7201", "gold": "RESOLVED_FULL",
-                                            "empty": "RESOLVED_NO", "causes": []}  # fmt: skip
+    assert by_id["pytoolz__toolz-7201"] == {
+        "instance_id": "pytoolz__toolz-7201",
+        "gold": "RESOLVED_FULL",
+        "empty": "RESOLVED_NO",
+        "causes": [],
+    }
     assert by_id["pytoolz__toolz-7202"]["causes"] == ["gold_unresolved"]
     assert by_id["pytoolz__toolz-7203"]["causes"] == ["empty_resolved"]
     assert by_id["pytoolz__toolz-7204"]["infra"] == "start_failed"
     metrics = env.tracker.client.get_run(manifest.mlflow_run_id).data.metrics
-    assert (
-        metrics["gold_check.dropped.gold_unresolved"] == 1
-        and metrics["gold_check.dropped.empty_resolved"] == 1
-    )
+    assert metrics["gold_check.dropped.gold_unresolved"] == 1 and metrics["gold_check.dropped.empty_resolved"] == 1
     assert metrics["gold_check.infra.start_failed"] == 1 and metrics["gold_check.checked"] == 4
 
 
 def test_gold_check_off_keeps_every_row_unchecked(tmp_path: Path) -> None:
     """With gold_check false nothing is graded (no Docker needed): the report says so."""
-    row = {"instance_id": "nobody__nothing-1", "repo": "nobody/nothing", "base_commit": "0", "patch": "x",
-           "problem_statement": "p", "FAIL_TO_PASS": ["t.py::t"]}  # fmt: skip
+    row = {
+        "instance_id": "nobody__nothing-1",
+        "repo": "nobody/nothing",
+        "base_commit": "0",
+        "patch": "x",
+        "problem_statement": "p",
+        "FAIL_TO_PASS": ["t.py::t"],
+    }
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps(row) + "\n")
     env = Env(Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", "gold-off"))
-    cfg = CurateConfig(repos=[], datasets=[DatasetSource(schema="swebench", path=str(rows))], decontaminate=False,
-                       gold_check=False)  # fmt: skip
+    cfg = CurateConfig(
+        repos=[], datasets=[DatasetSource(schema="swebench", path=str(rows))], decontaminate=False, gold_check=False
+    )
     manifest = env.run("curate", run_curate, cfg).manifest
     assert env.json(manifest, "curate_report.json")["gold_check"] == {"enabled": False}
-    assert [t.instance_id for t in tasks_from_parquet(env.artifact(manifest, "train.parquet"))] == [
-        row["instance_id"]
-    ]
+    assert [t.instance_id for t in tasks_from_parquet(env.artifact(manifest, "train.parquet"))] == [row["instance_id"]]

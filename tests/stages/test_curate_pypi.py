@@ -45,13 +45,16 @@ def test_curate_two_real_pypi_projects(tmp_path: Path):
             RepoSource(path=str(sdist(name, version)), name=name, install=install)
             for name, (version, install) in PROJECTS.items()
         ],
-        max_candidates_per_repo=12, validation_workers=2, decontaminate=False,
-    )  # fmt: skip
+        max_candidates_per_repo=12,
+        validation_workers=2,
+        decontaminate=False,
+    )
     store = Store(str(tmp_path / "store"))
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-pypi")
     t0 = time.monotonic()
-    outcome = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0,
-                        content=content_key(cfg))  # fmt: skip
+    outcome = run_stage(
+        "curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0, content=content_key(cfg)
+    )
     wall_s = time.monotonic() - t0
     prefix = f"stages/curate/{outcome.manifest.key}/{outcome.manifest.attempt}"
     report = json.loads(store.read_bytes(f"{prefix}/curate_report.json"))
@@ -64,16 +67,19 @@ def test_curate_two_real_pypi_projects(tmp_path: Path):
         gold = bug_unresolved = 0
         for task in mine:
             # The reference fix of a bug-kind task: its patch reversed, graded over the bug like any attempt.
-            gold += (
-                run_async(grade_patch(provider, task, reverse_patch(task.patch), 120)).status == RESOLVED_FULL
-            )
+            gold += run_async(grade_patch(provider, task, reverse_patch(task.patch), 120)).status == RESOLVED_FULL
             bug_unresolved += run_async(grade_patch(provider, task, "", 120)).status != RESOLVED_FULL
         figures[name] = {
-            "candidates": sum(repo["candidates"].values()), "valid": len(mine), "gold_resolved": gold,
-            "bug_unresolved": bug_unresolved, "curate_s": repo["duration_s"], "clean_passing": repo["clean_passing"],
-            "skipped_tests": repo["skipped_tests"], "dropped_ids": repo["dropped_ids"],
+            "candidates": sum(repo["candidates"].values()),
+            "valid": len(mine),
+            "gold_resolved": gold,
+            "bug_unresolved": bug_unresolved,
+            "curate_s": repo["duration_s"],
+            "clean_passing": repo["clean_passing"],
+            "skipped_tests": repo["skipped_tests"],
+            "dropped_ids": repo["dropped_ids"],
             "rejections": repo["rejections"],
-        }  # fmt: skip
+        }
         assert repo["skipped"] is None, repo
         assert mine, repo
         assert gold >= 0.9 * len(mine) and bug_unresolved == len(mine), figures

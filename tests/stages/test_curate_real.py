@@ -78,9 +78,7 @@ def src_repo(root: Path) -> Path:
     (root / "src" / "calc" / "__init__.py").write_text(SOURCE)
     (root / "tests").mkdir()
     (root / "tests" / "test_calc.py").write_text(TESTS)
-    (root / "tests" / "test_needs_plugin.py").write_text(
-        "import not_installed_anywhere\n\n\ndef test_x():\n    pass\n"
-    )
+    (root / "tests" / "test_needs_plugin.py").write_text("import not_installed_anywhere\n\n\ndef test_x():\n    pass\n")
     (root / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
         '[project]\nname = "calc"\nversion = "0.1"\n'
@@ -91,8 +89,9 @@ def src_repo(root: Path) -> Path:
 def _stage(tmp_path: Path, cfg: CurateConfig):
     store = Store(str(tmp_path / "store"))
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-real")
-    outcome = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0,
-                        content=content_key(cfg))  # fmt: skip
+    outcome = run_stage(
+        "curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=0, content=content_key(cfg)
+    )
     prefix = f"stages/curate/{outcome.manifest.key}/{outcome.manifest.attempt}"
     report = json.loads(store.read_bytes(f"{prefix}/curate_report.json"))
     tasks = tasks_from_parquet(store.read_bytes(f"{prefix}/train.parquet"))
@@ -107,8 +106,10 @@ def test_a_real_repository_in_its_own_environment(tmp_path: Path):
     cfg = CurateConfig(
         repos=[RepoSource(path=str(tmp_path / "calc-0.1.tar.gz"), name="calc")],
         modifiers=["flip_comparison", "swap_binop", "negate_condition", "off_by_one"],
-        max_candidates_per_repo=8, validation_workers=2, decontaminate=False,
-    )  # fmt: skip
+        max_candidates_per_repo=8,
+        validation_workers=2,
+        decontaminate=False,
+    )
     outcome, report, tasks = _stage(tmp_path, cfg)
     calc = report["synthesis"]["by_repo"]["calc"]
     assert calc["skipped"] is None, calc
@@ -135,10 +136,12 @@ def test_a_repository_yielding_nothing_fails_with_the_runner_output_and_what_to_
     repo = tmp_path / "needs"
     repo.mkdir()
     (repo / "mod.py").write_text("def f(a, b):\n    return a + b if a < b else b + a\n")
-    (repo / "test_mod.py").write_text("import hypothesis_missing_here\n\nfrom mod import f\n\n\n"
-                                      "def test_f():\n    assert f(1, 2) == 3\n")  # fmt: skip
-    cfg = CurateConfig(repos=[RepoSource(path=str(repo))], max_candidates_per_repo=2, validation_workers=1,
-                       decontaminate=False)  # fmt: skip
+    (repo / "test_mod.py").write_text(
+        "import hypothesis_missing_here\n\nfrom mod import f\n\n\ndef test_f():\n    assert f(1, 2) == 3\n"
+    )
+    cfg = CurateConfig(
+        repos=[RepoSource(path=str(repo))], max_candidates_per_repo=2, validation_workers=1, decontaminate=False
+    )
     with pytest.raises(NoTasksError) as caught:
         _stage(tmp_path, cfg)
     message = str(caught.value)
@@ -194,9 +197,7 @@ def test_the_environment_sees_neither_swerls_packages_nor_an_installed_copy_of_t
     env = build_env(repo, [], None)
     assert env.python_path == "src" and any(p.startswith("pytest==") for p in env.installed)
     probe = "import importlib.util as u; print([m for m in ('pydantic', 'swerl', 'calc') if u.find_spec(m)])"
-    out = subprocess.run(
-        [env.python, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True
-    )
+    out = subprocess.run([env.python, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
     # swerl's own dependencies cannot shadow the repository's; the code comes from /workspace, never site-packages.
     assert out.stdout.strip() == "[]", out.stdout
     pth = next(Path(env.root).glob("lib/python*/site-packages/swerl-workspace.pth"))
@@ -211,12 +212,18 @@ def test_a_fail_to_pass_id_passing_only_after_another_test_is_dropped(tmp_path: 
     (repo / "tests" / "test_mod.py").write_text(
         "from mod import double, inc\n\nseen = []\n\n\n"
         "def test_a_warm():\n    seen.append(1)\n    assert False, 'fails on clean code: left out'\n\n\n"
-        "def test_b_needs_warm():\n    assert seen, 'passes only after test_a_warm ran'\n    assert double(3) == 6\n\n\n"
+        "def test_b_needs_warm():\n    assert seen, 'passes only after test_a_warm ran'\n"
+        "    assert double(3) == 6\n\n\n"
         "def test_c_double():\n    assert double(2) == 4\n\n\n"
         "def test_d_inc():\n    assert inc(1) == 2\n"
-    )  # fmt: skip
-    cfg = CurateConfig(repos=[RepoSource(path=str(repo))], modifiers=["swap_binop", "off_by_one"],
-                       max_candidates_per_repo=6, validation_workers=2, decontaminate=False)  # fmt: skip
+    )
+    cfg = CurateConfig(
+        repos=[RepoSource(path=str(repo))],
+        modifiers=["swap_binop", "off_by_one"],
+        max_candidates_per_repo=6,
+        validation_workers=2,
+        decontaminate=False,
+    )
     _, report, tasks = _stage(tmp_path, cfg)
     order = report["synthesis"]["by_repo"]["order"]
     assert order["skipped_tests"] == {"clean_failed": 1}, order

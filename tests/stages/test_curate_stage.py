@@ -18,8 +18,16 @@ from swerl.tracking import Tracker
 
 
 def task(instance_id: str, repo: str) -> TaskInstance:
-    return TaskInstance(instance_id=instance_id, repo=repo, base_commit="c", problem_statement="p", patch="d",
-                        patch_kind="bug", FAIL_TO_PASS=["t::a"], source="test")  # fmt: skip
+    return TaskInstance(
+        instance_id=instance_id,
+        repo=repo,
+        base_commit="c",
+        problem_statement="p",
+        patch="d",
+        patch_kind="bug",
+        FAIL_TO_PASS=["t::a"],
+        source="test",
+    )
 
 
 def test_split_by_repo_matches_full_and_short_names():
@@ -56,9 +64,9 @@ def test_run_curate_writes_split_task_files(tmp_path: Path):
     assert report["synthesis"]["valid"] == len(train) + len(held_out) == result.metrics["valid"]
     assert report["decontamination"]["train"]["input"] == len(train)
     rows = result.tables["yield"]
-    assert {r["repo"] for r in rows} == {"intervals", "money"} and sum(
-        r["valid"] for r in rows
-    ) == result.metrics["valid"]
+    assert {r["repo"] for r in rows} == {"intervals", "money"} and sum(r["valid"] for r in rows) == result.metrics[
+        "valid"
+    ]
     assert "| modifier |" in result.markdown["curate"]
 
     again = run_stage("curate", run_curate, cfg, store=store, tracker=tracker, parent=None, seed=3)
@@ -75,9 +83,7 @@ def _repo(root: Path, test_body: str) -> Path:
 
 def test_a_repository_that_yields_no_task_fails_with_the_clean_runs_output(tmp_path: Path):
     broken = _repo(tmp_path / "broken", "assert add(1, 2) == 4, 'CLEAN-RUN-MARKER'")  # fails on clean code
-    cfg = CurateConfig(
-        repos=[str(broken)], max_candidates_per_repo=2, validation_workers=1, decontaminate=False
-    )
+    cfg = CurateConfig(repos=[str(broken)], max_candidates_per_repo=2, validation_workers=1, decontaminate=False)
     store = Store(str(tmp_path / "store"))
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-test")
     with pytest.raises(NoTasksError, match="none of the 1 repositories yielded a task") as caught:
@@ -86,12 +92,11 @@ def test_a_repository_that_yields_no_task_fails_with_the_clean_runs_output(tmp_p
     assert "broken: skipped: clean_suite_fails" in message and "CLEAN-RUN-MARKER" in message, message
 
 
-def test_several_repositories_warn_per_repository_without_a_task(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-):
+def test_several_repositories_warn_per_repository_without_a_task(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     broken = _repo(tmp_path / "broken", "assert add(1, 2) == 4")
-    cfg = CurateConfig(repos=[str(broken), "builtin:intervals"], max_candidates_per_repo=3, validation_workers=2,
-                       decontaminate=False)  # fmt: skip
+    cfg = CurateConfig(
+        repos=[str(broken), "builtin:intervals"], max_candidates_per_repo=3, validation_workers=2, decontaminate=False
+    )
     store = Store(str(tmp_path / "store"))
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curate-test")
     with caplog.at_level(logging.WARNING):

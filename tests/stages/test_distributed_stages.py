@@ -1,5 +1,6 @@
 """The SFT and GRPO stages with their trainer over 2 FSDP2 gloo ranks, on the CPU pipeline's real micro tasks, real
-sandboxes and the local engine: the same results as the one-process trainer (tolerance: tests/train/test_distributed.py).
+sandboxes and the local engine: the same results as the one-process trainer (tolerance:
+tests/train/test_distributed.py).
 """
 
 from __future__ import annotations
@@ -69,13 +70,13 @@ def _grpo(
     every run, so runs whose engines hold the same weights train on the same groups)."""
     grpo = GRPO.model_validate(
         GRPO.model_dump()
-        | {"schedule": GRPO.schedule.model_dump() | {"steps": steps},
-           "rollout": GRPO.rollout.model_dump() | {"concurrency": 1}}
+        | {
+            "schedule": GRPO.schedule.model_dump() | {"steps": steps},
+            "rollout": GRPO.rollout.model_dump() | {"concurrency": 1},
+        }
         | ({"distributed": distributed.model_dump()} if distributed else {})
-    )  # fmt: skip
-    engine = ENGINE.model_copy(
-        update={"kind": kind, "weight_sync": ENGINE.weight_sync.model_copy(update=weight_sync)}
     )
+    engine = ENGINE.model_copy(update={"kind": kind, "weight_sync": ENGINE.weight_sync.model_copy(update=weight_sync)})
     return GRPOStage(grpo=grpo, agent=AGENT, engine=engine)
 
 
@@ -97,15 +98,20 @@ def test_the_grpo_stage_on_two_ranks_with_the_weights_over_a_process_group(
     tmp_path: Path,
 ) -> None:
     """1 process through disk into the in-process engine (the default), 2 ranks through disk, 2 ranks over a gloo
-    weight group into a local engine server (its own process, behind the router): the same first step; the two 2-rank runs also the same second step, whose rollouts the synced engine
-    sampled (a sync that loaded other weights would sample other tokens)."""
+    weight group into a local engine server (its own process, behind the router): the same first step; the two 2-rank
+    runs also the same second step, whose rollouts the synced engine sampled (a sync that loaded other weights would
+    sample other tokens)."""
     one = env.json(env.run("grpo-1rank", run_grpo, _grpo(), [curate, sft]).manifest, "grpo_report.json")
-    disk = env.json(env.run("grpo-2ranks", run_grpo, _grpo(TWO_RANKS, 2), [curate, sft]).manifest,
-                    "grpo_report.json")  # fmt: skip
+    disk = env.json(env.run("grpo-2ranks", run_grpo, _grpo(TWO_RANKS, 2), [curate, sft]).manifest, "grpo_report.json")
     group = env.json(
-        env.run("grpo-2ranks-group", run_grpo, _grpo(TWO_RANKS, 2, "http_local", method="distributed", bucket_mb=1),
-                [curate, sft]).manifest, "grpo_report.json",
-    )  # fmt: skip
+        env.run(
+            "grpo-2ranks-group",
+            run_grpo,
+            _grpo(TWO_RANKS, 2, "http_local", method="distributed", bucket_mb=1),
+            [curate, sft],
+        ).manifest,
+        "grpo_report.json",
+    )
     _same_step(disk["history"][0], one["history"][0])
     _same_step(group["history"][0], one["history"][0])
     second_disk, second_group = disk["history"][1], group["history"][1]
@@ -133,9 +139,7 @@ def test_a_distributed_weight_sync_with_evaluation_beside_training_is_refused(
     cfg = _grpo(method="distributed")
     cfg = cfg.model_copy(
         update={
-            "grpo": cfg.grpo.model_copy(
-                update={"mode": "async", "eval": cfg.grpo.eval.model_copy(update={"every": 1})}
-            )
+            "grpo": cfg.grpo.model_copy(update={"mode": "async", "eval": cfg.grpo.eval.model_copy(update={"every": 1})})
         }
     )
     with pytest.raises(ValueError, match="exports none"):

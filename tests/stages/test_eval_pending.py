@@ -33,8 +33,17 @@ def test_pending_checkpoints_follow_evaluations_and_reruns(tmp_path: Path, track
     store = Store(f"file://{tmp_path}/store")
 
     def run(stage: str, body: bytes, inputs: list[Manifest] | None = None, force: bool = False) -> Manifest:
-        return run_stage(stage, literal(body), RunConfig(), store=store, tracker=tracker, parent=None,
-                         inputs=inputs, force=force, log=logging.getLogger("test")).manifest  # fmt: skip
+        return run_stage(
+            stage,
+            literal(body),
+            RunConfig(),
+            store=store,
+            tracker=tracker,
+            parent=None,
+            inputs=inputs,
+            force=force,
+            log=logging.getLogger("test"),
+        ).manifest
 
     assert pending_evaluations(store) == ([], [])
     curate = run("curate", b"tasks")
@@ -57,7 +66,9 @@ def test_pending_checkpoints_follow_evaluations_and_reruns(tmp_path: Path, track
     wide = run("grpo-wide", b"phase 1", [curate, sft])
     tight = run("grpo-tight", b"phase 2", [curate, sft, wide])
     assert [(p.checkpoint.uri, p.label) for p in pending_evaluations(store)[0]] == [
-        (wide.uri, f"grpo-wide/{wide.key}"), (tight.uri, f"grpo-tight/{tight.key}")]  # fmt: skip
+        (wide.uri, f"grpo-wide/{wide.key}"),
+        (tight.uri, f"grpo-tight/{tight.key}"),
+    ]
     run("evaluate", b"scores", [curate, sft, wide, tight])
     assert pending_evaluations(store) == ([], [])
 
@@ -69,8 +80,6 @@ def test_pending_checkpoints_follow_evaluations_and_reruns(tmp_path: Path, track
     # Its curate manifest rerun with other tasks: not evaluated on tasks it was not trained beside; said so.
     run("curate", b"other tasks", force=True)
     pending, problems = pending_evaluations(store)
-    assert (
-        pending == [] and len(problems) == 1 and "was rerun since" in problems[0] and sft.uri in problems[0]
-    )
+    assert pending == [] and len(problems) == 1 and "was rerun since" in problems[0] and sft.uri in problems[0]
     report = schedule_report([], problems, store.root_uri)
     assert "Not evaluated:" in report and sft.uri in report

@@ -53,17 +53,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "mic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODIFIERS = ["flip_comparison", "swap_binop", "off_by_one"]
-CURATE = CurateConfig(repos=[], micro=MicroSource(train_repos=0, eval_repos=2), modifiers=MODIFIERS,
-                      max_candidates_per_repo=2, clean_runs=1, validation_workers=2)  # fmt: skip
-TINY = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
-                       max_positions=1024)  # fmt: skip
-AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=768, max_new_tokens_per_turn=16, max_malformed_calls=2,
-                    command_timeout_s=20, test_timeout_s=30, episode_timeout_s=120, infra_retries=1)  # fmt: skip
-ENGINE = EngineConfig.model_validate(
-    {"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}}
+CURATE = CurateConfig(
+    repos=[],
+    micro=MicroSource(train_repos=0, eval_repos=2),
+    modifiers=MODIFIERS,
+    max_candidates_per_repo=2,
+    clean_runs=1,
+    validation_workers=2,
 )
-EVALUATE = EvaluateConfig(max_tasks=2, attempts=2, concurrency=4, bootstrap_samples=200, comparison_samples=200,
-                          temperature=1.0)  # fmt: skip
+TINY = TinyModelConfig(
+    vocab_size=400, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64, max_positions=1024
+)
+AGENT = AgentConfig(
+    max_turns=2,
+    max_trajectory_tokens=768,
+    max_new_tokens_per_turn=16,
+    max_malformed_calls=2,
+    command_timeout_s=20,
+    test_timeout_s=30,
+    episode_timeout_s=120,
+    infra_retries=1,
+)
+ENGINE = EngineConfig.model_validate({"max_batch_size": 4, "max_context_tokens": 1024, "local": {"threads": 1}})
+EVALUATE = EvaluateConfig(
+    max_tasks=2, attempts=2, concurrency=4, bootstrap_samples=200, comparison_samples=200, temperature=1.0
+)
 
 
 def tiny_sft(cfg: TinyModelConfig, ctx: StageContext) -> StageResult:
@@ -72,8 +86,16 @@ def tiny_sft(cfg: TinyModelConfig, ctx: StageContext) -> StageResult:
     corpus = [system_prompt(), *(t.problem_statement for t in tasks), "python run_tests.py -q\n"] * 4
     tokenizer = train_tokenizer(corpus, cfg.vocab_size, ctx.workdir / "tokenizer")
     for seed, name in enumerate(("base", "model")):
-        model = build_tiny_model(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
-                                 cfg.ffn_size, cfg.max_positions, seed=seed)  # fmt: skip
+        model = build_tiny_model(
+            tokenizer,
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.ffn_size,
+            cfg.max_positions,
+            seed=seed,
+        )
         put_dir(ctx, name, save_model_and_tokenizer(model, tokenizer, ctx.workdir / name))
     return StageResult(metrics={"steps": 0.0})
 
@@ -94,8 +116,17 @@ class Env:
     tracker: Tracker
 
     def run(self, stage: str, fn: Any, cfg: Any, inputs: list[Manifest] | None = None) -> StageOutcome:
-        return run_stage(stage, fn, cfg, store=self.store, tracker=self.tracker, parent=None, inputs=inputs,
-                         seed=0, log=logging.getLogger(f"swerl.test.{stage}"))  # fmt: skip
+        return run_stage(
+            stage,
+            fn,
+            cfg,
+            store=self.store,
+            tracker=self.tracker,
+            parent=None,
+            inputs=inputs,
+            seed=0,
+            log=logging.getLogger(f"swerl.test.{stage}"),
+        )
 
     def json(self, manifest: Manifest, name: str) -> Any:
         return json.loads(self.store.read_bytes(self.store.rel_of(manifest.artifact(name).uri)))
@@ -129,8 +160,9 @@ def sft(env: Env, curate: Manifest) -> Manifest:
 def test_evaluate_stage_scores_base_and_sft_on_a_saved_stratified_subset(
     env: Env, curate: Manifest, sft: Manifest
 ) -> None:
-    outcome = env.run("evaluate", run_evaluate, EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE),
-                      [curate, sft])  # fmt: skip
+    outcome = env.run(
+        "evaluate", run_evaluate, EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE), [curate, sft]
+    )
     manifest, result = outcome.manifest, outcome.result
     assert result is not None
     held_out = {t.instance_id: t for t in load_tasks(env.store, curate, "eval.parquet")}
@@ -157,14 +189,17 @@ def test_evaluate_stage_scores_base_and_sft_on_a_saved_stratified_subset(
         assert manifest.metrics[f"{name}/pass_at_1"] == summary["pass@1"] or summary["tasks"] == 0
     (comparison,) = results["comparisons"]
     assert (comparison["a"], comparison["b"]) == ("base", "sft") and "sft - base" in comparison["text"]
-    episodes = [json.loads(line) for line in env.store.read_bytes(env.store.rel_of(
-        manifest.artifact("episodes_sft.jsonl").uri)).decode().splitlines() if line]  # fmt: skip
+    episodes = [
+        json.loads(line)
+        for line in env.store.read_bytes(env.store.rel_of(manifest.artifact("episodes_sft.jsonl").uri))
+        .decode()
+        .splitlines()
+        if line
+    ]
     assert len(episodes) == len(subset.instance_ids) * EVALUATE.attempts
     graded = [e for e in episodes if e["grade"] is not None]
     assert len(graded) == sum(e["status"] != "infra_error" for e in episodes)
-    assert all(
-        e["grade"]["parser"] == "sealed" and e["grade"]["sealed"] for e in graded
-    )  # micro: the sealed runner
+    assert all(e["grade"]["parser"] == "sealed" and e["grade"]["sealed"] for e in graded)  # micro: the sealed runner
     png = env.store.read_bytes(env.store.rel_of(manifest.artifact("pass_at_1_by_stratum.png").uri))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -179,8 +214,9 @@ def test_evaluate_stage_scores_base_and_sft_on_a_saved_stratified_subset(
     assert set(runs["base"].data.metrics) == set(runs["sft"].data.metrics)
 
     # A second evaluation of the same held-out set reuses the saved subset, whatever else changed.
-    other = EvaluateStage(evaluate=EVALUATE.model_copy(update={"attempts": 1, "checkpoints": ["sft"]}),
-                          agent=AGENT, engine=ENGINE)  # fmt: skip
+    other = EvaluateStage(
+        evaluate=EVALUATE.model_copy(update={"attempts": 1, "checkpoints": ["sft"]}), agent=AGENT, engine=ENGINE
+    )
     again = env.run("evaluate", run_evaluate, other, [curate, sft]).manifest
     assert env.json(again, "eval_tasks.json") == subset.instance_ids
     assert list(env.json(again, "eval_results.json")["models"]) == ["sft"]
@@ -188,35 +224,31 @@ def test_evaluate_stage_scores_base_and_sft_on_a_saved_stratified_subset(
 
 def test_bad_input_is_refused_with_nothing_written(env: Env, curate: Manifest, sft: Manifest) -> None:
     held_out = len(load_tasks(env.store, curate, "eval.parquet"))
-    too_many = EvaluateStage(evaluate=EVALUATE.model_copy(update={"max_tasks": held_out + 1}), agent=AGENT,
-                             engine=ENGINE)  # fmt: skip
-    with pytest.raises(
-        ValueError, match=rf"evaluate.max_tasks \({held_out + 1}\) is larger than the {held_out} "
-    ):
-        env.run("evaluate-bad", run_evaluate, too_many, [curate, sft])
-    assert (
-        load_manifest(env.store, "evaluate-bad", stage_key("evaluate-bad", too_many, [curate, sft])) is None
+    too_many = EvaluateStage(
+        evaluate=EVALUATE.model_copy(update={"max_tasks": held_out + 1}), agent=AGENT, engine=ENGINE
     )
+    with pytest.raises(ValueError, match=rf"evaluate.max_tasks \({held_out + 1}\) is larger than the {held_out} "):
+        env.run("evaluate-bad", run_evaluate, too_many, [curate, sft])
+    assert load_manifest(env.store, "evaluate-bad", stage_key("evaluate-bad", too_many, [curate, sft])) is None
 
     broken = env.run("sft", broken_sft, TINY.model_copy(update={"hidden_size": 16}), [curate]).manifest
     cfg = EvaluateStage(evaluate=EVALUATE, agent=AGENT, engine=ENGINE)
-    with pytest.raises(
-        CheckpointLoadError, match=rf"checkpoint 'base' \(sft manifest {broken.uri}\) does not load"
-    ):
+    with pytest.raises(CheckpointLoadError, match=rf"checkpoint 'base' \(sft manifest {broken.uri}\) does not load"):
         env.run("evaluate-bad", run_evaluate, cfg, [curate, broken])
     assert load_manifest(env.store, "evaluate-bad", stage_key("evaluate-bad", cfg, [curate, broken])) is None
     failed = [
-        r
-        for r in env.tracker.client.search_runs(
-            [env.tracker.experiment_id], "tags.`swerl.stage` = 'evaluate-bad'"
-        )
+        r for r in env.tracker.client.search_runs([env.tracker.experiment_id], "tags.`swerl.stage` = 'evaluate-bad'")
     ]
     assert failed and all(r.info.status == "FAILED" for r in failed)
     assert all(env.eval_runs(r.info.run_id) == [] for r in failed)  # no eval run half-written
 
     with pytest.raises(ValueError, match="names no model of the inputs"):
-        env.run("evaluate-bad", run_evaluate, cfg.model_copy(update={"evaluate": EVALUATE.model_copy(
-            update={"checkpoints": ["grpo"]})}), [curate, sft])  # fmt: skip
+        env.run(
+            "evaluate-bad",
+            run_evaluate,
+            cfg.model_copy(update={"evaluate": EVALUATE.model_copy(update={"checkpoints": ["grpo"]})}),
+            [curate, sft],
+        )
 
 
 def tiny_phase(cfg: TinyModelConfig, ctx: StageContext) -> StageResult:
@@ -225,8 +257,16 @@ def tiny_phase(cfg: TinyModelConfig, ctx: StageContext) -> StageResult:
     from swerl.stages.common import get_dir
 
     tokenizer = load_tokenizer(get_dir(ctx.store, ctx.inputs["sft"], "model", ctx.workdir / "sft"))
-    model = build_tiny_model(tokenizer, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
-                             cfg.ffn_size, cfg.max_positions, seed=len(ctx.stage))  # fmt: skip
+    model = build_tiny_model(
+        tokenizer,
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.ffn_size,
+        cfg.max_positions,
+        seed=len(ctx.stage),
+    )
     put_dir(ctx, "model", save_model_and_tokenizer(model, tokenizer, ctx.workdir / "model"))
     return StageResult()
 
@@ -243,7 +283,10 @@ def test_every_grpo_phase_is_evaluated_beside_base_and_sft_and_each_can_be_named
     # `grpo` stands for every phase, in phase order; consecutive models are compared (sft -> wide -> tight)
     assert set(results["models"]) == {"base", "sft", "grpo-wide", "grpo-tight"}
     assert [(c["a"], c["b"]) for c in results["comparisons"]] == [
-        ("base", "sft"), ("sft", "grpo-wide"), ("grpo-wide", "grpo-tight")]  # fmt: skip
+        ("base", "sft"),
+        ("sft", "grpo-wide"),
+        ("grpo-wide", "grpo-tight"),
+    ]
     runs = {r.data.tags["swerl.eval.checkpoint"]: r for r in env.eval_runs(manifest.mlflow_run_id)}
     assert set(runs) == {"base", "sft", "grpo-wide", "grpo-tight"}
     assert runs["grpo-tight"].data.tags["swerl.checkpoint.manifest"] == tight.uri
@@ -264,9 +307,7 @@ def _flow_runs(deployment_id: Any) -> list[Any]:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
-        )
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
 
 
 def _wait_for_deployment(name: str, deadline: float) -> Any:
@@ -304,8 +345,7 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
         "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "eval-test"},
         "agent": AGENT.model_dump(mode="json"),
         "engine": ENGINE.model_dump(mode="json"),
-        "evaluate": EVALUATE.model_dump(mode="json")
-        | {"attempts": 1, "max_tasks": 1, "checkpoints": ["sft"]},
+        "evaluate": EVALUATE.model_dump(mode="json") | {"attempts": 1, "max_tasks": 1, "checkpoints": ["sft"]},
         "serve": {"eval_cron": "* * * * *", "timezone": "UTC"},  # fires at the next minute
     }
     config_path = tmp_path / "config.yaml"
@@ -313,8 +353,14 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
     log_path = tmp_path / "serve.log"
     child_env = {**os.environ, "PREFECT_API_URL": prefect_api, "SWERL_CACHE_DIR": str(micro_cache)}
     with open(log_path, "wb") as log:
-        serve = subprocess.Popen([sys.executable, "-m", "swerl.cli", "serve", str(config_path), "--foreground"], cwd=REPO_ROOT,
-                                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)  # fmt: skip
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "swerl.cli", "serve", str(config_path), "--foreground"],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 600  # the next minute, the runner's poll, a flow run on 2 shared cores
         deployment = _wait_for_deployment(f"swerl-evaluate/{name}-evaluate", deadline)
@@ -337,18 +383,14 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
         artifacts = client.read_artifacts(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[finished.id])),
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["scheduled-evaluation", "evaluate-evaluation"])),
-        )  # fmt: skip
+        )
     by_key = {a.key: str(a.data) for a in artifacts}
     assert sft.uri in by_key["scheduled-evaluation"] and "evaluated:" in by_key["scheduled-evaluation"]
-    assert (
-        "# Held-out evaluation" in by_key["evaluate-evaluation"]
-        and "| sft |" in by_key["evaluate-evaluation"]
-    )
+    assert "# Held-out evaluation" in by_key["evaluate-evaluation"] and "| sft |" in by_key["evaluate-evaluation"]
 
     # The store records the evaluation; nothing is pending any more; the eval runs link to the sft run.
     assert pending_evaluations(env.store) == ([], [])
-    evaluations = [read_manifest(env.store, f"{d}/manifest.json")
-                   for d in env.store.list("stages/evaluate")]  # fmt: skip
+    evaluations = [read_manifest(env.store, f"{d}/manifest.json") for d in env.store.list("stages/evaluate")]
     (evaluation,) = evaluations
     assert [ref.uri for ref in evaluation.inputs] == [curate.uri, sft.uri]
     runs = env.eval_runs(evaluation.mlflow_run_id)
@@ -356,9 +398,7 @@ def test_scheduled_evaluation_fires_on_its_cron_and_evaluates_pending_checkpoint
     assert all(r.data.tags["swerl.checkpoint.run_id"] == sft.mlflow_run_id for r in runs)
 
 
-def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(
-    env: Env, curate: Manifest
-) -> None:
+def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(env: Env, curate: Manifest) -> None:
     """The real grading path: the fix (the bug patch reversed, taken with git in a sandbox) is resolved; a patch
     that does not apply, and one that edits the tests instead of the code, are not."""
     from swerl.grading.grader import start_task_sandbox, workspace_patch
@@ -377,9 +417,7 @@ def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(
             fix = await workspace_patch(sandbox)
             await sandbox.exec("git reset -q --hard HEAD && git clean -qfd", timeout=30)
             # "fix" the tests instead: their check() never raises
-            cheat = await sandbox.exec(
-                "sed -i 's/raise AssertionError/return/' tests/test_mod.py", timeout=30
-            )
+            cheat = await sandbox.exec("sed -i 's/raise AssertionError/return/' tests/test_mod.py", timeout=30)
             assert cheat.exit_code == 0
             cheat_patch = await workspace_patch(sandbox)
         finally:
@@ -398,13 +436,17 @@ def test_grade_attempt_reruns_the_patch_in_a_fresh_sandbox_and_grades_its_log(
     assert cheated.grade.tests["FAIL_TO_PASS"]["failure"]
     assert cheated.sealed is not None and cheated.sealed.dropped == ("tests/test_mod.py",)
 
-    bad = run_async(grade_attempt(provider, task, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n"
-                                  "@@ -1 +1 @@\n-x\n+y\n", AGENT.test_timeout_s))  # fmt: skip
+    bad = run_async(
+        grade_attempt(
+            provider,
+            task,
+            "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n",
+            AGENT.test_timeout_s,
+        )
+    )
     assert not bad.grade.resolved and bad.grade.status == "PATCH_APPLY_FAILED"
     empty = run_async(grade_attempt(provider, task, "", AGENT.test_timeout_s))
-    assert (
-        not empty.grade.resolved and empty.grade.status == "RESOLVED_NO"
-    )  # graded by the tests, like any patch
+    assert not empty.grade.resolved and empty.grade.status == "RESOLVED_NO"  # graded by the tests, like any patch
 
 
 def test_an_attempt_lost_to_the_infrastructure_is_retried_then_missing_never_scored(
@@ -417,9 +459,11 @@ def test_an_attempt_lost_to_the_infrastructure_is_retried_then_missing_never_sco
 
     real = evaluate_module.grade_attempt
     # one task of three is lost on purpose: allow that share missing (the default 20% would fail the stage)
-    cfg = EvaluateStage(evaluate=EVALUATE.model_copy(update={"checkpoints": ["sft"], "max_tasks": 3,
-                                                             "max_missing_share": 0.5}), agent=AGENT,
-                        engine=ENGINE)  # fmt: skip
+    cfg = EvaluateStage(
+        evaluate=EVALUATE.model_copy(update={"checkpoints": ["sft"], "max_tasks": 3, "max_missing_share": 0.5}),
+        agent=AGENT,
+        engine=ENGINE,
+    )
     held_out = load_tasks(env.store, curate, "eval.parquet")
     victim = stratify(held_out, 3, seed=0).instance_ids[0]  # the stage draws the same subset (run seed 0)
     calls: list[str] = []
@@ -449,9 +493,7 @@ def test_an_attempt_lost_to_the_infrastructure_is_retried_then_missing_never_sco
 def recipe_section() -> dict[str, Any]:
     """The `evaluate` section of docs/operations.md's recipe "Evaluate models on new tasks"."""
     text = (REPO_ROOT / "docs" / "operations.md").read_text()
-    block = (
-        text.split("<!-- recipe: evaluate-new-tasks -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    )
+    block = text.split("<!-- recipe: evaluate-new-tasks -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     return dict(yaml.safe_load(block)["evaluate"])
 
 
@@ -473,8 +515,7 @@ def test_the_documented_recipe_evaluates_the_models_on_new_tasks_in_their_enviro
     assert section["dataset"]["schema"] == "swerl"
     section["dataset"]["path"] = str(new_tasks)
     evaluate = EvaluateConfig.model_validate(
-        EVALUATE.model_dump(by_alias=True, exclude={"dataset", "checkpoints", "max_tasks", "attempts"})
-        | section
+        EVALUATE.model_dump(by_alias=True, exclude={"dataset", "checkpoints", "max_tasks", "attempts"}) | section
     )
     loads: list[Any] = []
     real = AutoModelForCausalLM.from_pretrained
@@ -484,8 +525,9 @@ def test_the_documented_recipe_evaluates_the_models_on_new_tasks_in_their_enviro
         return real(*args, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
-    outcome = env.run("evaluate-recipe", run_evaluate, EvaluateStage(evaluate=evaluate, agent=AGENT, engine=ENGINE),
-                      [curate, sft])  # fmt: skip
+    outcome = env.run(
+        "evaluate-recipe", run_evaluate, EvaluateStage(evaluate=evaluate, agent=AGENT, engine=ENGINE), [curate, sft]
+    )
     results = env.json(outcome.manifest, "eval_results.json")["models"]
     assert set(results) == {"base", "sft"}  # grpo is named, but no GRPO stage is among the inputs
     assert len(loads) == len(results)  # one load per model: its engine's
@@ -500,25 +542,17 @@ def test_the_documented_recipe_evaluates_the_models_on_new_tasks_in_their_enviro
     assert f"Tasks from evaluate.dataset {new_tasks} (split train, schema swerl)." in report
 
     assert evaluate.dataset is not None
-    wrong = evaluate.model_copy(
-        update={"dataset": evaluate.dataset.model_copy(update={"schema_name": "swebench"})}
-    )
+    wrong = evaluate.model_copy(update={"dataset": evaluate.dataset.model_copy(update={"schema_name": "swebench"})})
     cfg = EvaluateStage(evaluate=wrong, agent=AGENT, engine=ENGINE)
-    with pytest.raises(
-        SchemaMismatch, match=r"would lose its environment and harness: set the dataset's schema"
-    ):
+    with pytest.raises(SchemaMismatch, match=r"would lose its environment and harness: set the dataset's schema"):
         env.run("evaluate-recipe-wrong", run_evaluate, cfg, [curate, sft])
     assert (
-        load_manifest(
-            env.store, "evaluate-recipe-wrong", stage_key("evaluate-recipe-wrong", cfg, [curate, sft])
-        )
+        load_manifest(env.store, "evaluate-recipe-wrong", stage_key("evaluate-recipe-wrong", cfg, [curate, sft]))
         is None
     )
 
 
-def test_the_tokenizer_loads_from_a_checkpoint_whose_weights_do_not(
-    env: Env, sft: Manifest, tmp_path: Path
-) -> None:
+def test_the_tokenizer_loads_from_a_checkpoint_whose_weights_do_not(env: Env, sft: Manifest, tmp_path: Path) -> None:
     """What evaluate loads for its episodes (load_tokenizer) never reads the weights: a checkpoint with corrupted
     weights still gives its tokenizer, while loading the model fails."""
     from transformers import AutoModelForCausalLM

@@ -39,16 +39,25 @@ from swerl.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, B, N = 3, 2, 2
-GRPO = GRPOConfig.model_validate({
-    "mode": "async", "threads": 1, "schedule": {"steps": STEPS, "tasks_per_step": B, "checkpoint_every": 1},
-    "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
-    "algorithm": {"lr": 1e-3},
-})  # fmt: skip
-AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
-                    command_timeout_s=20, test_timeout_s=30, infra_retries=1)  # fmt: skip
-ENGINE = EngineConfig.model_validate(
-    {"max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1}}
+GRPO = GRPOConfig.model_validate(
+    {
+        "mode": "async",
+        "threads": 1,
+        "schedule": {"steps": STEPS, "tasks_per_step": B, "checkpoint_every": 1},
+        "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
+        "algorithm": {"lr": 1e-3},
+    }
 )
+AGENT = AgentConfig(
+    max_turns=2,
+    max_trajectory_tokens=512,
+    max_new_tokens_per_turn=16,
+    max_malformed_calls=1,
+    command_timeout_s=20,
+    test_timeout_s=30,
+    infra_retries=1,
+)
+ENGINE = EngineConfig.model_validate({"max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1}})
 
 
 def stores(root: Path) -> tuple[Store, Tracker]:
@@ -91,8 +100,15 @@ def child(root: Path, stage: str, trainer_process: bool) -> None:
     g = GRPO.model_copy(update={"trainer_process": trainer_process})
     if curriculum_of(stage):
         g = g.model_copy(update={"rollout": g.rollout.model_copy(update=CURRICULUM)})
-    run_stage(stage, run_grpo, GRPOStage(grpo=g, agent=AGENT, engine=ENGINE), store=store, tracker=tracker,
-              parent=None, inputs=inputs)  # fmt: skip
+    run_stage(
+        stage,
+        run_grpo,
+        GRPOStage(grpo=g, agent=AGENT, engine=ENGINE),
+        store=store,
+        tracker=tracker,
+        parent=None,
+        inputs=inputs,
+    )
 
 
 ATTEMPT_ENTRY = re.compile(r"^r(\d+)-a(\d+)\.json$")
@@ -117,8 +133,13 @@ def trainer_process_of(stage: str) -> bool:
 def spawn(root: Path, stage: str) -> subprocess.Popen[bytes]:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     log = open(root / f"{stage}.log", "ab")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen([sys.executable, __file__, str(root), stage, str(int(trainer_process_of(stage)))],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, __file__, str(root), stage, str(int(trainer_process_of(stage)))],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def gone(pid: int) -> bool:
@@ -213,8 +234,10 @@ def test_sigkill_at_random_points_loses_nothing_and_trains_nothing_twice(tmp_pat
         where = kill_during(tmp_path, stage, seed % STEPS, random.Random(seed))
         run_to_end(tmp_path, stage)
         report = check_books(tmp_path, stage)
-        print(f"{stage}: killed after {where!r}; resumed from {report['resumed']}, {report['resume']}, "
-              f"data position {report['data_position']}")  # fmt: skip
+        print(
+            f"{stage}: killed after {where!r}; resumed from {report['resumed']}, {report['resume']}, "
+            f"data position {report['data_position']}"
+        )
         resumed.append(report["resume"])
     # The reruns really picked up a killed run's rollouts (not only its checkpoints) at least once.
     assert any(counts["reloaded_groups"] + counts["partial_groups"] > 0 for counts in resumed), resumed

@@ -44,11 +44,15 @@ from tests.tiny_models import SMALL, tiny_qwen3
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "micro_cache")
 
 B, N = 2, 2
-GRPO = GRPOConfig.model_validate({
-    "mode": "async", "threads": 1, "schedule": {"steps": 2, "tasks_per_step": B, "checkpoint_every": 1},
-    "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
-    "algorithm": {"lr": 1e-3},
-})  # fmt: skip
+GRPO = GRPOConfig.model_validate(
+    {
+        "mode": "async",
+        "threads": 1,
+        "schedule": {"steps": 2, "tasks_per_step": B, "checkpoint_every": 1},
+        "rollout": {"attempts_per_task": N, "max_in_flight": 4, "max_staleness": 1, "max_extra_groups_per_step": 1},
+        "algorithm": {"lr": 1e-3},
+    }
+)
 
 
 def grpo_with(**sections: dict[str, Any]) -> GRPOConfig:
@@ -59,11 +63,16 @@ def grpo_with(**sections: dict[str, Any]) -> GRPOConfig:
     return GRPOConfig.model_validate(data)
 
 
-AGENT = AgentConfig(max_turns=2, max_trajectory_tokens=512, max_new_tokens_per_turn=16, max_malformed_calls=1,
-                    command_timeout_s=20, test_timeout_s=30, infra_retries=1)  # fmt: skip
-ENGINE = EngineConfig.model_validate(
-    {"max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1}}
+AGENT = AgentConfig(
+    max_turns=2,
+    max_trajectory_tokens=512,
+    max_new_tokens_per_turn=16,
+    max_malformed_calls=1,
+    command_timeout_s=20,
+    test_timeout_s=30,
+    infra_retries=1,
 )
+ENGINE = EngineConfig.model_validate({"max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1}})
 
 
 @dataclass
@@ -73,8 +82,17 @@ class Env:
     inputs: list[Manifest]
 
     def run(self, stage: str, cfg: GRPOStage) -> StageOutcome:
-        return run_stage(stage, run_grpo, cfg, store=self.store, tracker=self.tracker, parent=None,
-                         inputs=self.inputs, seed=0, log=logging.getLogger(f"swerl.test.{stage}"))  # fmt: skip
+        return run_stage(
+            stage,
+            run_grpo,
+            cfg,
+            store=self.store,
+            tracker=self.tracker,
+            parent=None,
+            inputs=self.inputs,
+            seed=0,
+            log=logging.getLogger(f"swerl.test.{stage}"),
+        )
 
     def report(self, manifest: Manifest) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(
@@ -105,8 +123,10 @@ def env(tmp_path_factory: pytest.TempPathFactory, micro_cache: Path) -> Env:
         put_dir(ctx, "model", save_model_and_tokenizer(model, tokenizer, ctx.workdir / "model"))
         return StageResult()
 
-    inputs = [run_stage(name, fn, ENGINE, store=store, tracker=tracker, parent=None).manifest
-              for name, fn in (("curate", curate), ("sft", sft))]  # fmt: skip
+    inputs = [
+        run_stage(name, fn, ENGINE, store=store, tracker=tracker, parent=None).manifest
+        for name, fn in (("curate", curate), ("sft", sft))
+    ]
     return Env(store, tracker, inputs)
 
 
@@ -125,9 +145,7 @@ def test_eval_beside_training_needs_async_mode() -> None:
 # Failure counts are part of the checkpoint
 
 
-def test_failure_counts_continue_from_the_checkpoint_after_a_crash(
-    env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failure_counts_continue_from_the_checkpoint_after_a_crash(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first three episode tries end in injected infrastructure errors; the trainer crashes in step 2 (after
     step 1's checkpoint). The rerun resumes there: its failures/* counts start from the checkpoint's, not 0."""
     stage, cfg = "grpo-failures", GRPOStage(grpo=GRPO, agent=AGENT, engine=ENGINE)
@@ -137,8 +155,14 @@ def test_failure_counts_continue_from_the_checkpoint_after_a_crash(
     async def flaky(*args: Any, **kwargs: Any) -> Trajectory:
         trajectory: Trajectory = await real_episode(*args, **kwargs)
         if next(finished) < 3:
-            return trajectory.model_copy(update={"status": EpisodeStatus.INFRA_ERROR, "reward": None,
-                                                 "infra_cause": "sandbox_died", "infra_message": "injected"})  # fmt: skip
+            return trajectory.model_copy(
+                update={
+                    "status": EpisodeStatus.INFRA_ERROR,
+                    "reward": None,
+                    "infra_cause": "sandbox_died",
+                    "infra_message": "injected",
+                }
+            )
         return trajectory
 
     def crashing_step(self: GRPOTrainer, groups: Any) -> dict[str, float]:
@@ -178,8 +202,11 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
     never end. Every evaluation logs eval/* at the step it evaluated; nothing is left running afterwards (warm
     sandboxes of groups warmed ahead included)."""
     steps = 3
-    g = grpo_with(schedule={"steps": steps, "checkpoint_every": 0}, rollout={"prewarm_groups": 1},
-                  eval={"every": 1, "tasks": 2, "attempts": 1, "concurrency": 2, "temperature": 0.7})  # fmt: skip
+    g = grpo_with(
+        schedule={"steps": steps, "checkpoint_every": 0},
+        rollout={"prewarm_groups": 1},
+        eval={"every": 1, "tasks": 2, "attempts": 1, "concurrency": 2, "temperature": 0.7},
+    )
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     real_step, real_evaluate = GRPOTrainer.train_step, grpo_eval.evaluate_model
     step_started: list[float] = []
@@ -245,15 +272,17 @@ def test_checkpoints_are_evaluated_beside_training_without_delaying_it(
         time.sleep(0.1)
     assert not leftover_threads()
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before
-    print(f"grpo with evaluation beside training: {wall:.1f} s; evaluated {evaluated}, "
-          f"skipped {evaluations['skipped']}")  # fmt: skip
+    print(
+        f"grpo with evaluation beside training: {wall:.1f} s; evaluated {evaluated}, skipped {evaluations['skipped']}"
+    )
 
 
 def test_the_starting_weights_are_evaluated_first_when_asked(env: Env) -> None:
     """eval.at_start: step 0 (the SFT model the stage starts from) is evaluated on the same tasks, beside training,
     so the learning curve starts where GRPO started."""
-    g = grpo_with(schedule={"steps": 1, "checkpoint_every": 0},
-                  eval={"every": 1, "tasks": 1, "concurrency": 1, "at_start": True})  # fmt: skip
+    g = grpo_with(
+        schedule={"steps": 1, "checkpoint_every": 0}, eval={"every": 1, "tasks": 1, "concurrency": 1, "at_start": True}
+    )
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     manifest = env.run("grpo-eval-start", cfg).manifest
     evaluations = env.report(manifest)["evaluations"]
@@ -269,8 +298,10 @@ def test_a_running_evaluation_is_cancelled_at_the_end_when_configured(
 ) -> None:
     """eval_at_end cancel: the evaluation of the last step, held inside its episodes (engine and sandbox pool
     open), is cancelled when training ends; it is reported as cancelled, and its engine thread is gone."""
-    g = grpo_with(schedule={"steps": 1, "checkpoint_every": 0},
-                  eval={"every": 1, "tasks": 1, "concurrency": 1, "at_end": "cancel"})  # fmt: skip
+    g = grpo_with(
+        schedule={"steps": 1, "checkpoint_every": 0},
+        eval={"every": 1, "tasks": 1, "concurrency": 1, "at_end": "cancel"},
+    )
     cfg = GRPOStage(grpo=GRPOConfig.model_validate(g.model_dump()), agent=AGENT, engine=ENGINE)
     real_episode = evaluate_module.run_episode
 

@@ -40,17 +40,31 @@ LR1, LR2 = 1e-3, 2.5e-4
 def pipeline_config(phase2: dict[str, Any] | None = None) -> PipelineConfig:
     """Base GRPO settings and two phases: `wide` (2 steps) and `tight` (2 steps, a tighter trajectory cap, a
     quarter of the learning rate)."""
-    tight = {"name": "tight", "steps": 2, "agent": {"max_trajectory_tokens": 384},
-             "grpo": {"algorithm": {"lr": LR2}}} | (phase2 or {})  # fmt: skip
-    return PipelineConfig.model_validate({
-        "agent": AGENT.model_dump(), "engine": ENGINE.model_dump(),
-        "grpo": {"mode": "async", "threads": 1,
-                 "schedule": {"steps": 99, "tasks_per_step": B, "checkpoint_every": 1, "keep_checkpoints": 4},
-                 "rollout": {"attempts_per_task": N, "max_in_flight": 8, "max_staleness": 1,
-                             "max_extra_groups_per_step": 1},
-                 "algorithm": {"lr": LR1},
-                 "phases": [{"name": "wide", "steps": 2}, tight]},
-    })  # fmt: skip
+    tight = {
+        "name": "tight",
+        "steps": 2,
+        "agent": {"max_trajectory_tokens": 384},
+        "grpo": {"algorithm": {"lr": LR2}},
+    } | (phase2 or {})
+    return PipelineConfig.model_validate(
+        {
+            "agent": AGENT.model_dump(),
+            "engine": ENGINE.model_dump(),
+            "grpo": {
+                "mode": "async",
+                "threads": 1,
+                "schedule": {"steps": 99, "tasks_per_step": B, "checkpoint_every": 1, "keep_checkpoints": 4},
+                "rollout": {
+                    "attempts_per_task": N,
+                    "max_in_flight": 8,
+                    "max_staleness": 1,
+                    "max_extra_groups_per_step": 1,
+                },
+                "algorithm": {"lr": LR1},
+                "phases": [{"name": "wide", "steps": 2}, tight],
+            },
+        }
+    )
 
 
 def run_phase(root: Path, index: int, cfg: PipelineConfig, parent_id: str | None = None) -> Manifest:
@@ -62,8 +76,9 @@ def run_phase(root: Path, index: int, cfg: PipelineConfig, parent_id: str | None
         inputs.append(Manifest.model_validate_json((root / "grpo-wide.json").read_text()))
     stage = cfg.grpo_phases()[index].stage
     parent = StageRun(tracker.client, parent_id) if parent_id else None
-    manifest = run_stage(stage, run_grpo, phase_stage(cfg, index), store=store, tracker=tracker, parent=parent,
-                         inputs=inputs).manifest  # fmt: skip
+    manifest = run_stage(
+        stage, run_grpo, phase_stage(cfg, index), store=store, tracker=tracker, parent=parent, inputs=inputs
+    ).manifest
     (root / f"{stage}.json").write_text(manifest.model_dump_json())
     return manifest
 
@@ -77,8 +92,13 @@ def child(root: Path, phase2: str) -> None:
 def spawn(root: Path, phase2: dict[str, Any], parent_id: str) -> subprocess.Popen[bytes]:
     env = os.environ | {"PYTHONPATH": str(ROOT), "PARENT_RUN": parent_id}
     log = open(root / "phase2.log", "ab")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen([sys.executable, __file__, str(root), json.dumps(phase2)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, __file__, str(root), json.dumps(phase2)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def report_of(root: Path, manifest: Manifest, name: str = "grpo_report.json") -> dict[str, Any]:
@@ -93,9 +113,7 @@ def checkpoint_state(root: Path, handoff: dict[str, Any], name: str | None = Non
     from swerl.train.checkpoint import STATE_FILE, CheckpointMirror
 
     store, _ = stores(root)
-    local = CheckpointMirror(store, handoff["checkpoints"], root / "read").restore(
-        name or handoff["checkpoint"]
-    )
+    local = CheckpointMirror(store, handoff["checkpoints"], root / "read").restore(name or handoff["checkpoint"])
     payload = torch.load(local / STATE_FILE, map_location="cpu", weights_only=False)
     payload["model"] = {k: v for f in sorted(local.glob("*.safetensors")) for k, v in load_file(f).items()}
     return dict(payload)
@@ -120,9 +138,7 @@ def test_two_phases_hand_over_weights_optimizer_and_rollouts_and_survive_a_sigki
     process = spawn(tmp_path, {}, parent_id)
     log = tmp_path / "phase2.log"
     deadline = time.monotonic() + 300
-    while not list(
-        (tmp_path / "store/stages/grpo-tight").glob(f"*/checkpoints/step_00000003/{COMPLETE_MARKER}")
-    ):
+    while not list((tmp_path / "store/stages/grpo-tight").glob(f"*/checkpoints/step_00000003/{COMPLETE_MARKER}")):
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
     assert process.poll() is None, "phase 2 ended before the kill"
@@ -131,9 +147,7 @@ def test_two_phases_hand_over_weights_optimizer_and_rollouts_and_survive_a_sigki
     first_start = log.read_text(errors="replace")
     assert "starts at step 2" in first_start and "grpo-wide's checkpoint" in first_start, first_start[-3000:]
     # the engine served phase 1's final weights (not the SFT model's) at phase 2's first step
-    assert re.search(
-        rf"engine starts from \S+/phase_start/{h1['checkpoint']} at weight version 2", first_start
-    )
+    assert re.search(rf"engine starts from \S+/phase_start/{h1['checkpoint']} at weight version 2", first_start)
     process = spawn(tmp_path, {}, parent_id)
     assert process.wait(timeout=600) == 0, log.read_text()[-3000:]
     p2 = Manifest.model_validate_json((tmp_path / "grpo-tight.json").read_text())
@@ -164,8 +178,11 @@ def test_two_phases_hand_over_weights_optimizer_and_rollouts_and_survive_a_sigki
     h2 = report_of(tmp_path, p2, "phase_handoff.json")
     assert h2["journals"][0] == h1["journals"][0] and len(h2["journals"]) == 2
     consumed1 = {seq for seq, _, _ in r1["ledger"]}
-    finished1 = {int(f.rsplit("/g", 1)[1]) for f in store.list(h1["journals"][0])
-                 if any(n.rsplit("/", 1)[1].startswith("r") for n in store.list(f))}  # fmt: skip
+    finished1 = {
+        int(f.rsplit("/g", 1)[1])
+        for f in store.list(h1["journals"][0])
+        if any(n.rsplit("/", 1)[1].startswith("r") for n in store.list(f))
+    }
     carried = finished1 - consumed1
     from swerl.rollout.journal import RolloutJournal
 
@@ -238,9 +255,7 @@ def test_a_phase_with_reset_optimizer_starts_with_fresh_adamw_state(tmp_path: Pa
             assert state.keys() == s1["optimizer"]["state"].keys()
             for index, values in state.items():
                 for name, value in values.items():
-                    assert torch.equal(
-                        torch.as_tensor(value), torch.as_tensor(s1["optimizer"]["state"][index][name])
-                    )
+                    assert torch.equal(torch.as_tensor(value), torch.as_tensor(s1["optimizer"]["state"][index][name]))
 
 
 @pytest.mark.slow
@@ -251,16 +266,16 @@ def test_sync_phases_continue_the_step_and_the_data_position(tmp_path: Path) -> 
         (tmp_path / f"{manifest.stage}.json").write_text(manifest.model_dump_json())
     data = pipeline_config().model_dump(mode="json", by_alias=True)
     data["grpo"] |= {"mode": "sync", "rollout": {"attempts_per_task": N, "concurrency": 4}}
-    data["grpo"]["phases"] = [{"name": "wide", "steps": 1}, {"name": "tight", "steps": 1,
-                               "grpo": {"algorithm": {"lr": LR2}}}]  # fmt: skip
+    data["grpo"]["phases"] = [
+        {"name": "wide", "steps": 1},
+        {"name": "tight", "steps": 1, "grpo": {"algorithm": {"lr": LR2}}},
+    ]
     cfg = PipelineConfig.model_validate(data)
     h1 = report_of(tmp_path, run_phase(tmp_path, 0, cfg), "phase_handoff.json")
     p2 = run_phase(tmp_path, 1, cfg)
     r2, h2 = report_of(tmp_path, p2), report_of(tmp_path, p2, "phase_handoff.json")
     assert (h1["step"], h1["data_position"], h1["journals"]) == (1, B, [])
-    assert (
-        r2["steps"] == 2 and r2["phase"]["first_step"] == 1 and [int(h["step"]) for h in r2["history"]] == [2]
-    )
+    assert r2["steps"] == 2 and r2["phase"]["first_step"] == 1 and [int(h["step"]) for h in r2["history"]] == [2]
     assert h2["data_position"] == 2 * B and r2["mode"] == "sync"
 
 

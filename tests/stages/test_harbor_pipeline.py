@@ -74,12 +74,12 @@ def test_curate_keeps_the_gold_checked_task_and_the_stages_run_on_it(tmp_path: P
     the other as gold_unresolved -> oracle traces replay that diff through the agent's tools (graded 1 by the
     verifier) -> SFT -> curate again holding the task out by its category -> evaluate, every attempt graded by the
     task's verifier."""
-    from swerl.config.agent import AgentConfig  # fmt: skip
-    from swerl.config.data import TracesConfig  # fmt: skip
-    from swerl.config.engine import EngineConfig  # fmt: skip
-    from swerl.config.evaluate import EvaluateConfig  # fmt: skip
-    from swerl.config.sandbox import SandboxLimits  # fmt: skip
-    from swerl.config.train import SFTConfig, TinyModelConfig  # fmt: skip
+    from swerl.config.agent import AgentConfig
+    from swerl.config.data import TracesConfig
+    from swerl.config.engine import EngineConfig
+    from swerl.config.evaluate import EvaluateConfig
+    from swerl.config.sandbox import SandboxLimits
+    from swerl.config.train import SFTConfig, TinyModelConfig
     from swerl.data.taskio import tasks_from_parquet
     from swerl.stages.curate import run_curate
     from swerl.stages.evaluate import EvaluateStage, run_evaluate
@@ -94,54 +94,65 @@ def test_curate_keeps_the_gold_checked_task_and_the_stages_run_on_it(tmp_path: P
         pytest.skip(reason)
     root = harbor_tasks(tmp_path / "harbor")
     limits = SandboxLimits(backend="docker", memory_mb=1024, start_timeout_s=120, timeout_s=60)
-    agent = AgentConfig(max_turns=3, max_trajectory_tokens=1024, max_new_tokens_per_turn=16, command_timeout_s=30,
-                        test_timeout_s=60, episode_timeout_s=120, infra_retries=0, sandbox=limits)  # fmt: skip
-    engine = EngineConfig.model_validate(
-        {"max_batch_size": 2, "max_context_tokens": 1024, "local": {"threads": 1}}
+    agent = AgentConfig(
+        max_turns=3,
+        max_trajectory_tokens=1024,
+        max_new_tokens_per_turn=16,
+        command_timeout_s=30,
+        test_timeout_s=60,
+        episode_timeout_s=120,
+        infra_retries=0,
+        sandbox=limits,
     )
-    tiny = TinyModelConfig(vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
-                           max_positions=4096)  # fmt: skip
-    env = Env(
-        Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", "harbor-pipeline")
+    engine = EngineConfig.model_validate({"max_batch_size": 2, "max_context_tokens": 1024, "local": {"threads": 1}})
+    tiny = TinyModelConfig(
+        vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64, max_positions=4096
     )
+    env = Env(Store(f"file://{tmp_path}/store"), Tracker(f"sqlite:///{tmp_path}/mlflow.db", "harbor-pipeline"))
 
     cfg = CurateConfig(repos=[], harbor=[str(root)], sandbox=limits)
     curate = env.run("curate", run_curate, cfg).manifest
     train = tasks_from_parquet(env.artifact(curate, "train.parquet"))
     assert [t.instance_id for t in train] == ["harbor__calc-add"] and train[0].split == "train"
-    assert (
-        "-    return a - b\n+    return a + b" in train[0].patch
-        and train[0].verifier == f"harbor://{root}/calc-add"
-    )
+    assert "-    return a - b\n+    return a + b" in train[0].patch and train[0].verifier == f"harbor://{root}/calc-add"
     assert tasks_from_parquet(env.artifact(curate, "eval.parquet")) == []
     report = env.json(curate, "curate_report.json")["harbor"]
     assert (report["tasks"], report["kept"], report["rejections"]) == (2, 1, {"gold_unresolved": 1}), report
     assert "RESOLVED_NO" in report["rejected"]["calc-wrong"]
     assert report["limits"]["calc-add"]["agent_timeout_s"] == 120.0
 
-    traces = env.run("traces", run_traces, TracesStage(
-        traces=TracesConfig(test_command="python3 selftest.py", view_whole_file_lines=40), agent=agent), [curate],
-    ).manifest  # fmt: skip
+    traces = env.run(
+        "traces",
+        run_traces,
+        TracesStage(traces=TracesConfig(test_command="python3 selftest.py", view_whole_file_lines=40), agent=agent),
+        [curate],
+    ).manifest
     traced = env.json(traces, "traces_report.json")
     assert traced["traces"] == 1, traced  # the oracle's sed fix, graded 1 by the task's verifier
 
-    sft_cfg = SFTConfig(tiny=tiny, seq_len=4096, rows_per_micro_batch=1, max_steps=1, lr=5e-3, warmup_steps=1,
-                        checkpoint_every=1, keep_checkpoints=1, threads=1, truncate_overlong=True)  # fmt: skip
-    sft = env.run(
-        "sft", run_sft, SFTStage.build(sft=sft_cfg, agent=agent, engine=engine), [curate, traces]
-    ).manifest
-
-    held = env.run(
-        "curate", run_curate, cfg.model_copy(update={"eval_repos": ["harbor-category:programming"]})
+    sft_cfg = SFTConfig(
+        tiny=tiny,
+        seq_len=4096,
+        rows_per_micro_batch=1,
+        max_steps=1,
+        lr=5e-3,
+        warmup_steps=1,
+        checkpoint_every=1,
+        keep_checkpoints=1,
+        threads=1,
+        truncate_overlong=True,
     )
+    sft = env.run("sft", run_sft, SFTStage.build(sft=sft_cfg, agent=agent, engine=engine), [curate, traces]).manifest
+
+    held = env.run("curate", run_curate, cfg.model_copy(update={"eval_repos": ["harbor-category:programming"]}))
     held_out = tasks_from_parquet(env.artifact(held.manifest, "eval.parquet"))
     assert [t.instance_id for t in held_out] == ["harbor__calc-add"] and held_out[0].split == "eval"
     assert env.json(held.manifest, "curate_report.json")["split"]["unmatched"] == []
 
-    evaluate_cfg = EvaluateConfig(max_tasks=1, attempts=1, concurrency=1, bootstrap_samples=200,
-                                  checkpoints=["sft"])  # fmt: skip
-    evaluated = env.run("evaluate", run_evaluate, EvaluateStage(evaluate=evaluate_cfg, agent=agent, engine=engine),
-                        [held.manifest, sft]).manifest  # fmt: skip
+    evaluate_cfg = EvaluateConfig(max_tasks=1, attempts=1, concurrency=1, bootstrap_samples=200, checkpoints=["sft"])
+    evaluated = env.run(
+        "evaluate", run_evaluate, EvaluateStage(evaluate=evaluate_cfg, agent=agent, engine=engine), [held.manifest, sft]
+    ).manifest
     result = env.json(evaluated, "eval_results.json")["models"]["sft"]
     assert (result["tasks"], result["missing"]) == (1, 0), result
     episodes = env.artifact(evaluated, "episodes_sft.jsonl").decode()

@@ -156,9 +156,7 @@ def test_seed_is_part_of_the_key(store: Store, tracker: Tracker) -> None:
     assert _run(fn, cfg, store, tracker, seed=1).skipped
 
 
-def test_force_reruns_and_keeps_the_old_attempt_until_the_new_manifest(
-    store: Store, tracker: Tracker
-) -> None:
+def test_force_reruns_and_keeps_the_old_attempt_until_the_new_manifest(store: Store, tracker: Tracker) -> None:
     fn, cfg = ToyStage(), ToyConfig()
     old = _run(fn, cfg, store, tracker).manifest
     new_out = _run(fn, cfg, store, tracker, force=True)
@@ -387,9 +385,7 @@ def test_a_rerun_of_the_same_config_continues_one_parent_and_the_failed_stage_ru
     assert parent.data.tags["swerl.config_hash"] == config_hash(cfg)
     assert not [t for t in parent.data.tags if t.startswith("swerl.param_changed.doctor.")]  # measured anew
     assert len(parent.data.tags["mlflow.source.git.commit"]) == 40
-    runs = client.search_runs(
-        [second.tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
-    )
+    runs = client.search_runs([second.tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert [r.info.run_id for r in runs] == [out.manifest.mlflow_run_id]
     (run,) = runs
     assert run.info.status == "FINISHED" and run.data.tags["swerl.resumes"] == "1"

@@ -41,8 +41,16 @@ def test_a_plot_is_inlined_as_a_png_data_uri_and_a_huge_one_is_not() -> None:
 
 def _manifest(stage: str, *names: str) -> Manifest:
     arts = {n: ArtifactRecord(name=n, uri=f"file:///s/{stage}/{n}", sha256="ab" * 32, size=1) for n in names}
-    return Manifest(stage=stage, key="k", attempt="a", config_hash="h", artifacts=arts, started_at="",
-                    finished_at="", duration_s=0.0)  # fmt: skip
+    return Manifest(
+        stage=stage,
+        key="k",
+        attempt="a",
+        config_hash="h",
+        artifacts=arts,
+        started_at="",
+        finished_at="",
+        duration_s=0.0,
+    )
 
 
 def test_each_stage_names_what_it_trains_or_evaluates_on() -> None:
@@ -52,7 +60,5 @@ def test_each_stage_names_what_it_trains_or_evaluates_on() -> None:
         ("traces/traces.jsonl", "file:///s/traces/traces.jsonl", "ab" * 32, "training")
     ]
     assert [d[0] for d in stage_datasets("grpo-tight", [curate])] == ["curate/train.parquet"]
-    assert [(d[0], d[3]) for d in stage_datasets("evaluate", [curate])] == [
-        ("curate/eval.parquet", "evaluation")
-    ]
+    assert [(d[0], d[3]) for d in stage_datasets("evaluate", [curate])] == [("curate/eval.parquet", "evaluation")]
     assert stage_datasets("curate", []) == [] and stage_datasets("sft", [curate]) == []

@@ -106,17 +106,13 @@ def test_oracle_traces_are_swe_smith_rows_that_start_with_the_test_command(
         roles = [m["role"] for m in row["messages"]]
         assert roles[:2] == ["system", "user"] and "assistant" in roles and "tool" in roles
         assert all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in row["messages"])
-        first = parse_tool_call(
-            next(m["content"] for m in row["messages"] if m["role"] == "assistant"), TOOL_SPECS
-        )
+        first = parse_tool_call(next(m["content"] for m in row["messages"] if m["role"] == "assistant"), TOOL_SPECS)
         assert isinstance(first, ToolCall) and first.name == "bash", first
         assert first.arguments["command"] == TEST_COMMAND
         last = parse_tool_call(row["messages"][-1]["content"], TOOL_SPECS)
         assert isinstance(last, ToolCall) and last.name == "submit"
         # The second call views the function a failing test is named after, whose name the statement shows.
-        view = parse_tool_call(
-            [m["content"] for m in row["messages"] if m["role"] == "assistant"][1], TOOL_SPECS
-        )
+        view = parse_tool_call([m["content"] for m in row["messages"] if m["role"] == "assistant"][1], TOOL_SPECS)
         assert isinstance(view, ToolCall) and view.arguments["command"].startswith("grep -n -A 6 'def "), view
         function = view.arguments["command"].split("'def ")[1].split("(")[0]
         assert f"test_{function}_" in row["messages"][1]["content"]
@@ -136,14 +132,16 @@ def test_dataset_traces_are_checked_row_by_row(env: Env, traces: Manifest, tmp_p
     (tmp_path / "oracle.jsonl").write_bytes(env.artifact(traces, "traces.jsonl"))
     rows = load_trace_rows(tmp_path / "oracle.jsonl")
     good = write_traces(rows[:2], tmp_path / "good" / "traces.jsonl")
-    outcome = env.run("traces", run_traces, TracesStage(traces=TracesConfig(source="dataset", dataset=str(good)),
-                                                       agent=AGENT))  # fmt: skip
+    outcome = env.run(
+        "traces", run_traces, TracesStage(traces=TracesConfig(source="dataset", dataset=str(good)), agent=AGENT)
+    )
     report = env.json(outcome.manifest, "traces_report.json")
     assert report["source"] == "dataset" and report["dataset"] == str(good) and report["traces"] == 2
     assert outcome.manifest.inputs == []
 
-    no_assistant = dict(rows[0], traj_id="no-assistant.0",
-                        messages=[m for m in rows[0]["messages"] if m["role"] != "assistant"])  # fmt: skip
+    no_assistant = dict(
+        rows[0], traj_id="no-assistant.0", messages=[m for m in rows[0]["messages"] if m["role"] != "assistant"]
+    )
     bad = write_traces([rows[1], no_assistant], tmp_path / "bad" / "traces.jsonl")
     cfg = TracesStage(traces=TracesConfig(source="dataset", dataset=str(bad)), agent=AGENT)
     with pytest.raises(ValueError, match=r"trace row 1 \(traj_id='no-assistant.0'\) has no assistant turn"):
@@ -300,9 +298,7 @@ def test_sft_time_budget_ends_the_stage_loudly_and_counts_across_resumes(
     assert budget["elapsed_before_s"] > 0.5 and budget["ended_by_budget"], budget
 
 
-def test_sft_refuses_a_model_path_without_a_model(
-    env: Env, curate: Manifest, traces: Manifest, tmp_path: Path
-) -> None:
+def test_sft_refuses_a_model_path_without_a_model(env: Env, curate: Manifest, traces: Manifest, tmp_path: Path) -> None:
     empty = tmp_path / "empty-model"
     empty.mkdir()
     cfg = SFTStage.build(sft=SFT.model_copy(update={"model_path": str(empty)}), agent=AGENT, engine=ENGINE)
@@ -310,9 +306,7 @@ def test_sft_refuses_a_model_path_without_a_model(
         env.run("sft", run_sft, cfg, [curate, traces])
 
 
-def test_sft_refuses_token_caps_beyond_the_model_context(
-    env: Env, curate: Manifest, traces: Manifest
-) -> None:
+def test_sft_refuses_token_caps_beyond_the_model_context(env: Env, curate: Manifest, traces: Manifest) -> None:
     agent = AGENT.model_copy(update={"max_trajectory_tokens": 4096})
     engine = ENGINE.model_copy(update={"max_context_tokens": 3000})
     cfg = SFTStage.build(sft=SFT, agent=agent, engine=engine)
@@ -367,9 +361,7 @@ def test_sft_crashed_after_its_last_checkpoint_publishes_it_and_is_skipped_next_
 ) -> None:
     """The rerun trains no step (its final_loss is NaN) and its manifest must still read back: it once was
     written with a null metric that failed validation, so every later run of the stage raised."""
-    cfg = SFTStage.build(
-        sft=SFT.model_copy(update={"max_steps": 2, "checkpoint_every": 0}), agent=AGENT, engine=ENGINE
-    )
+    cfg = SFTStage.build(sft=SFT.model_copy(update={"max_steps": 2, "checkpoint_every": 0}), agent=AGENT, engine=ENGINE)
     original = sft_module.save_model_and_tokenizer
 
     def crash_on_the_final_model(model: Any, tokenizer: Any, out: Path) -> Path:
@@ -417,9 +409,7 @@ def test_forced_sft_trains_afresh_and_a_crash_of_it_resumes_its_own_checkpoints(
     key, earlier = first.key, f"stages/sft-forced/{first.key}/checkpoints"
     assert env.store.exists(f"{earlier}/step_00000006/{COMPLETE_MARKER}")
     crash_after_sync(monkeypatch, "step_00000002")
-    with pytest.raises(
-        RuntimeError, match="injected crash"
-    ):  # before the fix: resumed at step 6, no step trained
+    with pytest.raises(RuntimeError, match="injected crash"):  # before the fix: resumed at step 6, no step trained
         env.run("sft-forced", run_sft, cfg, inputs, force=True)
     monkeypatch.undo()
     # the published result is still the first one, readable; the earlier attempts' checkpoints are untouched
@@ -486,9 +476,7 @@ def test_forced_grpo_trains_afresh_with_checkpoints_and_journal_of_its_own(
     (it once resumed from the final checkpoint and trained none), in a force epoch of its own; the earlier result's
     handoff (what a later phase starts from) still points at its own intact checkpoint and journal."""
     schedule = GRPO.schedule.model_copy(update={"steps": 1})
-    cfg = GRPOStage(
-        grpo=GRPO.model_copy(update={"mode": "async", "schedule": schedule}), agent=AGENT, engine=ENGINE
-    )
+    cfg = GRPOStage(grpo=GRPO.model_copy(update={"mode": "async", "schedule": schedule}), agent=AGENT, engine=ENGINE)
     first = env.run("grpo-forced", run_grpo, cfg, [curate, sft]).manifest
     forced = env.run("grpo-forced", run_grpo, cfg, [curate, sft], force=True).manifest
     report = env.json(forced, "grpo_report.json")
@@ -510,9 +498,7 @@ def test_grpo_that_trained_no_step_does_not_publish_the_sft_weights(
     """A time budget spent before the first step: the stage fails saying so (it once published the SFT model as
     GRPO's result), the budget's end is a warning, and no manifest is written."""
     schedule = GRPO.schedule.model_copy(update={"time_budget_s": 1e-3})
-    cfg = GRPOStage(
-        grpo=GRPO.model_copy(update={"mode": mode, "schedule": schedule}), agent=AGENT, engine=ENGINE
-    )
+    cfg = GRPOStage(grpo=GRPO.model_copy(update={"mode": mode, "schedule": schedule}), agent=AGENT, engine=ENGINE)
     with (
         caplog.at_level(logging.WARNING),
         pytest.raises(RuntimeError, match=r"trained 0 of 2 steps .*not published"),
@@ -520,9 +506,7 @@ def test_grpo_that_trained_no_step_does_not_publish_the_sft_weights(
         env.run(f"grpo-no-step-{mode}", run_grpo, cfg, [curate, sft])
     assert "ended the stage at step 0 of 2" in caplog.text
     assert (
-        load_manifest(
-            env.store, f"grpo-no-step-{mode}", stage_key_of(f"grpo-no-step-{mode}", cfg, [curate, sft])
-        )
+        load_manifest(env.store, f"grpo-no-step-{mode}", stage_key_of(f"grpo-no-step-{mode}", cfg, [curate, sft]))
         is None
     )
 
@@ -551,17 +535,10 @@ def test_grpo_time_budget_ends_the_stage_loudly_and_counts_across_resumes(
     with caplog.at_level(logging.WARNING):
         manifest = env.run("grpo-guard", run_grpo, cfg, [curate, sft]).manifest
     report = env.json(manifest, "grpo_report.json")
-    assert (
-        report["steps"] == 1
-        and report["budget"]["ended_by_budget"]
-        and report["budget"]["ended_at_step"] == 1
-    )
+    assert report["steps"] == 1 and report["budget"]["ended_by_budget"] and report["budget"]["ended_at_step"] == 1
     assert manifest.metrics["ended_by_budget"] == 1.0 and manifest.metrics["max_steps"] == 2
     assert "ended the stage at step 1 of 2" in caplog.text
-    assert (
-        env.tracker.client.get_run(manifest.mlflow_run_id).data.tags["swerl.grpo.ended_by_budget"]
-        == "step 1 of 2"
-    )
+    assert env.tracker.client.get_run(manifest.mlflow_run_id).data.tags["swerl.grpo.ended_by_budget"] == "step 1 of 2"
 
     def crash_after_step_1(self: DurableCheckpoints) -> list[str]:
         done = original(self)
@@ -569,17 +546,18 @@ def test_grpo_time_budget_ends_the_stage_loudly_and_counts_across_resumes(
             raise RuntimeError("injected crash")
         return done
 
-    cfg = GRPOStage(grpo=GRPO.model_copy(update={"schedule": schedule.model_copy(update={"time_budget_s": 600.0})}),
-                    agent=AGENT, engine=ENGINE)  # fmt: skip
+    cfg = GRPOStage(
+        grpo=GRPO.model_copy(update={"schedule": schedule.model_copy(update={"time_budget_s": 600.0})}),
+        agent=AGENT,
+        engine=ENGINE,
+    )
     monkeypatch.setattr(DurableCheckpoints, "sync", crash_after_step_1)
     with pytest.raises(RuntimeError, match="injected crash"):
         env.run("grpo-guard-crash", run_grpo, cfg, [curate, sft])
     monkeypatch.setattr(DurableCheckpoints, "sync", original)
     report = env.json(env.run("grpo-guard-crash", run_grpo, cfg, [curate, sft]).manifest, "grpo_report.json")
     assert (report["steps"], report["steps_this_attempt"]) == (2, 1)
-    assert report["budget"]["elapsed_before_s"] > 0 and not report["budget"]["ended_by_budget"], report[
-        "budget"
-    ]
+    assert report["budget"]["elapsed_before_s"] > 0 and not report["budget"]["ended_by_budget"], report["budget"]
 
 
 def test_grpo_refuses_an_agent_cap_beyond_the_engine_context(
@@ -594,8 +572,11 @@ def test_grpo_refuses_an_agent_cap_beyond_the_engine_context(
     monkeypatch.setattr(grpo_module, "run_episode", no_episode)
     agent = AGENT.model_copy(update={"max_trajectory_tokens": CONTEXT})  # fits the model, not the engine
     cfg = GRPOStage(grpo=GRPO, agent=agent, engine=ENGINE)
-    with pytest.raises(ValueError, match=rf"agent.max_trajectory_tokens \({CONTEXT}\) exceeds "
-                                         rf"engine.max_context_tokens \({ENGINE.max_context_tokens}\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"agent.max_trajectory_tokens \({CONTEXT}\) exceeds "
+        rf"engine.max_context_tokens \({ENGINE.max_context_tokens}\)",
+    ):
         env.run("grpo", run_grpo, cfg, [curate, sft])
     assert episodes == []
 
@@ -619,8 +600,9 @@ def test_evaluate_scores_every_model_on_the_same_held_out_tasks(
     assert set(results) == {"base", "sft", "grpo"}
     run = env.tracker.client.get_run(manifest.mlflow_run_id)
     for name, summary in results.items():
-        episodes = [json.loads(line) for line in env.artifact(manifest, f"episodes_{name}.jsonl").splitlines()
-                    if line.strip()]  # fmt: skip
+        episodes = [
+            json.loads(line) for line in env.artifact(manifest, f"episodes_{name}.jsonl").splitlines() if line.strip()
+        ]
         assert sorted(e["task_id"] for e in episodes) == sorted(ids * EVALUATE.attempts), name
         assert summary["tasks"] + summary["missing"] == len(ids)
         assert 0.0 <= summary["ci_low"] <= summary["pass@1"] <= summary["ci_high"] <= 1.0, summary
@@ -657,14 +639,26 @@ def test_evaluate_refuses_a_curation_without_held_out_tasks(scratch_env: Env) ->
 def test_evaluate_fails_naming_the_missing_tasks_instead_of_publishing_nan() -> None:
     """A model whose tasks were lost to the infrastructure: over evaluate.max_missing_share missing fails the
     stage before anything is published, naming the tasks; every task missing (pass@1 NaN) always fails."""
-    tasks = [TaskInstance(instance_id=f"micro__t{i}", repo="swerl-micro/eval-0", base_commit="c", problem_statement="p",
-                          patch="d", patch_kind="bug", FAIL_TO_PASS=["t::a"], source="test") for i in (1, 2)]  # fmt: skip
+    tasks = [
+        TaskInstance(
+            instance_id=f"micro__t{i}",
+            repo="swerl-micro/eval-0",
+            base_commit="c",
+            problem_statement="p",
+            patch="d",
+            patch_kind="bug",
+            FAIL_TO_PASS=["t::a"],
+            source="test",
+        )
+        for i in (1, 2)
+    ]
     ok, lost = tasks
 
     def attempt(task_id: str, reward: float | None) -> Trajectory:
         status = EpisodeStatus.INFRA_ERROR if reward is None else EpisodeStatus.RESOLVED
-        return Trajectory(task_id=task_id, status=status, reward=reward,
-                          infra_cause="engine_http" if reward is None else None)  # fmt: skip
+        return Trajectory(
+            task_id=task_id, status=status, reward=reward, infra_cause="engine_http" if reward is None else None
+        )
 
     half = summarize([attempt(ok.instance_id, 1.0), attempt(lost.instance_id, None)], tasks, EVALUATE, 0)
     none = summarize([attempt(ok.instance_id, None), attempt(lost.instance_id, None)], tasks, EVALUATE, 0)

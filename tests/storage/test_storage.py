@@ -53,9 +53,7 @@ def _big_file(path: Path, mib: int, seed: int) -> str:
     return sha256_file(path)
 
 
-def _start_writer(
-    tmp_path: Path, root: str, endpoint: str, src: Path, rel: str, slow: bool
-) -> subprocess.Popen[str]:
+def _start_writer(tmp_path: Path, root: str, endpoint: str, src: Path, rel: str, slow: bool) -> subprocess.Popen[str]:
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     proc = subprocess.Popen(
@@ -93,9 +91,7 @@ def test_file_round_trip(tmp_path: Path) -> None:
         store.read_bytes("a/missing")
 
 
-def test_relative_root_resolves_against_working_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_relative_root_resolves_against_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     store = open_store("file://runs/store")
     store.write_bytes("x.txt", b"1")

@@ -171,8 +171,15 @@ runner.run_stage("toy", fn, Cfg(), store=open_store({f"file://{tmp_path}/s"!r}),
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -183,8 +190,9 @@ def _save(root: Path, steps: list[int], keep: int = 10) -> None:
         model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
         opt.step()
         opt.zero_grad()
-        state = TrainerState(step=step, epoch=0, example_index=step, shuffle_seed=0, num_examples=9,
-                             data_fingerprint="f")  # fmt: skip
+        state = TrainerState(
+            step=step, epoch=0, example_index=step, shuffle_seed=0, num_examples=9, data_fingerprint="f"
+        )
         save_checkpoint(root, model, opt, state, keep_last=keep)
 
 
@@ -243,9 +251,7 @@ def test_store_checkpoints_are_kept_per_retention_plus_protected(tmp_path: Path)
 # Journal and ledger
 
 
-def test_damaged_journal_entry_is_skipped_named_and_counted(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_damaged_journal_entry_is_skipped_named_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = open_store(f"file://{tmp_path}/s")
     journal = RolloutJournal(store, "j")
     for attempt in range(2):
@@ -291,9 +297,7 @@ with t.run("pipeline") as parent:
     assert sorted(r.info.status for r in before) == ["RUNNING", "RUNNING"]
     # a live run of another process of this host (this one) is left alone
     me = process_owner()
-    live = client.create_run(
-        tracker.experiment_id, tags={OWNER_PID_TAG: me["pid"], OWNER_HOST_TAG: me["host"]}
-    )
+    live = client.create_run(tracker.experiment_id, tags={OWNER_PID_TAG: me["pid"], OWNER_HOST_TAG: me["host"]})
     with tracker.run("pipeline") as run:
         pass
     statuses = {r.info.run_id: r.info.status for r in client.search_runs([tracker.experiment_id])}

@@ -28,11 +28,23 @@ def test_model_is_logged_with_signature_registered_and_loads(
     name = registered_model_name("flowtest")
     assert name == "flowtest-agent" and registered_model_name("x", "team-policy") == "team-policy"
     with tracker.run("sft") as run:
-        first = log_and_register(run, tracker.experiment_id, checkpoint, stage="sft",
-                                 checkpoint_uri="file:///store/stages/sft/k/a/model", registered=name)  # fmt: skip
+        first = log_and_register(
+            run,
+            tracker.experiment_id,
+            checkpoint,
+            stage="sft",
+            checkpoint_uri="file:///store/stages/sft/k/a/model",
+            registered=name,
+        )
     with tracker.run("grpo-tight") as run2:
-        second = log_and_register(run2, tracker.experiment_id, checkpoint, stage="grpo-tight",
-                                  checkpoint_uri="file:///store/stages/grpo/k/a/model", registered=name)  # fmt: skip
+        second = log_and_register(
+            run2,
+            tracker.experiment_id,
+            checkpoint,
+            stage="grpo-tight",
+            checkpoint_uri="file:///store/stages/grpo/k/a/model",
+            registered=name,
+        )
     assert first["swerl.model.registered"] == f"{name}/1" and second["swerl.model.registered"] == f"{name}/2"
     client = tracker.client
     assert client.get_run(run.run_id).data.tags["swerl.model.id"] == first["swerl.model.id"]
@@ -46,10 +58,7 @@ def test_model_is_logged_with_signature_registered_and_loads(
     assert mlflow.pyfunc.load_model(f"models:/{name}/2").metadata.signature == model.metadata.signature
     sig = model.metadata.signature
     assert sig.inputs.input_names() == ["prompt"] and sig.outputs.input_names() == ["completion"]
-    assert (
-        sig.params.params[0].name == "max_new_tokens"
-        and sig.params.params[0].default == MAX_NEW_TOKENS_DEFAULT
-    )
+    assert sig.params.params[0].name == "max_new_tokens" and sig.params.params[0].default == MAX_NEW_TOKENS_DEFAULT
     import pandas as pd
 
     answer = model.predict(pd.DataFrame({"prompt": ["def f(x):"]}), params={"max_new_tokens": 4})
@@ -59,5 +68,14 @@ def test_model_is_logged_with_signature_registered_and_loads(
 def test_a_failure_to_log_never_fails_the_stage(tmp_path: Path) -> None:
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "models")
     with tracker.run("sft") as run:
-        assert log_and_register(run, tracker.experiment_id, tmp_path / "missing", stage="sft",
-                                checkpoint_uri="file:///nowhere", registered="x") == {}  # fmt: skip
+        assert (
+            log_and_register(
+                run,
+                tracker.experiment_id,
+                tmp_path / "missing",
+                stage="sft",
+                checkpoint_uri="file:///nowhere",
+                registered="x",
+            )
+            == {}
+        )

@@ -36,9 +36,14 @@ def test_step_time_shares_match_the_recipes_breakdown() -> None:
     ]
     shares = step_time_shares(history)
     assert shares == pytest.approx(
-        {"actor update": 0.63, "waiting for rollouts": 0.29, "log-prob recompute": 0.08, "weight sync": 0.0,
-         "other": 0.0}
-    )  # fmt: skip
+        {
+            "actor update": 0.63,
+            "waiting for rollouts": 0.29,
+            "log-prob recompute": 0.08,
+            "weight sync": 0.0,
+            "other": 0.0,
+        }
+    )
     assert step_time_shares([{"time_total_s": 0.0}]) == {}
     png = step_time_breakdown(history)
     assert png is not None and png.startswith(PNG_MAGIC)
@@ -46,9 +51,7 @@ def test_step_time_shares_match_the_recipes_breakdown() -> None:
 
 
 def test_grpo_curves_draw_reward_and_staleness() -> None:
-    history = [
-        {"step": s, "reward_mean": s / 10, "staleness/mean": 0.5, "staleness/max": 1.0} for s in range(1, 6)
-    ]
+    history = [{"step": s, "reward_mean": s / 10, "staleness/mean": 0.5, "staleness/max": 1.0} for s in range(1, 6)]
     png = grpo_curves(history)
     assert png is not None and png.startswith(PNG_MAGIC)
     width, height = _size(png)

@@ -239,13 +239,15 @@ def test_git_tags_name_the_checkout(tmp_path: Path) -> None:
 def test_dataset_inputs_are_logged_with_their_context(tmp_path: Path) -> None:
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "datasets")
     with tracker.run("grpo") as run:
-        log_dataset_inputs(run, [("curate/train.parquet", f"file://{tmp_path}/train.parquet", "ab" * 32, "training"),
-                                 ("eval", "s3://bucket/eval.parquet", "cd" * 32, "evaluation")])  # fmt: skip
+        log_dataset_inputs(
+            run,
+            [
+                ("curate/train.parquet", f"file://{tmp_path}/train.parquet", "ab" * 32, "training"),
+                ("eval", "s3://bucket/eval.parquet", "cd" * 32, "evaluation"),
+            ],
+        )
     inputs = tracker.client.get_run(run.run_id).inputs.dataset_inputs
-    got = {
-        i.dataset.name: ({t.key: t.value for t in i.tags}["mlflow.data.context"], i.dataset.digest)
-        for i in inputs
-    }
+    got = {i.dataset.name: ({t.key: t.value for t in i.tags}["mlflow.data.context"], i.dataset.digest) for i in inputs}
     assert got == {"curate/train.parquet": ("training", "ab" * 18), "eval": ("evaluation", "cd" * 18)}
     assert "s3://bucket/eval.parquet" in [i.dataset.source for i in inputs if i.dataset.name == "eval"][0]
 

@@ -72,14 +72,13 @@ def grpo_rank(model_dir: str, config: DistributedConfig, trap: str | None = None
     return trainer
 
 
-def sft_rank(
-    model_dir: str, examples: list[tuple[list[int], list[int]]], config: DistributedConfig
-) -> SFTTrainer:
+def sft_rank(model_dir: str, examples: list[tuple[list[int], list[int]]], config: DistributedConfig) -> SFTTrainer:
     torch.set_num_threads(1)
     ranks = init_rank(config)
     model, tokenizer = load_model_and_tokenizer(model_dir)
-    return SFTTrainer(model, examples, tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id, ranks=ranks,
-                      **SFT_OPTIONS)  # fmt: skip
+    return SFTTrainer(
+        model, examples, tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id, ranks=ranks, **SFT_OPTIONS
+    )
 
 
 def _model_dir(tokenizer: PreTrainedTokenizerBase, out: Path, moe: bool = False) -> str:
@@ -143,8 +142,9 @@ def test_two_gloo_ranks_make_the_one_process_sft_steps(
         examples.append((ids, mask))
     model, _ = load_model_and_tokenizer(model_dir)
     losses: list[float] = []
-    train_sft(model, examples, pad_token_id=tokenizer.pad_token_id, on_step=lambda m: losses.append(m.loss),
-              **SFT_OPTIONS)  # fmt: skip
+    train_sft(
+        model, examples, pad_token_id=tokenizer.pad_token_id, on_step=lambda m: losses.append(m.loss), **SFT_OPTIONS
+    )
     with SFTRanks(sft_rank, model_dir, examples, TWO_RANKS, config=TWO_RANKS) as ranks:
         distributed: list[float] = []
         run_sft_steps(ranks, SFT_OPTIONS["max_steps"], on_step=lambda m: distributed.append(m.loss))
@@ -177,9 +177,7 @@ def test_a_sigkill_mid_step_resumes_exactly(
     group = DistributedTrainer(grpo_rank, model_dir, TWO_RANKS, str(trap), config=TWO_RANKS)
     try:
         group.train_step(batches[0])
-        checkpoint = group.save(
-            tmp_path / "checkpoints", StreamPosition(epoch=0, example_index=4, num_examples=12)
-        )
+        checkpoint = group.save(tmp_path / "checkpoints", StreamPosition(epoch=0, example_index=4, num_examples=12))
         killer = threading.Thread(target=_kill_when_trapped, args=(trap, group.pids[1]), daemon=True)
         killer.start()
         with pytest.raises(TrainerProcessDied, match="trainer rank"):
@@ -188,9 +186,7 @@ def test_a_sigkill_mid_step_resumes_exactly(
         assert trap.read_text() == "mid-step"
     finally:
         group.close(timeout_s=10)
-    assert all(
-        not rank._process.is_alive() for rank in group.ranks
-    )  # the survivor is stopped, not left waiting
+    assert all(not rank._process.is_alive() for rank in group.ranks)  # the survivor is stopped, not left waiting
 
     with DistributedTrainer(grpo_rank, model_dir, TWO_RANKS, config=TWO_RANKS) as resumed:
         state = resumed.load(checkpoint)
@@ -224,13 +220,9 @@ def test_distributed_config_refuses_what_cannot_run() -> None:
         DistributedConfig(backend="megatron")
     with pytest.raises(ValueError, match="must divide ranks"):
         DistributedConfig(backend="megatron", device="cuda", ranks=6, megatron={"tensor_parallel": 4})
-    with pytest.raises(
-        ValueError, match=r"expert_parallel x pipeline_parallel \(16\) must divide ranks \(8\)"
-    ):
+    with pytest.raises(ValueError, match=r"expert_parallel x pipeline_parallel \(16\) must divide ranks \(8\)"):
         DistributedConfig(backend="megatron", device="cuda", ranks=8, megatron={"expert_parallel": 16})
     # megatron-core's own grid: TP 2 with EP 8 on 8 ranks is valid (the experts have a grid of their own)
-    DistributedConfig(
-        backend="megatron", device="cuda", ranks=8, megatron={"tensor_parallel": 2, "expert_parallel": 8}
-    )
+    DistributedConfig(backend="megatron", device="cuda", ranks=8, megatron={"tensor_parallel": 2, "expert_parallel": 8})
     with pytest.raises(ValueError, match="megatron trains GRPO only"):
         SFTConfig(distributed={"backend": "megatron", "device": "cuda"})

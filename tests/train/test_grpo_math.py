@@ -14,9 +14,7 @@ from swerl.train.grpo_step import sequence_mean_scales
 # --- advantages ---------------------------------------------------------------------------------------------
 
 
-def reference_advantages(
-    rewards: list[float], valid: list[bool], scale_by_std: bool, eps: float
-) -> list[float]:
+def reference_advantages(rewards: list[float], valid: list[bool], scale_by_std: bool, eps: float) -> list[float]:
     kept = [reward for reward, ok in zip(rewards, valid, strict=True) if ok]
     if len(kept) < 2:
         return [0.0] * len(rewards)
@@ -39,9 +37,7 @@ def reference_advantages(
         ([3.5, -1.0, 2.0], [True, True, True]),
     ],
 )
-def test_group_advantages_match_reference(
-    rewards: list[float], valid: list[bool], scale_by_std: bool
-) -> None:
+def test_group_advantages_match_reference(rewards: list[float], valid: list[bool], scale_by_std: bool) -> None:
     result = group_advantages(rewards, valid, scale_by_std=scale_by_std, eps=1e-6)
     expected = reference_advantages(rewards, valid, scale_by_std, eps=1e-6)
     assert not result.dropped
@@ -56,9 +52,7 @@ def test_group_advantages_match_reference(
 @pytest.mark.parametrize(
     "rewards, valid", [([1.0, 0.0, 1.0], [False, True, False]), ([0.0, 0.0], [False, False]), ([1.0], None)]
 )
-def test_group_with_fewer_than_two_valid_attempts_is_dropped(
-    rewards: list[float], valid: list[bool] | None
-) -> None:
+def test_group_with_fewer_than_two_valid_attempts_is_dropped(rewards: list[float], valid: list[bool] | None) -> None:
     result = group_advantages(rewards, valid, scale_by_std=True)
     assert result.dropped and not result.has_signal
     assert result.advantages.tolist() == [0.0] * len(rewards)
@@ -307,15 +301,11 @@ def test_tis_weight_is_capped_and_detached() -> None:
 def test_ess_ratio_is_one_for_equal_weights_and_within_unit_interval() -> None:
     old = [[-1.0, -2.0, -0.5]]
     shifted = [[value - 0.3 for value in old[0]]]  # every raw weight exp(0.3)
-    _, _, stats = run_loss(
-        old, old, shifted, [1.0], [[1, 1, 1]], clip_eps_low=0.2, clip_eps_high=0.2, tis_cap=5.0
-    )
+    _, _, stats = run_loss(old, old, shifted, [1.0], [[1, 1, 1]], clip_eps_low=0.2, clip_eps_high=0.2, tis_cap=5.0)
     assert stats.ess_ratio == pytest.approx(1.0, abs=1e-12)
     generator = torch.Generator().manual_seed(1)
     for _ in range(20):
-        behaviour = (
-            torch.randn(1, 3, generator=generator, dtype=torch.float64) * 2 + torch.tensor(old)
-        ).tolist()
+        behaviour = (torch.randn(1, 3, generator=generator, dtype=torch.float64) * 2 + torch.tensor(old)).tolist()
         _, _, stats = run_loss(
             old, old, behaviour, [1.0], [[1, 1, 1]], clip_eps_low=0.2, clip_eps_high=0.2, tis_cap=5.0
         )
@@ -326,16 +316,13 @@ def test_explicit_normalizer_makes_micro_batches_sum_to_the_batch_mean() -> None
     kwargs = dict(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0)
     whole, _, _ = run_loss(LOGPROBS, OLD, BEHAVIOUR, ADVANTAGES, MASK, **kwargs)
     parts = [
-        run_loss(
-            [LOGPROBS[i]], [OLD[i]], [BEHAVIOUR[i]], [ADVANTAGES[i]], [MASK[i]], normalizer=5.0, **kwargs
-        )[0]
+        run_loss([LOGPROBS[i]], [OLD[i]], [BEHAVIOUR[i]], [ADVANTAGES[i]], [MASK[i]], normalizer=5.0, **kwargs)[0]
         for i in range(2)
     ]
     assert float(parts[0] + parts[1]) == pytest.approx(float(whole), abs=1e-12)
     # Token-level, not sequence-level: the first trajectory (3 tokens) weighs 3/5 of the batch.
     unnormalised = [
-        run_loss([LOGPROBS[i]], [OLD[i]], [BEHAVIOUR[i]], [ADVANTAGES[i]], [MASK[i]], **kwargs)[0]
-        for i in range(2)
+        run_loss([LOGPROBS[i]], [OLD[i]], [BEHAVIOUR[i]], [ADVANTAGES[i]], [MASK[i]], **kwargs)[0] for i in range(2)
     ]
     assert float(whole) == pytest.approx(float(unnormalised[0] * 3 / 5 + unnormalised[1] * 2 / 5), abs=1e-12)
 
@@ -358,9 +345,15 @@ def test_sequence_mean_scales_turn_the_token_mean_into_the_mean_of_per_trajector
     scales = sequence_mean_scales(lengths)
     assert scales == pytest.approx([5 / (2 * 3), 5 / (2 * 2)])
     loss, gradient, _ = run_loss(
-        LOGPROBS, OLD, BEHAVIOUR, [a * c for a, c in zip(ADVANTAGES, scales, strict=True)], MASK,
-        clip_eps_low=kwargs["eps_low"], clip_eps_high=kwargs["eps_high"], tis_cap=kwargs["tis_cap"],
-    )  # fmt: skip
+        LOGPROBS,
+        OLD,
+        BEHAVIOUR,
+        [a * c for a, c in zip(ADVANTAGES, scales, strict=True)],
+        MASK,
+        clip_eps_low=kwargs["eps_low"],
+        clip_eps_high=kwargs["eps_high"],
+        tis_cap=kwargs["tis_cap"],
+    )
     per_row = [
         reference_loss([LOGPROBS[b]], [OLD[b]], [BEHAVIOUR[b]], [ADVANTAGES[b]], [MASK[b]], **kwargs)
         for b in range(len(MASK))
@@ -369,7 +362,8 @@ def test_sequence_mean_scales_turn_the_token_mean_into_the_mean_of_per_trajector
     expected_gradient = [[g / len(MASK) for g in row[1][0]] for row in per_row]
     assert gradient.tolist() == [pytest.approx(row, abs=1e-12) for row in expected_gradient]
     # ... and it differs from the token mean, which weighs the 3-token trajectory more.
-    token_mean, _, _ = run_loss(LOGPROBS, OLD, BEHAVIOUR, ADVANTAGES, MASK, clip_eps_low=0.2, clip_eps_high=0.28,
-                                tis_cap=2.0)  # fmt: skip
+    token_mean, _, _ = run_loss(
+        LOGPROBS, OLD, BEHAVIOUR, ADVANTAGES, MASK, clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0
+    )
     assert abs(float(token_mean) - float(loss)) > 1e-3
     assert sequence_mean_scales([4, 0]) == [0.5, 0.0]  # a trajectory with no scored token adds nothing

@@ -61,9 +61,7 @@ def synthetic_trajectory(
         logprobs += [-rng.uniform(0.5, 8.0) for _ in range(sampled)] + [0.0] * observation
         versions += [0] * sampled + [-1] * observation
     infra = reward is None
-    status = (
-        EpisodeStatus.INFRA_ERROR if infra else EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED
-    )
+    status = EpisodeStatus.INFRA_ERROR if infra else EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED
     return Trajectory(
         task_id=group_id,
         attempt=attempt,
@@ -207,8 +205,7 @@ def test_rollout_groups_keeps_order_and_respects_concurrency() -> None:
 
     groups = asyncio.run(rollout_groups(None, [10, 11, 12], 4, episode, concurrency=5, group_prefix="s3/"))  # type: ignore[arg-type]
     assert [[(t.task_id, t.attempt, t.group_id) for t in group] for group in groups] == [
-        [(str(task), attempt, f"s3/{index}") for attempt in range(4)]
-        for index, task in enumerate([10, 11, 12])
+        [(str(task), attempt, f"s3/{index}") for attempt in range(4)] for index, task in enumerate([10, 11, 12])
     ]
     assert peak == 5
 
@@ -242,10 +239,7 @@ def test_infra_error_attempt_never_reaches_the_loss(tokenizer: PreTrainedTokeniz
         assert torch.equal(clean, infra)
     for clean, infra in zip(clean_params, infra_params, strict=True):
         assert torch.equal(clean, infra)
-    assert (
-        clean_stats["loss"] == infra_stats["loss"]
-        and clean_stats["loss_tokens"] == infra_stats["loss_tokens"]
-    )
+    assert clean_stats["loss"] == infra_stats["loss"] and clean_stats["loss_tokens"] == infra_stats["loss_tokens"]
     assert infra_stats["infra_error/sandbox_died"] == 1 and infra_stats["status/infra_error"] == 1
     assert clean_stats["reward_mean"] == infra_stats["reward_mean"]
     # The group's baseline is unchanged: same advantages for its valid attempts.
@@ -280,9 +274,7 @@ def test_kl_penalty_against_a_reference_is_zero_at_the_start_then_grows(
 
 def test_a_step_with_every_group_dropped_makes_no_update(tokenizer: PreTrainedTokenizerBase) -> None:
     rng = random.Random(5)
-    groups = [
-        [synthetic_trajectory(rng, 1.0, 3, [(2, 0)], 100), synthetic_trajectory(rng, None, 3, [(2, 0)], 100)]
-    ]
+    groups = [[synthetic_trajectory(rng, 1.0, 3, [(2, 0)], 100), synthetic_trajectory(rng, None, 3, [(2, 0)], 100)]]
     model = tiny_model(tokenizer)
     before = [parameter.detach().clone() for parameter in model.parameters()]
     trainer = grpo_trainer(model, lr=1e-2)
@@ -313,9 +305,7 @@ def test_resume_continues_exactly(tokenizer: PreTrainedTokenizerBase, tmp_path: 
     first = grpo_trainer(tiny_model(tokenizer), **options)
     for batch in batches[:resume_at]:
         first.train_step(batch)
-    checkpoint = first.save(
-        tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=7, num_examples=12)
-    )
+    checkpoint = first.save(tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=7, num_examples=12))
     torch.manual_seed(1234)  # the resumed process starts from another global RNG state
     resumed = grpo_trainer(tiny_model(tokenizer, seed=1), **options)  # other initial weights too
     state = resumed.load(checkpoint)
@@ -339,9 +329,7 @@ def make_episode(sampling: SamplingParams, target: frozenset[int]) -> EpisodeFn[
     async def episode(engine: Engine, task: list[int], *, attempt: int, group_id: str) -> Trajectory:
         response = await engine.generate(GenerateRequest(input_ids=task, sampling_params=sampling))
         reward = float(response.output_ids[0] in target)
-        versions = response.output_token_weight_versions or [response.weight_version] * len(
-            response.output_ids
-        )
+        versions = response.output_token_weight_versions or [response.weight_version] * len(response.output_ids)
         return Trajectory(
             task_id=group_id,
             attempt=attempt,
@@ -390,9 +378,7 @@ async def two_turn_episode(
     )
 
 
-@pytest.mark.parametrize(
-    ("bf16", "tolerance"), [(False, FP32_LOGPROB_TOLERANCE), (True, BF16_LOGPROB_TOLERANCE)]
-)
+@pytest.mark.parametrize(("bf16", "tolerance"), [(False, FP32_LOGPROB_TOLERANCE), (True, BF16_LOGPROB_TOLERANCE)])
 def test_trainer_logprobs_match_the_engines(
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path, bf16: bool, tolerance: float
 ) -> None:
@@ -408,21 +394,15 @@ def test_trainer_logprobs_match_the_engines(
         ) as engine:
 
             async def episode(engine: Engine, task: list[int], *, attempt: int, group_id: str) -> Trajectory:
-                return await two_turn_episode(
-                    engine, task, attempt=attempt, group_id=group_id, sampling=sampling
-                )
+                return await two_turn_episode(engine, task, attempt=attempt, group_id=group_id, sampling=sampling)
 
             return await rollout_groups(engine, tasks, 4, episode, concurrency=16)
 
     groups = asyncio.run(rollout())
     temperature = logprob_temperature(sampling)
-    stats = grpo_trainer(
-        model, logprob_temperature=temperature, bf16=bf16, micro_batch_tokens=128
-    ).train_step(groups)
+    stats = grpo_trainer(model, logprob_temperature=temperature, bf16=bf16, micro_batch_tokens=128).train_step(groups)
     assert stats["loss_tokens"] == 4 * 4 * 24 and stats["micro_batches"] > 1
-    print(
-        f"bf16={bf16}: logprob_diff_mean={stats['logprob_diff_mean']:.2e} ess_ratio={stats['ess_ratio']:.6f}"
-    )
+    print(f"bf16={bf16}: logprob_diff_mean={stats['logprob_diff_mean']:.2e} ess_ratio={stats['ess_ratio']:.6f}")
     assert stats["logprob_diff_mean"] < tolerance
     assert stats["ess_ratio"] > 1 - tolerance
     if not bf16:
@@ -441,10 +421,7 @@ def test_grpo_with_the_local_engine_raises_reward(tokenizer: PreTrainedTokenizer
     letters = frozenset(
         tokenizer(letter, add_special_tokens=False)["input_ids"][0] for letter in "abcdefghijklmnopqrstuvwxyz"
     )
-    tasks = [
-        tokenizer(f"task {index}: name a letter\n", add_special_tokens=False)["input_ids"]
-        for index in range(8)
-    ]
+    tasks = [tokenizer(f"task {index}: name a letter\n", add_special_tokens=False)["input_ids"] for index in range(8)]
     sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
     episode = make_episode(sampling, letters)
     trainer = grpo_trainer(model, lr=1e-2, betas=(0.9, 0.99), tokenizer=tokenizer, seed=0)
@@ -456,9 +433,7 @@ def test_grpo_with_the_local_engine_raises_reward(tokenizer: PreTrainedTokenizer
             model_dir, max_batch_size=64, max_context_tokens=CONTEXT, prefix_cache_size=0, seed=0
         ) as engine:
             for step in range(steps):
-                groups = await rollout_groups(
-                    engine, tasks[:num_tasks], attempts, episode, 64, f"step{step}/"
-                )
+                groups = await rollout_groups(engine, tasks[:num_tasks], attempts, episode, 64, f"step{step}/")
                 sampled_versions = {v for g in groups for t in g for v in t.token_weight_versions if v >= 0}
                 assert sampled_versions == {step}  # synchronous: every token from the latest weights
                 history.append(trainer.train_step(groups))
@@ -494,7 +469,7 @@ def test_sequence_mean_aggregation_reweights_trajectories_of_unequal_length(
             [
                 synthetic_trajectory(
                     rng, float(attempt % 2), 4, [(6 + 8 * attempt * unequal, 2)], vocab, f"g{group}", attempt
-                )  # fmt: skip
+                )
                 for attempt in range(4)
             ]
             for group in range(2)
@@ -511,9 +486,7 @@ def test_sequence_mean_aggregation_reweights_trajectories_of_unequal_length(
     unequal = groups(unequal=True)
     moved = [
         not torch.allclose(a, b, atol=1e-7)
-        for a, b in zip(
-            params_after("token_mean", unequal), params_after("sequence_mean", unequal), strict=True
-        )
+        for a, b in zip(params_after("token_mean", unequal), params_after("sequence_mean", unequal), strict=True)
     ]
     assert any(moved)
     with pytest.raises(ValueError, match="loss_aggregation"):

@@ -51,8 +51,11 @@ BF16_ENTROPY_ATOL = 0.05
 # Self-contained (no test helper that imports the stages; tests/tiny_models.py imports only swerl.model): the GPU
 # machine runs this file with swerl's trainer dependencies only (scripts/device_check.sh), not prefect, mlflow or
 # the sandboxes.
-CORPUS = ["name a digit: 0 1 2 3 4 5 6 7 8 9\n", "the quick brown fox jumps over the lazy dog\n",
-          "def add(left, right):\n    return left + right\n"]  # fmt: skip
+CORPUS = [
+    "name a digit: 0 1 2 3 4 5 6 7 8 9\n",
+    "the quick brown fox jumps over the lazy dog\n",
+    "def add(left, right):\n    return left + right\n",
+]
 POSITIONS = 128  # the tiny model's
 
 
@@ -87,12 +90,21 @@ def synthetic_groups(seed: int, vocab: int, num_groups: int = 3, attempts: int =
                 mask += [1] * sampled + [0] * observation
                 behaviour += [-rng.uniform(0.5, 8.0) for _ in range(sampled)] + [0.0] * observation
             reward = float(rng.random() < 0.5)
-            rows.append(Trajectory(
-                task_id=f"g{group}", attempt=attempt, group_id=f"g{group}",
-                status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED, reward=reward,
-                prompt_tokens=prompt, token_ids=ids, loss_mask=mask, behaviour_logprobs=behaviour,
-                token_weight_versions=[0 if m else -1 for m in mask], num_turns=turns,
-            ))  # fmt: skip
+            rows.append(
+                Trajectory(
+                    task_id=f"g{group}",
+                    attempt=attempt,
+                    group_id=f"g{group}",
+                    status=EpisodeStatus.RESOLVED if reward else EpisodeStatus.UNRESOLVED,
+                    reward=reward,
+                    prompt_tokens=prompt,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    behaviour_logprobs=behaviour,
+                    token_weight_versions=[0 if m else -1 for m in mask],
+                    num_turns=turns,
+                )
+            )
         groups.append(rows)
     return groups
 
@@ -115,9 +127,15 @@ def test_guard_names_every_missing_piece_and_the_install_command() -> None:
     with pytest.raises(ms.MegatronUnavailable) as caught:
         ms.require_megatron(python=(3, 11), has_module=lambda name: False, cuda_available=lambda: False)
     message = str(caught.value)
-    for piece in ("Python 3.11", "Python >= 3.12", "megatron-core is not installed",
-                  "megatron-bridge is not installed", "no CUDA device", "uv pip install -e '.[megatron]'",
-                  "docs/gpu.md"):  # fmt: skip
+    for piece in (
+        "Python 3.11",
+        "Python >= 3.12",
+        "megatron-core is not installed",
+        "megatron-bridge is not installed",
+        "no CUDA device",
+        "uv pip install -e '.[megatron]'",
+        "docs/gpu.md",
+    ):
         assert piece in message, (piece, message)
 
 
@@ -191,9 +209,7 @@ def test_megatron_extra_is_pinned_for_python_312_only() -> None:
 def test_parallel_sizes_follow_megatron_rules() -> None:
     sizes = ms.parallel_sizes(16, MegatronConfig(tensor_parallel=2, pipeline_parallel=2, expert_parallel=4))
     assert (sizes.data, sizes.expert_data) == (4, 2)
-    sizes = ms.parallel_sizes(
-        8, MegatronConfig(tensor_parallel=4, expert_parallel=8, expert_tensor_parallel=1)
-    )
+    sizes = ms.parallel_sizes(8, MegatronConfig(tensor_parallel=4, expert_parallel=8, expert_tensor_parallel=1))
     assert (sizes.data, sizes.expert_data) == (2, 1)
     with pytest.raises(ValueError, match="tensor x pipeline x context parallel \\(6\\)"):
         ms.parallel_sizes(8, MegatronConfig(tensor_parallel=2, pipeline_parallel=3))
@@ -202,8 +218,9 @@ def test_parallel_sizes_follow_megatron_rules() -> None:
 
 
 def test_parallel_state_kwargs() -> None:
-    m = MegatronConfig(tensor_parallel=2, pipeline_parallel=4, context_parallel=2, expert_parallel=8,
-                       expert_tensor_parallel=1)  # fmt: skip
+    m = MegatronConfig(
+        tensor_parallel=2, pipeline_parallel=4, context_parallel=2, expert_parallel=8, expert_tensor_parallel=1
+    )
     assert ms.parallel_state_kwargs(m) == {
         "tensor_model_parallel_size": 2,
         "pipeline_model_parallel_size": 4,
@@ -215,18 +232,25 @@ def test_parallel_state_kwargs() -> None:
 
 def test_provider_overrides() -> None:
     config = DistributedConfig(
-        backend="megatron", device="cuda", ranks=8, param_dtype="bfloat16", reduce_dtype="float32",
-        megatron=MegatronConfig(tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True, expert_parallel=2,
-                                recompute="full"),
-    )  # fmt: skip
+        backend="megatron",
+        device="cuda",
+        ranks=8,
+        param_dtype="bfloat16",
+        reduce_dtype="float32",
+        megatron=MegatronConfig(
+            tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True, expert_parallel=2, recompute="full"
+        ),
+    )
     fields = ms.provider_overrides(config, transformer_engine=False)
     assert fields["tensor_model_parallel_size"] == 2 and fields["pipeline_model_parallel_size"] == 2
     assert fields["expert_model_parallel_size"] == 2 and fields["sequence_parallel"] is True
     assert fields["bf16"] is True and fields["params_dtype"] is torch.bfloat16
     assert fields["variable_seq_lengths"] is True  # pipeline sends of micro-batches of different shapes
     assert (fields["recompute_granularity"], fields["recompute_method"], fields["recompute_num_layers"]) == (
-        "full", "uniform", 1,
-    )  # fmt: skip
+        "full",
+        "uniform",
+        1,
+    )
     # the torch backend's objective: no dropout, no MoE auxiliary loss
     assert fields["moe_aux_loss_coeff"] == 0.0 and fields["moe_router_load_balancing_type"] == "none"
     assert fields["attention_dropout"] == fields["hidden_dropout"] == 0.0
@@ -235,17 +259,21 @@ def test_provider_overrides() -> None:
     assert fields["gradient_accumulation_fusion"] is False
     with_te = ms.provider_overrides(config, transformer_engine=True)
     assert "moe_grouped_gemm" not in with_te and "gradient_accumulation_fusion" not in with_te
-    fp32 = ms.provider_overrides(
-        DistributedConfig(backend="megatron", device="cuda"), transformer_engine=False
-    )
+    fp32 = ms.provider_overrides(DistributedConfig(backend="megatron", device="cuda"), transformer_engine=False)
     assert fp32["bf16"] is False and fp32["params_dtype"] is torch.float32
     assert fp32["recompute_granularity"] is None and fp32["variable_seq_lengths"] is False
     assert ms.recompute_fields("selective")["recompute_granularity"] == "selective"
 
 
 def test_ddp_and_optimizer_configs() -> None:
-    config = DistributedConfig(backend="megatron", device="cuda", ranks=2, param_dtype="bfloat16",
-                               reduce_dtype="bfloat16", megatron=MegatronConfig(distributed_optimizer=False))  # fmt: skip
+    config = DistributedConfig(
+        backend="megatron",
+        device="cuda",
+        ranks=2,
+        param_dtype="bfloat16",
+        reduce_dtype="bfloat16",
+        megatron=MegatronConfig(distributed_optimizer=False),
+    )
     ddp = ms.ddp_config_kwargs(config)
     assert ddp["grad_reduce_in_fp32"] is False and ddp["use_distributed_optimizer"] is False
     assert ddp["overlap_grad_reduce"] is False and ddp["average_in_collective"] is False
@@ -269,8 +297,7 @@ def test_lr_and_weight_decay_on_parameter_groups() -> None:
 def test_unsupported_settings_are_refused_with_the_reason() -> None:
     with pytest.raises(NotImplementedError, match="kl_coef > 0"):
         ms.check_supported(megatron_config(), settings(kl_coef=0.1), transformer_engine=True)
-    config = DistributedConfig(backend="megatron", device="cuda", ranks=2,
-                               megatron=MegatronConfig(context_parallel=2))  # fmt: skip
+    config = DistributedConfig(backend="megatron", device="cuda", ranks=2, megatron=MegatronConfig(context_parallel=2))
     with pytest.raises(NotImplementedError, match="transformer-engine"):
         ms.check_supported(config, settings(), transformer_engine=False)
     with pytest.raises(NotImplementedError, match="sequence-level"):
@@ -297,10 +324,7 @@ def test_context_parallel_split() -> None:
         ms.context_parallel_positions(10, 4, 0)
     assert ms.sequence_multiple(MegatronConfig()) == 1
     assert ms.sequence_multiple(MegatronConfig(context_parallel=2)) == 4
-    assert (
-        ms.sequence_multiple(MegatronConfig(tensor_parallel=3, sequence_parallel=True, context_parallel=2))
-        == 12
-    )
+    assert ms.sequence_multiple(MegatronConfig(tensor_parallel=3, sequence_parallel=True, context_parallel=2)) == 12
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -314,23 +338,29 @@ def _first_micro(tokenizer: PreTrainedTokenizerBase) -> Any:
 
 
 @pytest.mark.parametrize("tis_level", ["token", "sequence"])
-def test_token_arrays_give_the_torch_backends_loss(
-    tokenizer: PreTrainedTokenizerBase, tis_level: str
-) -> None:
+def test_token_arrays_give_the_torch_backends_loss(tokenizer: PreTrainedTokenizerBase, tis_level: str) -> None:
     """GRPOTrainer scores out[:, t] = log p(token t + 1) against the arrays shifted by [:, 1:]; the megatron step
     computes log p(targets[:, t]) at every position of the shifted, padded layout. Same loss, same gradient."""
     torch.manual_seed(0)
     model = tiny_qwen3(tokenizer, POSITIONS)
     micro = _first_micro(tokenizer)
-    knobs = dict(settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, tis_level=tis_level),
-                 normalizer=float(micro.num_loss_tokens))  # fmt: skip
+    knobs = dict(
+        settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0, tis_level=tis_level),
+        normalizer=float(micro.num_loss_tokens),
+    )
 
     from swerl.train.grpo import gather_logprobs
 
     logits = model(input_ids=micro.input_ids, use_cache=False).logits
     torch_logprobs = gather_logprobs(logits, micro.input_ids)
-    torch_loss, torch_stats = policy_loss(torch_logprobs, torch_logprobs.detach(), micro.behaviour_logprobs[:, 1:],
-                                          micro.advantages[:, 1:], micro.loss_mask[:, 1:], **knobs)  # fmt: skip
+    torch_loss, torch_stats = policy_loss(
+        torch_logprobs,
+        torch_logprobs.detach(),
+        micro.behaviour_logprobs[:, 1:],
+        micro.advantages[:, 1:],
+        micro.loss_mask[:, 1:],
+        **knobs,
+    )
     torch_grad = torch.autograd.grad(torch_loss, model.model.embed_tokens.weight)[0]
 
     arrays = ms.token_arrays(micro, tokenizer.pad_token_id, multiple=8)
@@ -339,14 +369,13 @@ def test_token_arrays_give_the_torch_backends_loss(
     assert float(arrays.loss_mask[:, micro.input_ids.shape[1] - 1 :].sum()) == 0.0  # nothing predicted there
     logits = model(input_ids=arrays.input_ids, use_cache=False).logits
     logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, arrays.targets.unsqueeze(-1)).squeeze(-1)
-    loss, stats = policy_loss(logprobs, logprobs.detach(), arrays.behaviour_logprobs, arrays.advantages,
-                              arrays.loss_mask, **knobs)  # fmt: skip
+    loss, stats = policy_loss(
+        logprobs, logprobs.detach(), arrays.behaviour_logprobs, arrays.advantages, arrays.loss_mask, **knobs
+    )
     grad = torch.autograd.grad(loss, model.model.embed_tokens.weight)[0]
 
     assert stats.num_tokens == torch_stats.num_tokens == micro.num_loss_tokens
-    assert abs(float(loss.detach()) - float(torch_loss.detach())) <= 1e-6 * max(
-        1.0, abs(float(torch_loss.detach()))
-    )
+    assert abs(float(loss.detach()) - float(torch_loss.detach())) <= 1e-6 * max(1.0, abs(float(torch_loss.detach())))
     assert torch.allclose(grad, torch_grad, rtol=1e-4, atol=1e-7)
     assert abs(stats.tis_mean - torch_stats.tis_mean) < 1e-6
 
@@ -365,16 +394,16 @@ def test_context_parallel_ranks_sum_to_the_whole_loss(tokenizer: PreTrainedToken
     with torch.no_grad():
         logits = model(input_ids=whole.input_ids, use_cache=False).logits
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, whole.targets.unsqueeze(-1)).squeeze(-1)
-    total = float(policy_loss(logprobs, logprobs, whole.behaviour_logprobs, whole.advantages, whole.loss_mask,
-                              **knobs)[0])  # fmt: skip
+    total = float(
+        policy_loss(logprobs, logprobs, whole.behaviour_logprobs, whole.advantages, whole.loss_mask, **knobs)[0]
+    )
     parts = 0.0
     for rank in range(2):
         local = ms.token_arrays(micro, tokenizer.pad_token_id, multiple, context_parallel=2, cp_rank=rank)
         index = torch.tensor(ms.context_parallel_positions(whole.input_ids.shape[1], 2, rank))
         assert torch.equal(local.targets, whole.targets[:, index])
         mine = logprobs[:, index]
-        parts += float(policy_loss(mine, mine, local.behaviour_logprobs, local.advantages, local.loss_mask,
-                                   **knobs)[0])  # fmt: skip
+        parts += float(policy_loss(mine, mine, local.behaviour_logprobs, local.advantages, local.loss_mask, **knobs)[0])
     assert abs(parts - total) <= 1e-6 * max(1.0, abs(total))
 
 
@@ -401,9 +430,7 @@ def test_vocab_parallel_entropy_over_two_vocabulary_shards() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    torch.multiprocessing.spawn(
-        _entropy_rank, args=(port, logits, token_entropy(logits)), nprocs=2, join=True
-    )
+    torch.multiprocessing.spawn(_entropy_rank, args=(port, logits, token_entropy(logits)), nprocs=2, join=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -424,13 +451,8 @@ def megatron_rank() -> Any:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    saved = {
-        name: os.environ.get(name)
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    os.environ.update(
-        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     yield
     for name, value in saved.items():
         if value is None:
@@ -475,13 +497,11 @@ def test_gpu_grpo_step_matches_the_torch_backend(
     model, _ = load_model_and_tokenizer(model_dir)
     reference = GRPOTrainer(model.to("cuda"), update, bf16=True, seed=0).train_step(groups)
     ours = mb.MegatronGRPOTrainer(model_dir, megatron_config(), update, seed=0).train_step(groups)
-    assert (
-        ours["loss_tokens"] == reference["loss_tokens"]
-        and ours["micro_batches"] == reference["micro_batches"]
-    )
+    assert ours["loss_tokens"] == reference["loss_tokens"] and ours["micro_batches"] == reference["micro_batches"]
     assert abs(ours["loss"] - reference["loss"]) <= BF16_LOSS_ATOL + BF16_LOSS_RTOL * abs(reference["loss"]), (
-        ours["loss"], reference["loss"],
-    )  # fmt: skip
+        ours["loss"],
+        reference["loss"],
+    )
     assert abs(ours["grad_norm"] - reference["grad_norm"]) <= BF16_GRAD_NORM_RTOL * reference["grad_norm"]
     assert abs(ours["entropy_mean"] - reference["entropy_mean"]) <= BF16_ENTROPY_ATOL
 
@@ -505,11 +525,10 @@ def test_gpu_export_reload_equals_weights(
     for name, tensor in start.items():
         assert torch.equal(reloaded[name], tensor), name
     trainer.train_step(synthetic_groups(seed=4, vocab=len(tokenizer)))
-    trained = AutoModelForCausalLM.from_pretrained(trainer.export_weights(tmp_path / "exports"),
-                                                   local_files_only=True).state_dict()  # fmt: skip
+    trained = AutoModelForCausalLM.from_pretrained(
+        trainer.export_weights(tmp_path / "exports"), local_files_only=True
+    ).state_dict()
     assert any(not torch.equal(trained[name], start[name]) for name in start)
-    again = AutoModelForCausalLM.from_pretrained(
-        trainer.save_model(tmp_path / "final"), local_files_only=True
-    )
+    again = AutoModelForCausalLM.from_pretrained(trainer.save_model(tmp_path / "final"), local_files_only=True)
     for name, tensor in again.state_dict().items():
         assert torch.equal(tensor, trained[name]), name

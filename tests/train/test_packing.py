@@ -1,5 +1,6 @@
 """Padding-free packed rows (swerl.train.packing): per-sequence sdpa equals each sequence alone (to fp32 rounding of
-the differently shaped matrix products), and a switched model still does everything else (padding masks, a KV cache) exactly as plain sdpa."""
+the differently shaped matrix products), and a switched model still does everything else (padding masks, a KV cache)
+exactly as plain sdpa."""
 
 from __future__ import annotations
 
@@ -42,9 +43,7 @@ def test_a_packed_row_gives_each_sequence_its_lone_logits(tokenizer, moe: bool) 
     model = use_packed_attention(eval_model(tokenizer, moe))
     assert model.config._attn_implementation == PACKED_SDPA
     generator = torch.Generator().manual_seed(0)
-    sequences = [
-        torch.randint(0, len(tokenizer), (length,), generator=generator).tolist() for length in (9, 1, 23)
-    ]
+    sequences = [torch.randint(0, len(tokenizer), (length,), generator=generator).tolist() for length in (9, 1, 23)]
     input_ids, position_ids = concatenate(sequences)
     assert position_ids.tolist() == [[*range(9), 0, *range(23)]]
     keep = torch.ones_like(input_ids, dtype=torch.bool)

@@ -92,9 +92,7 @@ def test_shifted_labels_target_the_next_masked_token_only() -> None:
 def test_collate_restarts_positions_and_never_labels_across_a_boundary() -> None:
     examples = [([1, 2, 3], shifted_labels([1, 2, 3], [0, 1, 1])), ([4, 5], shifted_labels([4, 5], [1, 1]))]
     batch = collate_rows([[0, 1]], examples, seq_len=7)
-    assert batch.input_ids.tolist() == [
-        [1, 2, 3, 4, 5]
-    ]  # no padding: the row's 2 empty slots are not laid out
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5]]  # no padding: the row's 2 empty slots are not laid out
     # the last token of example 0 (3) must not target the first of example 1 (4), though 4 has mask 1
     assert batch.labels.tolist() == [[2, 3, IGNORE_INDEX, 5, IGNORE_INDEX]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1]]
@@ -132,9 +130,7 @@ def test_pack_rows_covers_each_epoch_once_and_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize(("attention", "moe"), [("sdpa", False), ("eager", False), ("sdpa", True)])
-def test_packed_logits_equal_lone_logits_and_ignore_neighbours(
-    tokenizer, examples, attention: str, moe: bool
-) -> None:
+def test_packed_logits_equal_lone_logits_and_ignore_neighbours(tokenizer, examples, attention: str, moe: bool) -> None:
     model = tiny_model(tokenizer, moe=moe)
     model.set_attn_implementation(attention)
     model.eval()
@@ -150,9 +146,7 @@ def test_packed_logits_equal_lone_logits_and_ignore_neighbours(
     start = 0
     for example in row:
         ids = data.examples[example][0]
-        torch.testing.assert_close(
-            packed[start : start + len(ids)], lone_logits(model, ids), rtol=1e-5, atol=1e-5
-        )
+        torch.testing.assert_close(packed[start : start + len(ids)], lone_logits(model, ids), rtol=1e-5, atol=1e-5)
         start += len(ids)
 
     # Perturb every token of example 0: examples 1 and 2, later in the row, must not move at all.
@@ -229,9 +223,7 @@ def _summed_loss_and_gradient(model: PreTrainedModel, run: Any) -> tuple[torch.T
     model.zero_grad(set_to_none=True)
     loss = run()
     loss.backward()
-    return loss.detach(), [
-        parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None
-    ]
+    return loss.detach(), [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
 
 
 @pytest.mark.parametrize("moe", [False, True])
@@ -277,9 +269,7 @@ def test_a_packed_micro_batch_is_the_sum_of_its_examples_alone_and_of_the_padded
                 start += len(ids)
             positions[r, start:] = torch.arange(seq_len - start)
         mask = block_causal_mask(segments)
-        logits = model(
-            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False
-        ).logits
+        logits = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
         return torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
@@ -297,9 +287,7 @@ def _gradient(model: PreTrainedModel, ids: list[int], mask: list[int]) -> torch.
     model.zero_grad(set_to_none=True)
     batch = collate_rows([[0]], [(ids, shifted_labels(ids, mask))], len(ids) + 2)
     (summed_target_nll(packed_logits(model, batch, bf16=False), batch.targets) / batch.num_targets).backward()
-    return torch.cat(
-        [parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None]
-    )
+    return torch.cat([parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None])
 
 
 def test_tokens_with_mask_zero_are_inputs_but_never_targets(tokenizer, examples) -> None:
@@ -377,9 +365,19 @@ def test_stop_ends_the_run_early_on_the_schedule_of_max_steps(tokenizer, example
         return step == 4
 
     metrics: list[StepMetrics] = []
-    result = train_sft(tiny_model(tokenizer), examples, seq_len=96, max_steps=1000, rows_per_micro_batch=1,
-                       warmup_steps=2, lr=1e-3, min_lr_ratio=0.1, on_step=metrics.append, stop=stop,
-                       checkpoint_dir=tmp_path)  # fmt: skip
+    result = train_sft(
+        tiny_model(tokenizer),
+        examples,
+        seq_len=96,
+        max_steps=1000,
+        rows_per_micro_batch=1,
+        warmup_steps=2,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        on_step=metrics.append,
+        stop=stop,
+        checkpoint_dir=tmp_path,
+    )
     assert asked == [0, 1, 2, 3, 4] and result.state.step == 4 and [m.step for m in metrics] == [1, 2, 3, 4]
     assert [m.lr for m in metrics] == pytest.approx([lr_at(s, 1e-3, 2, 1000, 0.1) for s in range(4)])
     assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004"]
@@ -393,8 +391,17 @@ def _burn(seconds: float) -> None:
 
 def _train_a_few_steps(tokenizer: Any, examples: Any) -> dict[str, torch.Tensor]:
     model = tiny_model(tokenizer, seed=3)
-    train_sft(model, examples, seq_len=64, max_steps=8, rows_per_micro_batch=2, grad_accum_steps=2, lr=3e-3,
-              warmup_steps=2, seed=11)  # fmt: skip
+    train_sft(
+        model,
+        examples,
+        seq_len=64,
+        max_steps=8,
+        rows_per_micro_batch=2,
+        grad_accum_steps=2,
+        lr=3e-3,
+        warmup_steps=2,
+        seed=11,
+    )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -416,9 +423,7 @@ def test_the_same_seed_gives_bit_identical_weights_on_a_loaded_machine(tokenizer
             burner.terminate()
             burner.join()
     assert idle.keys() == loaded.keys()
-    assert all(torch.equal(idle[k], loaded[k]) for k in idle), [
-        k for k in idle if not torch.equal(idle[k], loaded[k])
-    ]
+    assert all(torch.equal(idle[k], loaded[k]) for k in idle), [k for k in idle if not torch.equal(idle[k], loaded[k])]
 
 
 def test_bf16_autocast_trains_float32_weights_to_a_close_loss(tokenizer, examples) -> None:
@@ -516,9 +521,7 @@ def test_data_errors_and_counts(tokenizer, examples) -> None:
     with pytest.raises(ValueError, match="empty"):
         prepare_examples([], seq_len=64, vocab_size=vocab)
     with pytest.raises(ValueError, match="no SFT example left"):
-        prepare_examples(
-            [([1, 2, 3], [1, 0, 0])], seq_len=64, vocab_size=vocab
-        )  # mask only on the first token
+        prepare_examples([([1, 2, 3], [1, 0, 0])], seq_len=64, vocab_size=vocab)  # mask only on the first token
     with pytest.raises(ValueError, match="loss-mask values"):
         prepare_examples([([1, 2, 3], [0, 1])], seq_len=64, vocab_size=vocab)
     with pytest.raises(ValueError, match="vocab"):

@@ -44,9 +44,7 @@ def tokenizer_dir(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> str:
     return str(out)
 
 
-def test_a_trainer_process_trains_exactly_as_the_trainer_in_this_process(
-    tokenizer_dir: str, tmp_path: Path
-) -> None:
+def test_a_trainer_process_trains_exactly_as_the_trainer_in_this_process(tokenizer_dir: str, tmp_path: Path) -> None:
     vocab = len(load_tokenizer(tokenizer_dir))
     batches = [synthetic_groups(seed=10 + step, vocab=vocab) for step in range(3)]
     here = make_trainer(tokenizer_dir, 1)
@@ -60,15 +58,11 @@ def test_a_trainer_process_trains_exactly_as_the_trainer_in_this_process(
             assert {key: actual[key] for key in timeless} == {key: expected[key] for key in timeless}
         exported = there.export_weights(tmp_path / "exports")
         assert exported.name.endswith(f"{here.step:08d}")
-        checkpoint = there.save(
-            tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=3, num_examples=9)
-        )
+        checkpoint = there.save(tmp_path / "checkpoints", StreamPosition(epoch=1, example_index=3, num_examples=9))
         final = there.save_model(tmp_path / "final")
     for directory in (exported, final):
         model, _ = load_model_and_tokenizer(directory)
-        for (name, mine), theirs in zip(
-            here.model.state_dict().items(), model.state_dict().values(), strict=True
-        ):
+        for (name, mine), theirs in zip(here.model.state_dict().items(), model.state_dict().values(), strict=True):
             assert torch.equal(mine, theirs), name
     # The child's checkpoint resumes a trainer in this process at the same position.
     resumed = make_trainer(tokenizer_dir, 1)
@@ -79,10 +73,7 @@ def test_a_trainer_process_trains_exactly_as_the_trainer_in_this_process(
 def test_an_exception_in_the_child_is_raised_here_and_the_child_keeps_serving(tokenizer_dir: str) -> None:
     vocab = len(load_tokenizer(tokenizer_dir))
     groups = synthetic_groups(seed=1, vocab=vocab)
-    bad = [
-        [t.model_copy(update={"token_ids": [vocab + 100] * len(t.token_ids)}) for t in group]
-        for group in groups
-    ]
+    bad = [[t.model_copy(update={"token_ids": [vocab + 100] * len(t.token_ids)}) for t in group] for group in groups]
     with TrainerProcess(make_trainer, tokenizer_dir, 1) as there:
         with pytest.raises(IndexError):  # the embedding lookup of an id beyond the vocabulary, in the child
             there.train_step(bad)
@@ -109,9 +100,7 @@ def test_a_child_that_dies_is_reported_with_its_exit_code(tokenizer_dir: str) ->
 
 
 def test_a_factory_that_fails_fails_the_first_call_of_a_lazy_start(tmp_path: Path) -> None:
-    there = TrainerProcess(
-        make_trainer, "/nonexistent/model", 1, wait=False
-    )  # returns before the child is up
+    there = TrainerProcess(make_trainer, "/nonexistent/model", 1, wait=False)  # returns before the child is up
     with pytest.raises(FileNotFoundError, match="not a local directory"):
         there.export_weights(tmp_path)
     with pytest.raises(TrainerProcessDied, match="not running"):
