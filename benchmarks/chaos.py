@@ -112,9 +112,10 @@ def make_inputs(root: Path, tasks: int) -> None:
     from benchmarks.grpo_async import clean_micro_tasks, emulation_tokenizer
     from swerl.config.engine import EngineConfig
     from swerl.data.taskio import tasks_to_parquet
-    from swerl.model.loading import build_tiny_model, save_model_and_tokenizer
+    from swerl.model.loading import save_model_and_tokenizer
     from swerl.stages.common import put_dir
     from swerl.stages.runner import StageContext, StageResult, run_stage
+    from tests.tiny_models import SMALL, tiny_qwen3
 
     def curate(cfg: Any, ctx: StageContext) -> StageResult:
         ctx.write_artifact("train.parquet", tasks_to_parquet(clean_micro_tasks(tasks)))
@@ -123,8 +124,7 @@ def make_inputs(root: Path, tasks: int) -> None:
 
     def sft(cfg: Any, ctx: StageContext) -> StageResult:
         tokenizer = emulation_tokenizer(ctx.workdir / "tokenizer")
-        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=64, max_position_embeddings=512, seed=0)  # fmt: skip
+        model = tiny_qwen3(tokenizer, 512, shape=SMALL)  # as tests/stages/test_grpo_async_crash.py builds it
         put_dir(ctx, "model", save_model_and_tokenizer(model, tokenizer, ctx.workdir / "model"))
         return StageResult()
 
