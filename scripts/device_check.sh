@@ -107,7 +107,7 @@ export VPY
 
 part bench 270 '"$VPY" scripts/device_bench.py $BENCH_FLAGS --parts sft,grpo,sync --out "$OUT/device_bench.json"'
 
-GPU_TESTS=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
+GPU_TESTS=$(grep -rl --include="test_*.py" "pytest.mark.gpu" tests | tr '\n' ' ')
 export GPU_TESTS
 if [[ -n "$GPU_TESTS" ]]; then
   part pytest_gpu 120 '"$VPY" -m pytest -m gpu -q -p no:cacheprovider $GPU_TESTS 2>&1 | tee "$OUT/pytest_gpu.txt"'
