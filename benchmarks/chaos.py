@@ -59,23 +59,42 @@ def settings(args: dict[str, Any]) -> tuple[Any, Any, Any]:
     from swerl.config.engine import EngineConfig
     from swerl.config.grpo import GRPOConfig
 
-    grpo = GRPOConfig.model_validate({
-        "mode": "async", "threads": 1,
-        "schedule": {"steps": args["steps"], "tasks_per_step": args["b"], "checkpoint_every": 1},
-        "rollout": {"attempts_per_task": args["n"], "max_in_flight": 4, "max_staleness": 1,
-                    "max_extra_groups_per_step": 4},
-        "algorithm": {"lr": 1e-3},
-    })  # fmt: skip
-    agent = AgentConfig.model_validate({
-        "max_turns": 2, "max_trajectory_tokens": 512, "max_new_tokens_per_turn": 16, "max_malformed_calls": 1,
-        "command_timeout_s": 20, "test_timeout_s": 30, "infra_retries": 3,
-        "sandbox": {"runtime": args["runtime"]},
-    })  # fmt: skip
-    engine = EngineConfig.model_validate({
-        "kind": "http_local", "max_batch_size": 4, "max_context_tokens": 512, "local": {"threads": 1},
-        "http": {"request_timeout_s": args["request_timeout_s"], "retries": 2, "retry_backoff_s": 0.2},
-        "router": {"health_interval_s": args["health_interval_s"]},
-    })  # fmt: skip
+    grpo = GRPOConfig.model_validate(
+        {
+            "mode": "async",
+            "threads": 1,
+            "schedule": {"steps": args["steps"], "tasks_per_step": args["b"], "checkpoint_every": 1},
+            "rollout": {
+                "attempts_per_task": args["n"],
+                "max_in_flight": 4,
+                "max_staleness": 1,
+                "max_extra_groups_per_step": 4,
+            },
+            "algorithm": {"lr": 1e-3},
+        }
+    )
+    agent = AgentConfig.model_validate(
+        {
+            "max_turns": 2,
+            "max_trajectory_tokens": 512,
+            "max_new_tokens_per_turn": 16,
+            "max_malformed_calls": 1,
+            "command_timeout_s": 20,
+            "test_timeout_s": 30,
+            "infra_retries": 3,
+            "sandbox": {"runtime": args["runtime"]},
+        }
+    )
+    engine = EngineConfig.model_validate(
+        {
+            "kind": "http_local",
+            "max_batch_size": 4,
+            "max_context_tokens": 512,
+            "local": {"threads": 1},
+            "http": {"request_timeout_s": args["request_timeout_s"], "retries": 2, "retry_backoff_s": 0.2},
+            "router": {"health_interval_s": args["health_interval_s"]},
+        }
+    )
     return grpo, agent, engine
 
 
@@ -153,8 +172,14 @@ def install_fault_proxy(control_port: int) -> None:
         from aiohttp import ClientSession, web
 
         spec = factory.server_spec(cfg, model_dir, kw.get("seed", 0), kw.get("weight_version", 0))
-        launcher = EngineLauncher(spec, 1, kw.get("log_dir") or Path("engines"), host="127.0.0.1",
-                                  base_port=free_port(), startup_timeout_s=cfg.launch.startup_timeout_s)  # fmt: skip
+        launcher = EngineLauncher(
+            spec,
+            1,
+            kw.get("log_dir") or Path("engines"),
+            host="127.0.0.1",
+            base_port=free_port(),
+            startup_timeout_s=cfg.launch.startup_timeout_s,
+        )
         [upstream] = await launcher.start()
         print(f"chaos: engine server pids {launcher.pids} at {upstream}", file=sys.stderr, flush=True)
         proxy = FaultProxy(upstream)
@@ -168,9 +193,7 @@ def install_fault_proxy(control_port: int) -> None:
                 await runner.setup()
                 await web.TCPSite(runner, "127.0.0.1", control_port).start()
                 launch = cfg.launch.model_copy(update={"urls": [f"http://127.0.0.1:{control_port}"]})
-                async with real_open_engine(
-                    cfg.model_copy(update={"launch": launch}), model_dir, **kw
-                ) as engine:
+                async with real_open_engine(cfg.model_copy(update={"launch": launch}), model_dir, **kw) as engine:
                     yield engine
         finally:
             await runner.cleanup()
@@ -189,8 +212,16 @@ def child(root: Path, stage: str, control_port: int) -> None:
     install_fault_proxy(control_port)
     store, tracker = stores(root)
     inputs = [Manifest.model_validate_json((root / f"{name}.json").read_text()) for name in ("curate", "sft")]
-    run_stage(stage, run_grpo, GRPOStage(grpo=grpo, agent=agent, engine=engine), store=store,
-              tracker=tracker, parent=None, inputs=inputs, seed=args["seed"])  # fmt: skip
+    run_stage(
+        stage,
+        run_grpo,
+        GRPOStage(grpo=grpo, agent=agent, engine=engine),
+        store=store,
+        tracker=tracker,
+        parent=None,
+        inputs=inputs,
+        seed=args["seed"],
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,8 +239,14 @@ def spawn(root: Path, stage: str, port: int) -> subprocess.Popen[bytes]:
     tmp.mkdir(exist_ok=True)
     env = os.environ | {"PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     log = open(root / f"{stage}.log", "ab")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen([sys.executable, __file__, "--child", str(root), stage, str(port)], cwd=ROOT,
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, __file__, "--child", str(root), stage, str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -248,12 +285,9 @@ def reap_group(process: subprocess.Popen[bytes]) -> None:
 class Injector:
     """Non-SIGKILL faults on a seeded schedule while the stage runs."""
 
-    WEIGHTS = {"engine_5xx": 3, "engine_drop": 2, "engine_hang": 1, "sandbox_kill": 3, "disk_full": 1,
-               "s3_restart": 1}  # fmt: skip
+    WEIGHTS = {"engine_5xx": 3, "engine_drop": 2, "engine_hang": 1, "sandbox_kill": 3, "disk_full": 1, "s3_restart": 1}
 
-    def __init__(
-        self, root: Path, rng: random.Random, interval_s: float, hang_s: float, s3: Any = None
-    ) -> None:
+    def __init__(self, root: Path, rng: random.Random, interval_s: float, hang_s: float, s3: Any = None) -> None:
         self.root, self.rng, self.interval_s, self.hang_s, self.s3 = root, rng, interval_s, hang_s, s3
         self.counts: Counter[str] = Counter()
         self.attempted: Counter[str] = Counter()
@@ -272,8 +306,11 @@ class Injector:
                     self.counts[kind] += 1
 
     def _fault(self, body: dict[str, Any]) -> bool:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/fault", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/fault",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=2) as answer:
             return bool(answer.status == 200)
 
@@ -314,8 +351,11 @@ class Injector:
         for pid in self.sandbox_pids():
             with contextlib.suppress(OSError):
                 cwds.add(os.readlink(f"/proc/{pid}/root"))
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                  if line.split()[1].startswith(tmp) and line.split()[2] == "tmpfs"]  # fmt: skip
+        mounts = [
+            line.split()[1]
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(tmp) and line.split()[2] == "tmpfs"
+        ]
         mounts = [m for m in mounts if any(c.startswith(m) for c in cwds)] or mounts
         if not mounts:
             return False
@@ -335,8 +375,15 @@ class Injector:
         return True
 
 
-def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: random.Random,
-                     kill_every_s: float, fault_target: int, max_crashes: int = 20) -> dict[str, Any]:  # fmt: skip
+def run_stage_to_end(
+    root: Path,
+    stage: str,
+    injector: Injector | None,
+    rng: random.Random,
+    kill_every_s: float,
+    fault_target: int,
+    max_crashes: int = 20,
+) -> dict[str, Any]:
     """Run (and rerun) the stage until it finishes; with an injector, SIGKILL it at random moments."""
     kills = crashes = starts = 0
     log = root / f"{stage}.log"
@@ -352,8 +399,11 @@ def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: ran
         if injector is not None:
             injector.pid, injector.port = process.pid, port
         total = (sum(injector.counts.values()) + kills) if injector else 0
-        kill_at = (time.monotonic() + rng.uniform(0.3, 1.7) * kill_every_s
-                   if injector is not None and total < fault_target else None)  # fmt: skip
+        kill_at = (
+            time.monotonic() + rng.uniform(0.3, 1.7) * kill_every_s
+            if injector is not None and total < fault_target
+            else None
+        )
         while process.poll() is None:
             if kill_at is not None and time.monotonic() > kill_at:
                 process.kill()
@@ -367,8 +417,11 @@ def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: ran
             if process.returncode == 0:
                 break
             crashes += 1
-            print(f"  {stage}: CRASH rc={process.returncode} (not an injected kill); log tail:\n"
-                  + log.read_text(errors="replace")[-2000:], flush=True)  # fmt: skip
+            print(
+                f"  {stage}: CRASH rc={process.returncode} (not an injected kill); log tail:\n"
+                + log.read_text(errors="replace")[-2000:],
+                flush=True,
+            )
             if crashes >= max_crashes:
                 break
         if injector is not None and sum(injector.counts.values()) + kills >= fault_target:
@@ -377,8 +430,13 @@ def run_stage_to_end(root: Path, stage: str, injector: Injector | None, rng: ran
         injector.stop.set()
         assert thread is not None
         thread.join()
-    return {"kills": kills, "crashes": crashes, "starts": starts, "wall_s": time.monotonic() - started,
-            "finished": process.returncode == 0}  # fmt: skip
+    return {
+        "kills": kills,
+        "crashes": crashes,
+        "starts": starts,
+        "wall_s": time.monotonic() - started,
+        "finished": process.returncode == 0,
+    }
 
 
 def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
@@ -388,8 +446,11 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
 
     store, _ = stores(root)
     keys = [rel.rsplit("/", 1)[-1] for rel in store.list(f"stages/{stage}")]
-    manifests = [json.loads(store.read_bytes(f"stages/{stage}/{k}/manifest.json")) for k in keys
-                 if store.exists(f"stages/{stage}/{k}/manifest.json")]  # fmt: skip
+    manifests = [
+        json.loads(store.read_bytes(f"stages/{stage}/{k}/manifest.json"))
+        for k in keys
+        if store.exists(f"stages/{stage}/{k}/manifest.json")
+    ]
     if not manifests:
         return {"finished": False}
     [manifest], [key] = manifests, keys
@@ -398,9 +459,7 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
     seqs = [seq for seq, _, _ in ledger]
     trained_twice = len(seqs) - len(set(seqs))
     trained = Counter(step for _, step, reason in ledger if reason == "trained")
-    bad_steps = {s: c for s, c in trained.items() if c != b} | {
-        s: 0 for s in range(1, steps + 1) if s not in trained
-    }
+    bad_steps = {s: c for s, c in trained.items() if c != b} | {s: 0 for s in range(1, steps + 1) if s not in trained}
     journal: dict[int, dict[int, list[str]]] = {}
     for folder in store.list(f"stages/{stage}/{key}/rollouts"):
         seq = int(folder.rsplit("/g", 1)[1])
@@ -436,8 +495,11 @@ def books(root: Path, stage: str, steps: int, b: int, n: int) -> dict[str, Any]:
             trajectory = json.loads(store.read_bytes(name))["trajectory"]
             infra_in_loss += trajectory["status"] == "infra_error" or trajectory.get("reward") is None
     beyond_position = sum(1 for seq in journal if seq >= report["data_position"])
-    model = {name: info["uri"] for name, info in manifest["artifacts"].items()
-             if name.startswith("model/") and name.endswith(".safetensors")}  # fmt: skip
+    model = {
+        name: info["uri"]
+        for name, info in manifest["artifacts"].items()
+        if name.startswith("model/") and name.endswith(".safetensors")
+    }
     return {
         "finished": True,
         "steps": report["steps"],
@@ -489,9 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", type=int, default=200, help="stop injecting once this many have landed")
     parser.add_argument("--interval-s", type=float, default=0.6, help="mean time between non-SIGKILL faults")
-    parser.add_argument(
-        "--kill-every-s", type=float, default=25.0, help="mean time from a start to its SIGKILL"
-    )
+    parser.add_argument("--kill-every-s", type=float, default=25.0, help="mean time from a start to its SIGKILL")
     parser.add_argument("--request-timeout-s", type=float, default=6.0)
     parser.add_argument(
         "--health-interval-s",
@@ -500,8 +560,12 @@ def main(argv: list[str] | None = None) -> int:
         help="engine.router.health_interval_s: how soon an engine taken out of rotation is probed back",
     )
     parser.add_argument("--runtime", default="bubblewrap", choices=["auto", "supervisor", "bubblewrap"])
-    parser.add_argument("--store", default="s3", choices=["s3", "file"],
-                        help="s3: a SeaweedFS server on loopback (restarted as a fault); file: file://")  # fmt: skip
+    parser.add_argument(
+        "--store",
+        default="s3",
+        choices=["s3", "file"],
+        help="s3: a SeaweedFS server on loopback (restarted as a fault); file: file://",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     parser.add_argument("--root", type=Path, default=None, help="work here (kept) instead of a temp dir")
     parser.add_argument("--out", type=Path, default=None)
@@ -513,10 +577,19 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or Path(tempfile.mkdtemp(prefix="swerl-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SWERL_CACHE_DIR", str(root / "swerl-cache"))
-    (root / "settings.json").write_text(json.dumps({
-        "steps": args.steps, "b": args.b, "n": args.n, "seed": args.seed, "runtime": args.runtime,
-        "request_timeout_s": args.request_timeout_s, "health_interval_s": args.health_interval_s,
-    }))  # fmt: skip
+    (root / "settings.json").write_text(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "b": args.b,
+                "n": args.n,
+                "seed": args.seed,
+                "runtime": args.runtime,
+                "request_timeout_s": args.request_timeout_s,
+                "health_interval_s": args.health_interval_s,
+            }
+        )
+    )
     s3 = start_s3(root) if args.store == "s3" else None
     try:
         return run_all(args, root, s3)
@@ -528,50 +601,53 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(args: argparse.Namespace, root: Path, s3: Any) -> int:
     make_inputs(root, args.tasks)
     rng = random.Random(args.seed)
-    results: dict[str, Any] = {
-        "settings": vars(args) | {"root": str(root), "child": None, "out": str(args.out)}
-    }
+    results: dict[str, Any] = {"settings": vars(args) | {"root": str(root), "child": None, "out": str(args.out)}}
     runs: dict[str, dict[str, Any]] = {}
     for label in ([] if args.no_baseline else ["undisturbed"]) + ["chaos"]:
         stage = f"grpo-{label}"
-        injector = (
-            Injector(root, rng, args.interval_s, args.request_timeout_s + 3, s3) if label == "chaos" else None
-        )
-        print(
-            f"{label}: running {stage} ({args.steps} steps x {args.b} groups x {args.n} attempts)", flush=True
-        )
+        injector = Injector(root, rng, args.interval_s, args.request_timeout_s + 3, s3) if label == "chaos" else None
+        print(f"{label}: running {stage} ({args.steps} steps x {args.b} groups x {args.n} attempts)", flush=True)
         run = run_stage_to_end(
             root, stage, injector, rng, args.kill_every_s, args.faults, max_crashes=20 if injector else 1
         )
         if injector is not None:
             run["faults"] = dict(injector.counts) | {"stage_sigkill": run["kills"]}
             run["faults_total"] = sum(run["faults"].values())
-            run["fault_draws_without_target"] = {k: injector.attempted[k] - injector.counts[k]
-                                                 for k in injector.attempted}  # fmt: skip
+            run["fault_draws_without_target"] = {
+                k: injector.attempted[k] - injector.counts[k] for k in injector.attempted
+            }
         check = books(root, stage, args.steps, args.b, args.n)
         run["books"] = check
         runs[label] = run
+        print(f"{label}: {json.dumps({k: v for k, v in run.items() if k != 'books'}, default=str)}", flush=True)
         print(
-            f"{label}: {json.dumps({k: v for k, v in run.items() if k != 'books'}, default=str)}", flush=True
+            f"{label} books: "
+            f"{json.dumps({k: v for k, v in check.items() if k not in ('consumed', 'model')}, default=str)}",
+            flush=True,
         )
-        print(f"{label} books: {json.dumps({k: v for k, v in check.items() if k not in ('consumed', 'model')}, default=str)}",
-              flush=True)  # fmt: skip
     results["runs"] = runs
     chaos = runs["chaos"]
     summary = {
-        "faults_by_kind": chaos.get("faults"), "faults_total": chaos.get("faults_total"),
-        "trainer_crashes": chaos["crashes"], "finished": chaos["books"].get("finished", False),
-        "trajectories_lost": chaos["books"].get("lost"), "groups_trained_twice": chaos["books"].get("trained_twice"),
+        "faults_by_kind": chaos.get("faults"),
+        "faults_total": chaos.get("faults_total"),
+        "trainer_crashes": chaos["crashes"],
+        "finished": chaos["books"].get("finished", False),
+        "trajectories_lost": chaos["books"].get("lost"),
+        "groups_trained_twice": chaos["books"].get("trained_twice"),
         "infra_errors_in_loss": chaos["books"].get("infra_in_loss"),
         "scored_attempts": chaos["books"].get("scored_attempts"),
         "scored_not_in_journal": chaos["books"].get("scored_not_in_journal"),
         "steps_without_b_groups": chaos["books"].get("steps_without_b_groups"),
-    }  # fmt: skip
+    }
     if "undisturbed" in runs and runs["undisturbed"]["books"].get("finished") and summary["finished"]:
         base = runs["undisturbed"]["books"]
         equal, compared, differing = same_model(root, base, chaos["books"])
-        summary |= {"final_model_equal": equal, "tensors_compared": compared, "tensors_differing": differing,
-                    "same_consumed_groups": base["consumed"] == chaos["books"]["consumed"]}  # fmt: skip
+        summary |= {
+            "final_model_equal": equal,
+            "tensors_compared": compared,
+            "tensors_differing": differing,
+            "same_consumed_groups": base["consumed"] == chaos["books"]["consumed"],
+        }
         undisturbed_again = same_model(root, base, base)[0]
         summary["undisturbed_self_check"] = undisturbed_again
     results["summary"] = summary
