@@ -28,15 +28,19 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
-def _body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """First line of the body after the docstring (1-based)."""
+def _body_start(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> int:
+    """First line of the body after the docstring (1-based); without a docstring, the comment lines right above the
+    first statement are the body's first lines too."""
     first = node.body[0]
     docstring = (
         isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
     )
     if docstring and first.end_lineno is not None:
         return first.end_lineno + 1
-    return first.lineno
+    start = first.lineno
+    while start - 1 > node.lineno and lines[start - 2].strip().startswith("#"):
+        start -= 1
+    return start
 
 
 def module_breaches(path: Path, relative: str) -> list[str]:
@@ -49,7 +53,7 @@ def module_breaches(path: Path, relative: str) -> list[str]:
         length = (node.end_lineno or node.lineno) - node.lineno + 1
         if length <= MAX_FUNCTION_LINES:
             continue
-        start = _body_start(node)
+        start = _body_start(node, lines)
         head = lines[start - 1 : start - 1 + MARKER_WITHIN]
         if not any(line.strip().startswith(LONG_MARKER) for line in head):
             out.append(
