@@ -242,6 +242,20 @@ def services_env(sc: ServicesConfig, s3_env: Path, bucket: str = "swerl") -> str
     )
 
 
+def _up_banner(sc: ServicesConfig, pool: str, env_file: Path) -> str:
+    """What `swerl up` prints once its services are up: where they are and how to use them."""
+    return (
+        "\nLocal services are up (Ctrl-C stops them):\n"
+        f"  Prefect UI   http://{sc.host}:{sc.prefect_port} (worker on work pool '{pool}')\n"
+        f"  MLflow UI    http://{sc.host}:{sc.mlflow_port}\n"
+        f"  S3 endpoint  http://{sc.host}:{sc.s3_port} (bucket 'swerl')\n\n"
+        "To use them from another shell (tracking URI, storage root, S3 credentials, Prefect API):\n"
+        f"  source {env_file}\n"
+        f"  swerl serve configs/local.yaml     # deployments on work pool '{pool}': run them from the UI\n"
+        "  swerl run configs/local.yaml       # or run here, into the same services\n"
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     cfg = _load(args)
     sc = cfg.services
@@ -284,17 +298,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         started.append(worker)
         worker.start()
-        print(
-            "\nLocal services are up (Ctrl-C stops them):\n"
-            f"  Prefect UI   http://{sc.host}:{sc.prefect_port} (worker on work pool '{args.pool}')\n"
-            f"  MLflow UI    http://{sc.host}:{sc.mlflow_port}\n"
-            f"  S3 endpoint  http://{sc.host}:{sc.s3_port} (bucket 'swerl')\n\n"
-            "To use them from another shell (tracking URI, storage root, S3 credentials, Prefect API):\n"
-            f"  source {env_file}\n"
-            f"  swerl serve configs/local.yaml     # deployments on work pool '{args.pool}': run them from the UI\n"
-            "  swerl run configs/local.yaml       # or run here, into the same services\n",
-            flush=True,
-        )
+        print(_up_banner(sc, args.pool, env_file), flush=True)
         while all(s.proc is not None and s.proc.poll() is None for s in started):
             time.sleep(1)
         dead = [s.name for s in started if s.proc is not None and s.proc.poll() is not None]
@@ -537,30 +541,30 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="swerl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+_Subparsers = argparse._SubParsersAction  # what add_subparsers returns: the subcommands are added to it
+
+
+def _command(sub: _Subparsers, name: str) -> argparse.ArgumentParser:
+    short, description, examples = COMMANDS[name]
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=short,
+        description=f"{description}\n\n{CONFIG_NOTE}" if name != "plan" else description,
+        epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.splitlines()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"swerl {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return parser
 
-    def command(name: str) -> argparse.ArgumentParser:
-        short, description, examples = COMMANDS[name]
-        return sub.add_parser(
-            name,
-            help=short,
-            description=f"{description}\n\n{CONFIG_NOTE}" if name != "plan" else description,
-            epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.splitlines()),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
 
-    def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config (default: %(default)s)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
+def _with_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default="configs/local.yaml", help="YAML run config (default: %(default)s)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
 
-    p_run = command("run")
-    with_config(p_run)
+
+def _add_pipeline_commands(sub: _Subparsers) -> None:
+    """swerl run and swerl curate: the pipeline, or its first stage alone."""
+    p_run = _command(sub, "run")
+    _with_config(p_run)
     p_run.add_argument(
         "--force",
         action="append",
@@ -572,13 +576,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_run.set_defaults(func=cmd_run)
 
-    p_cur = command("curate")
-    with_config(p_cur)
+    p_cur = _command(sub, "curate")
+    _with_config(p_cur)
     p_cur.add_argument("--force", action="store_true", help="rerun curation even when it is already done")
     p_cur.set_defaults(func=cmd_curate)
 
-    p_up = command("up")
-    with_config(p_up)
+
+def _add_service_commands(sub: _Subparsers) -> None:
+    """swerl up and swerl serve: the services and the deployments."""
+    p_up = _command(sub, "up")
+    _with_config(p_up)
     p_up.add_argument(
         "--data-dir",
         default="runs/services",
@@ -587,8 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--pool", default=WORK_POOL, help="work pool its worker serves (default: %(default)s)")
     p_up.set_defaults(func=cmd_up)
 
-    p_serve = command("serve")
-    with_config(p_serve)
+    p_serve = _command(sub, "serve")
+    _with_config(p_serve)
     p_serve.add_argument("--pool", default=WORK_POOL, help="work pool of the deployments (default: %(default)s)")
     p_serve.add_argument(
         "--foreground",
@@ -597,18 +604,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_serve.set_defaults(func=cmd_serve)
 
-    p_cmp = command("compare")
+
+def _add_inspection_commands(sub: _Subparsers) -> None:
+    """swerl compare, doctor, plan and config: they look at runs, the machine and the config; they train nothing."""
+    p_cmp = _command(sub, "compare")
     p_cmp.add_argument("run_a", help="MLflow run id of an eval run (the baseline)")
     p_cmp.add_argument("run_b", help="MLflow run id of another eval run")
-    with_config(p_cmp)
+    _with_config(p_cmp)
     p_cmp.add_argument("--config", dest="config_option", help=argparse.SUPPRESS)  # the old spelling
     p_cmp.add_argument("--tracking-uri", help="MLflow tracking URI (overrides SWERL_TRACKING_URI and the config's)")
     p_cmp.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples and sign flips")
     p_cmp.add_argument("--confidence", type=float, default=0.95, help="confidence level of the CI and test")
     p_cmp.set_defaults(func=cmd_compare)
 
-    p_doc = command("doctor")
-    with_config(p_doc)
+    p_doc = _command(sub, "doctor")
+    _with_config(p_doc)
     p_doc.add_argument(
         "--tasks",
         action="append",
@@ -618,16 +628,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_doc.set_defaults(func=cmd_doctor)
 
-    p_plan = command("plan")
-    with_config(p_plan)
+    p_plan = _command(sub, "plan")
+    _with_config(p_plan)
     p_plan.set_defaults(func=cmd_plan)
 
-    p_cfg = command("config")
-    with_config(p_cfg)
+    p_cfg = _command(sub, "config")
+    _with_config(p_cfg)
     p_cfg.set_defaults(func=cmd_config)
 
-    p_xc = command("crosscheck")
-    with_config(p_xc)
+
+def _add_crosscheck_command(sub: _Subparsers) -> None:
+    """swerl crosscheck: swerl's grader against SWE-bench's on the same predictions."""
+    p_xc = _command(sub, "crosscheck")
+    _with_config(p_xc)
     p_xc.add_argument("--tasks", required=True, help="SWE-bench rows with eval_script (jsonl, json, parquet)")
     p_xc.add_argument(
         "--predictions",
@@ -653,6 +666,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_xc.add_argument("--workers", type=int, default=2, help="predictions graded at once by each grader")
     p_xc.set_defaults(func=cmd_crosscheck)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swerl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"swerl {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The order here is the order `swerl --help` lists the commands in.
+    _add_pipeline_commands(sub)
+    _add_service_commands(sub)
+    _add_inspection_commands(sub)
+    _add_crosscheck_command(sub)
     return parser
 
 

@@ -24,6 +24,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,11 +388,9 @@ def _resource_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[st
     return out
 
 
-def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
-    """The local backend: which runtime runs sandboxes, bubblewrap where it is needed, workspace quotas."""
+def _runtime_checks(local_limits: list[SandboxLimits], machine: dict[str, Any]) -> tuple[list[Check], bool]:
+    """Which runtime runs each local stage's sandboxes; and whether any of them needs bubblewrap."""
     out: list[Check] = []
-    local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
-    modes = {limits.workspace_quota for limits in local_limits}
     mountable = bool(machine.get("tmpfs_mount_ok", True))
     builds = bool(machine.get("supervisor_ok", True))
     needs_bwrap = False
@@ -410,6 +409,15 @@ def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, 
         else:
             detail = f"runtime {runtime}: bubblewrap per command" + ("" if runtime == "bubblewrap" else f" ({why})")
         out.append(Check(f"local_runtime.{runtime}", supervised or runtime != "supervisor", detail))
+    return out, needs_bwrap
+
+
+def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
+    """The local backend: which runtime runs sandboxes, bubblewrap where it is needed, workspace quotas."""
+    local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
+    modes = {limits.workspace_quota for limits in local_limits}
+    mountable = bool(machine.get("tmpfs_mount_ok", True))
+    out, needs_bwrap = _runtime_checks(local_limits, machine)
     for limits in local_limits[:1]:
         ok, why = cgroups_state()
         out.append(
@@ -570,6 +578,31 @@ def _pull_hours(count: int, per_hour: int) -> int:
     return max(0, math.ceil(count / per_hour) - 1)
 
 
+def _image_names(refs: list[str]) -> tuple[list[str], list[str]]:
+    """The distinct images the task references name, in order; and the references that cannot be read."""
+    names: list[str] = []
+    bad: list[str] = []
+    for ref in dict.fromkeys(refs):
+        try:
+            names.append(image_environment(ref).image)
+        except ValueError:
+            bad.append(ref)
+    return list(dict.fromkeys(names)), bad
+
+
+def _e2b_image_check(templates: Mapping[str, str], names: list[str], info: dict[str, Any]) -> Check:
+    """On e2b an image runs through its template: every image needs one (counted into `info`)."""
+    unmapped = [name for name in names if name not in templates]
+    info["without_template"] = len(unmapped)
+    return Check(
+        "task_images.e2b",
+        not unmapped,
+        f"{len(names) - len(unmapped)} of {len(names)} images "
+        "have an e2b template (agent.sandbox.e2b.image_templates)"
+        + (f"; none for {_listed(unmapped)}" if unmapped else ""),
+    )
+
+
 def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[str, Any], list[Check]]:
     """The images the tasks name, as the agent stages' backend sees them (`agent.sandbox.backend`): present on
     the Docker engine (with their size), missing, and to be pulled within docker.pulls_per_hour. A check fails
@@ -578,14 +611,7 @@ def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[s
     refs = [t.image for t in tasks if is_image_reference(t.image)]
     if not refs:
         return {}, []
-    names: list[str] = []
-    bad: list[str] = []
-    for ref in dict.fromkeys(refs):
-        try:
-            names.append(image_environment(ref).image)
-        except ValueError:
-            bad.append(ref)
-    names = list(dict.fromkeys(names))
+    names, bad = _image_names(refs)
     limits = cfg.agent.sandbox
     backend = limits.backend
     info: dict[str, Any] = {"image_tasks": len(refs), "of_tasks": len(tasks), "images": len(names), "backend": backend}
@@ -595,18 +621,7 @@ def image_checks(cfg: PipelineConfig, tasks: list[TaskInstance]) -> tuple[dict[s
             Check("task_images.references", False, f"{len(bad)} image references cannot be read: {_listed(bad)}")
         )
     if backend == "e2b":
-        templates = limits.e2b.image_templates
-        unmapped = [name for name in names if name not in templates]
-        info["without_template"] = len(unmapped)
-        out.append(
-            Check(
-                "task_images.e2b",
-                not unmapped,
-                f"{len(names) - len(unmapped)} of {len(names)} images "
-                "have an e2b template (agent.sandbox.e2b.image_templates)"
-                + (f"; none for {_listed(unmapped)}" if unmapped else ""),
-            )
-        )
+        out.append(_e2b_image_check(limits.e2b.image_templates, names, info))
         return info, out
     present, missing, error = _engine_images(names)
     if error is not None:

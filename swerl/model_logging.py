@@ -85,6 +85,26 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _register(client: Any, registered: str, logged: Any, run_id: str, stage: str, checkpoint_uri: str) -> str:
+    """A new version of the registered model `registered` (created on first use) from the logged model: NAME/VERSION."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(registered, description="swerl agent policies (SFT, GRPO phases)")
+    except MlflowException as exc:
+        if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+            raise
+    version = client.create_model_version(
+        registered,
+        source=logged.artifact_location,
+        run_id=run_id,
+        model_id=logged.model_id,
+        tags={"swerl.stage": stage, "swerl.checkpoint_uri": checkpoint_uri},
+        await_creation_for=REGISTRATION_WAIT_S,
+    )
+    return f"{registered}/{version.version}"
+
+
 def log_and_register(
     run: StageRun,
     experiment_id: str,
@@ -133,22 +153,7 @@ def log_and_register(
         client.log_outputs(run.run_id, [LoggedModelOutput(logged.model_id, 0)])
         tags = {"swerl.model.id": logged.model_id, "swerl.model.weights_inside": str(small).lower()}
         if registered:
-            from mlflow.exceptions import MlflowException
-
-            try:
-                client.create_registered_model(registered, description="swerl agent policies (SFT, GRPO phases)")
-            except MlflowException as exc:
-                if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
-                    raise
-            version = client.create_model_version(
-                registered,
-                source=logged.artifact_location,
-                run_id=run.run_id,
-                model_id=logged.model_id,
-                tags={"swerl.stage": stage, "swerl.checkpoint_uri": checkpoint_uri},
-                await_creation_for=REGISTRATION_WAIT_S,
-            )
-            tags |= {"swerl.model.registered": f"{registered}/{version.version}"}
+            tags |= {"swerl.model.registered": _register(client, registered, logged, run.run_id, stage, checkpoint_uri)}
         run.set_tags(tags)
         return tags
     except Exception as exc:  # noqa: BLE001 - the model stays in the store; say MLflow lacks it

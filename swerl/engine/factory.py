@@ -35,23 +35,11 @@ async def open_engine(
     (or `cfg.launch.urls`), behind an in-process Router; the servers are stopped (by pid) on exit. Local engines run
     on cfg.local.device in cfg.local.dtype (http_local with cuda: engine i on GPU i).
     """
-    launch, local, http, router = cfg.launch, cfg.local, cfg.http, cfg.router
+    launch, local, http = cfg.launch, cfg.local, cfg.http
     if cfg.kind in ("local", "http_local") and local.device == "cuda" and not launch.urls:
         check_cuda(launch.num_engines if cfg.kind == "http_local" else 1)
     if cfg.kind == "local":
-        async with LocalEngine(
-            model_dir,
-            max_batch_size=cfg.max_batch_size,
-            max_context_tokens=cfg.max_context_tokens,
-            seed=seed,
-            weight_version=weight_version,
-            intra_op_threads=local.threads,
-            prefix_cache_size=local.prefix_cache_size,
-            device=local.device,
-            dtype=DTYPES[local.dtype],
-            weight_sync_timeout_s=cfg.weight_sync.timeout_s,
-            prefill_tokens_per_step=local.prefill_tokens_per_step,
-        ) as engine:
+        async with _local_engine(cfg, model_dir, seed, weight_version) as engine:
             yield engine
         return
     launcher: EngineLauncher | None = None
@@ -71,22 +59,7 @@ async def open_engine(
         if launcher is not None:
             urls = await launcher.start()
             log.info("engines %s up (logs %s)", urls, launcher.logs())
-        clients = [
-            EngineClient(
-                url,
-                pool_size=pool_size,
-                connect_timeout_s=http.connect_timeout_s,
-                request_timeout_s=http.request_timeout_s,
-                control_timeout_s=http.control_timeout_s,
-                health_timeout_s=router.health_timeout_s,
-                retries=0,
-                control_retries=http.retries,
-                retry_backoff_s=http.retry_backoff_s,
-                weight_version=weight_version,
-                tp_size=cfg.sglang.tp_size if cfg.kind == "sglang" else 1,
-            )
-            for url in urls
-        ]
+        clients = [_engine_client(cfg, url, pool_size, weight_version) for url in urls]
         log.info(
             "engine limits: %d engines, %d connections each, request timeout %.0f s, retries %d, context %d",
             len(urls),
@@ -95,20 +68,62 @@ async def open_engine(
             http.retries,
             cfg.max_context_tokens,
         )
-        async with Router(
-            clients,
-            retries=http.retries,
-            health_interval_s=router.health_interval_s,
-            sticky_capacity=router.sticky_capacity,
-            sticky_max_excess=router.sticky_max_excess,
-            weight_update_mode=cfg.weight_sync.update_mode,
-            pause_mode=cfg.weight_sync.pause_mode,
-            weight_version=weight_version,
-        ) as engine_router:
+        async with _router(cfg, clients, weight_version) as engine_router:
             yield engine_router
     finally:
         if launcher is not None:
             launcher.stop()
+
+
+def _local_engine(cfg: EngineConfig, model_dir: str | Path, seed: int, weight_version: int) -> LocalEngine:
+    """Kind local: the engine in this process."""
+    local = cfg.local
+    return LocalEngine(
+        model_dir,
+        max_batch_size=cfg.max_batch_size,
+        max_context_tokens=cfg.max_context_tokens,
+        seed=seed,
+        weight_version=weight_version,
+        intra_op_threads=local.threads,
+        prefix_cache_size=local.prefix_cache_size,
+        device=local.device,
+        dtype=DTYPES[local.dtype],
+        weight_sync_timeout_s=cfg.weight_sync.timeout_s,
+        prefill_tokens_per_step=local.prefill_tokens_per_step,
+    )
+
+
+def _engine_client(cfg: EngineConfig, url: str, pool_size: int, weight_version: int) -> EngineClient:
+    """The client of one engine server (the router does the retries of generation calls)."""
+    http = cfg.http
+    return EngineClient(
+        url,
+        pool_size=pool_size,
+        connect_timeout_s=http.connect_timeout_s,
+        request_timeout_s=http.request_timeout_s,
+        control_timeout_s=http.control_timeout_s,
+        health_timeout_s=cfg.router.health_timeout_s,
+        retries=0,
+        control_retries=http.retries,
+        retry_backoff_s=http.retry_backoff_s,
+        weight_version=weight_version,
+        tp_size=cfg.sglang.tp_size if cfg.kind == "sglang" else 1,
+    )
+
+
+def _router(cfg: EngineConfig, clients: list[EngineClient], weight_version: int) -> Router:
+    """The router in front of the engine servers' clients."""
+    router = cfg.router
+    return Router(
+        clients,
+        retries=cfg.http.retries,
+        health_interval_s=router.health_interval_s,
+        sticky_capacity=router.sticky_capacity,
+        sticky_max_excess=router.sticky_max_excess,
+        weight_update_mode=cfg.weight_sync.update_mode,
+        pause_mode=cfg.weight_sync.pause_mode,
+        weight_version=weight_version,
+    )
 
 
 def server_spec(

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from swerl.engine.base import (
     ContextLengthError,
@@ -75,6 +75,7 @@ from swerl.engine.base import (
     WeightUpdateError,
 )
 from swerl.engine.batching import RunningBatch, request_seed, sample_rows
+from swerl.engine.servable import engine_device, eos_token_ids, load_servable
 from swerl.engine.slots import SlotModel, StepRows
 from swerl.engine.weight_sync import (
     GroupBackend,
@@ -85,11 +86,8 @@ from swerl.engine.weight_sync import (
     receive_list,
 )
 from swerl.errors import InfraError
-from swerl.model.loading import load_model_and_tokenizer
 
 T = TypeVar("T")
-SERVABLE_MODEL_TYPES = ("qwen3", "qwen3_moe")
-"""Model types slots.SlotModel runs (the Qwen3 attention: q_norm and k_norm per head, RoPE, GQA)."""
 
 
 @dataclass(eq=False)
@@ -181,6 +179,8 @@ class LocalEngine:
         weight_sync_timeout_s: float = 600.0,
         prefill_tokens_per_step: int = 1024,
     ) -> None:
+        """Load the model onto its device and set up the engine's state (the arguments: see the class docstring)."""
+        # Over 60 lines: the engine's whole state, one assignment each (15 lines are the signature).
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_size < 0:
@@ -188,15 +188,8 @@ class LocalEngine:
         if prefill_tokens_per_step < 1:
             raise ValueError(f"prefill_tokens_per_step must be >= 1, got {prefill_tokens_per_step}")
         self.prefill_tokens_per_step = prefill_tokens_per_step
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
-                f"engine device {self.device} asked for, but torch.cuda.is_available() is False (no GPU visible "
-                f"to this process, or a CPU build of torch {torch.__version__}); use device cpu"
-            )
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"engine device must be cpu or cuda, got {self.device}")
-        model, tokenizer = _load_servable(model_path, dtype, max_context_tokens)
+        self.device = engine_device(device)
+        model, tokenizer = load_servable(model_path, dtype, max_context_tokens)
         module: torch.nn.Module = model  # transformers types its own .to() too narrowly for a device
         module.to(self.device)
         self.model: PreTrainedModel = model.eval()
@@ -207,7 +200,7 @@ class LocalEngine:
         assert isinstance(embeddings, torch.nn.Embedding)
         self.vocab_size = embeddings.num_embeddings
         self.return_original_logprob = return_original_logprob
-        self.eos_token_ids = _eos_token_ids(model, tokenizer.eos_token_id)
+        self.eos_token_ids = eos_token_ids(model, tokenizer.eos_token_id)
         self.weight_version = weight_version
         self._seed = seed
         self._arrivals = 0
@@ -762,25 +755,6 @@ class LocalEngine:
         self._batch.clear()
 
 
-def _load_servable(
-    model_path: str | Path, dtype: torch.dtype, max_context_tokens: int
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer at model_path, refused unless the engine can serve them at max_context_tokens."""
-    model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype)
-    config = model.config
-    positions = getattr(config, "max_position_embeddings", None)
-    if not 2 <= max_context_tokens <= (positions or max_context_tokens):
-        raise ValueError(f"max_context_tokens {max_context_tokens} not in [2, max_position_embeddings {positions}]")
-    if config.model_type not in SERVABLE_MODEL_TYPES:
-        raise ValueError(
-            f"the local engine runs Qwen3 models ({', '.join(SERVABLE_MODEL_TYPES)}), got {config.model_type}"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"}:
-        raise ValueError(f"only full-attention models are supported, got layer types {sorted(layer_types)}")
-    return model, tokenizer
-
-
 def _model_thread(intra_op_threads: int | None) -> ThreadPoolExecutor:
     """The one worker thread that runs every forward pass, so model steps never overlap; torch's thread count is
     per thread under OpenMP, so setting it there leaves the rest of the process alone."""
@@ -789,14 +763,3 @@ def _model_thread(intra_op_threads: int | None) -> ThreadPoolExecutor:
         thread_name_prefix="local-engine",
         initializer=functools.partial(torch.set_num_threads, intra_op_threads) if intra_op_threads else None,
     )
-
-
-def _eos_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> set[int]:
-    """End-of-sequence ids that stop generation unless ignore_eos: the tokenizer's and the generation config's."""
-    ids = {tokenizer_eos} if tokenizer_eos is not None else set()
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(int(token) for token in configured)
-    return ids

@@ -94,7 +94,6 @@ class PauseBody(BaseModel):
 
 def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> FastAPI:
     """The FastAPI app; engine_factory() builds the LocalEngine inside the server's event loop."""
-    # Long because it only declares the routes, each a few lines on the shared state: one screen per route.
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -143,19 +142,28 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
         state["model_path"] = body.model_path
         return _update_result(True, f"weights from {body.model_path} serve as version {target}")
 
-    async def weight_call(raw: Request, body_type: type[BaseModel] | None, call: Callable[[Any], Any]) -> JSONResponse:
-        """A weight-control route: parse, call, answer SGLang's {"success", "message"} (400 when refused)."""
-        try:
-            body = body_type.model_validate(await raw.json()) if body_type is not None else None
-        except (ValueError, ValidationError) as error:
-            return _update_result(False, f"bad request: {error}")
-        try:
-            message = await call(body)
-        except WeightUpdateError as error:
-            return _update_result(False, str(error))
-        except InfraError as error:
-            return JSONResponse({"success": False, "message": str(error)}, status_code=503)
-        return _update_result(True, message)
+    _add_weight_group_routes(app, engine)
+    _add_control_routes(app, engine, state)
+    return app
+
+
+async def _weight_call(raw: Request, body_type: type[BaseModel] | None, call: Callable[[Any], Any]) -> JSONResponse:
+    """A weight-control route: parse, call, answer SGLang's {"success", "message"} (400 when refused)."""
+    try:
+        body = body_type.model_validate(await raw.json()) if body_type is not None else None
+    except (ValueError, ValidationError) as error:
+        return _update_result(False, f"bad request: {error}")
+    try:
+        message = await call(body)
+    except WeightUpdateError as error:
+        return _update_result(False, str(error))
+    except InfraError as error:
+        return JSONResponse({"success": False, "message": str(error)}, status_code=503)
+    return _update_result(True, message)
+
+
+def _add_weight_group_routes(app: FastAPI, engine: Callable[[], LocalEngine]) -> None:
+    """Weight sync over a process group, as SGLang serves it: join and leave the group, a session of buckets."""
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(raw: Request) -> JSONResponse:
@@ -165,7 +173,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             )
             return "Succeeded to initialize custom process group."
 
-        return await weight_call(raw, InitGroupBody, call)
+        return await _weight_call(raw, InitGroupBody, call)
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(raw: Request) -> JSONResponse:
@@ -173,7 +181,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             await engine().destroy_weights_update_group(body.group_name)
             return "Succeeded to destroy custom process group."
 
-        return await weight_call(raw, GroupNameBody, call)
+        return await _weight_call(raw, GroupNameBody, call)
 
     @app.post("/begin_weight_update")
     async def begin_weight_update(raw: Request) -> JSONResponse:
@@ -181,7 +189,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             await engine().begin_weight_update()
             return "Success"
 
-        return await weight_call(raw, None, call)
+        return await _weight_call(raw, None, call)
 
     @app.post("/end_weight_update")
     async def end_weight_update(raw: Request) -> JSONResponse:
@@ -189,7 +197,7 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             await engine().end_weight_update()
             return "Success"
 
-        return await weight_call(raw, None, call)
+        return await _weight_call(raw, None, call)
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(raw: Request) -> JSONResponse:
@@ -201,7 +209,11 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
             message = "Succeeded to update parameter online."
             return message + (f" Weight version updated to {version}." if version is not None else "")
 
-        return await weight_call(raw, DistributedUpdateBody, call)
+        return await _weight_call(raw, DistributedUpdateBody, call)
+
+
+def _add_control_routes(app: FastAPI, engine: Callable[[], LocalEngine], state: dict[str, Any]) -> None:
+    """Cache, health, model info, pause/continue and counters."""
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
@@ -261,8 +273,6 @@ def create_app(engine_factory: Callable[[], LocalEngine], model_path: str) -> Fa
     async def engine_stats() -> dict[str, Any]:
         return {**engine().stats(), "paused": engine().paused}
 
-    return app
-
 
 def parse_generate(body: Any) -> GenerateRequest:
     """An SGLang GenerateReqInput body -> GenerateRequest; fields this engine cannot honour are a ValueError."""
@@ -300,7 +310,7 @@ def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
     os._exit(0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--host", default="127.0.0.1")
@@ -330,7 +340,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="exit once this process is gone (a SIGKILLed stage leaves no engine behind)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     import uvicorn
 
     if args.parent_pid is not None:

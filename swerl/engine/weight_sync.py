@@ -162,19 +162,7 @@ def open_group(
     and NCCL_SOCKET_IFNAME for this process (both sides: the engines get it from their launcher). Raises
     WeightGroupError naming the address, port, rank and world size when the group does not form within timeout_s.
     """
-    if world_size < 2:
-        raise ValueError(f"a weight group needs the trainer and at least one engine rank, got world_size {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    if master_port == 0 and rank != 0:
-        raise ValueError("only rank 0 (the trainer) may pick the port (master_port 0)")
-    if backend not in BACKEND_DEVICES:
-        raise ValueError(f"weight group backend must be gloo or nccl, got {backend!r}")
-    where_device = torch.device(device)
-    if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
-        raise WeightGroupError("backend nccl needs CUDA and a torch built with NCCL (use gloo on CPU)")
-    if where_device.type not in BACKEND_DEVICES[backend]:
-        raise ValueError(f"backend {backend} does not carry {where_device.type} tensors")
+    where_device = _member_device(master_port, rank, world_size, backend, device)
     if backend == "nccl" and where_device.index is not None:
         torch.cuda.set_device(where_device)
     if socket_ifname:
@@ -203,6 +191,26 @@ def open_group(
             f"check the address and port are reachable from the engines): {error}"
         ) from error
     return group
+
+
+def _member_device(
+    master_port: int, rank: int, world_size: int, backend: GroupBackend, device: str | torch.device
+) -> torch.device:
+    """open_group's arguments checked (ValueError, or WeightGroupError where this machine lacks NCCL); the device."""
+    if world_size < 2:
+        raise ValueError(f"a weight group needs the trainer and at least one engine rank, got world_size {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if master_port == 0 and rank != 0:
+        raise ValueError("only rank 0 (the trainer) may pick the port (master_port 0)")
+    if backend not in BACKEND_DEVICES:
+        raise ValueError(f"weight group backend must be gloo or nccl, got {backend!r}")
+    where_device = torch.device(device)
+    if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+        raise WeightGroupError("backend nccl needs CUDA and a torch built with NCCL (use gloo on CPU)")
+    if where_device.type not in BACKEND_DEVICES[backend]:
+        raise ValueError(f"backend {backend} does not carry {where_device.type} tensors")
+    return where_device
 
 
 def _backend_instance(

@@ -48,8 +48,8 @@ from swerl.data.testrun import TestOutcome, TestStatus
 from swerl.errors import InfraError
 from swerl.grading.harbor_verifier import run_verifier
 from swerl.grading.harness import read_harness_log
-from swerl.grading.plan import grading_plan
-from swerl.sandbox.base import IGNORED_AT_START, Sandbox, SandboxProvider
+from swerl.grading.plan import GradingPlan, grading_plan
+from swerl.sandbox.base import IGNORED_AT_START, ExecResult, Sandbox, SandboxProvider
 
 _GIT_TIMEOUT_S = 60.0
 # The workspace's .git is the agent's to write: ignore any hooks or fsmonitor it may have planted there.
@@ -534,12 +534,7 @@ async def grade_patch(
             status_map, invalid = await asyncio.to_thread(read_harness_log, task, result.output, plan.parser)
             outcomes, report = _outcomes(status_map), None
         else:
-            key = secrets.token_bytes(32)
-            keyfile = f".swerl-key-{secrets.token_hex(8)}"
-            await sandbox.write_file(keyfile, key.hex())
-            command = sealed_command(plan.mode, keyfile, plan.args, python, filtered.added, plan.env)
-            result = await sandbox.exec(command, timeout=test_timeout_s)
-            report = read_sealed(result.output, key.hex().encode())
+            result, report = await _run_sealed(sandbox, plan.mode, plan, filtered.added, python, test_timeout_s)
             outcomes = report.outcomes
     finally:
         await sandbox.close()
@@ -570,6 +565,23 @@ async def grade_patch(
     status = resolution_status(task.FAIL_TO_PASS, task.PASS_TO_PASS, outcomes, plan.graded_files)
     label = _infra_label(result.output) if status != RESOLVED_FULL else None
     return replace(base, status=status, reward=float(status == RESOLVED_FULL), infra_label=label)
+
+
+async def _run_sealed(
+    sandbox: Sandbox,
+    mode: str,
+    plan: GradingPlan,
+    added: Mapping[str, Sequence[int] | None],
+    python: str,
+    test_timeout_s: float,
+) -> tuple[ExecResult, SealedReport]:
+    """The tests under the sealed runner, with a key of their own that only the runner reads."""
+    key = secrets.token_bytes(32)
+    keyfile = f".swerl-key-{secrets.token_hex(8)}"
+    await sandbox.write_file(keyfile, key.hex())
+    command = sealed_command(mode, keyfile, plan.args, python, added, plan.env)
+    result = await sandbox.exec(command, timeout=test_timeout_s)
+    return result, read_sealed(result.output, key.hex().encode())
 
 
 def _sealed_invalid(report: SealedReport, exit_status: int) -> str | None:

@@ -16,6 +16,7 @@ def _undumpable():
 def _install_hook(key, touched_path, touched_lines, trusted):
     """Install the audit hook that holds the key, the results and the problems, and guards the runner (see the
     module docstring). Everything it uses is bound here: this frame is gone once the hook is installed."""
+    # Over 60 lines: the hook's state is this closure on purpose (see above; sealed_runner.py's docstring).
     import _signal
     import hashlib
     import hmac

@@ -8,6 +8,7 @@ from swerl.grading.sealed_hook import (
 
 def _micro_parent(python, ids, workspace):
     """Yield (node, status, message) for the micro tests: the child returns values, this process judges them."""
+    # Over 60 lines: a sealed-runner part whose state lives in its locals on purpose (sealed_runner.py's docstring).
     import ast
     import json
     import os
@@ -137,6 +138,7 @@ def _decode(encoded, depth):
 def _micro_child(fd, nodes):
     """The untrusted side of micro mode: import each test module and run each test with `check` sending the
     value its CALL returned (exact builtin types only) to the parent. It holds no key and decides nothing."""
+    # Over 60 lines: a sealed-runner part whose state lives in its locals on purpose (sealed_runner.py's docstring).
     import importlib.util
     import json
     import os

@@ -31,6 +31,7 @@ def _unittest_mode(program, ids, workspace, in_workspace_code, sealed):
       `test_a (app.tests.T)` -> `app.tests.T.test_a`); if an id is docstring-named (it has no label), the command
       runs as it is. runtests.py's and unittest's exit status is ignored: the outcomes decide.
     """
+    # Over 60 lines: a sealed-runner part whose state lives in its locals on purpose (sealed_runner.py's docstring).
     import os
     import re
     import runpy

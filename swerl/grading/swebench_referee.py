@@ -99,16 +99,10 @@ def verdict_of(run_id: str, model: str, instance_id: str) -> dict[str, Any]:
     return out | {"resolved": bool(entry["resolved"]), "status": status, "detail": ""}
 
 
-def referee(
-    dataset: Path, predictions: Path, run_id: str, workers: int, timeout: int, report_dir: Path
-) -> dict[str, Any]:
-    """Run swebench's harness on `predictions` (at most one per instance) and read back its verdicts."""
+def _missing_images(rows: dict[str, dict[str, Any]], preds: list[dict[str, Any]]) -> dict[str, str]:
+    """Instance id -> image, for the predictions whose instance's image is not on the Docker engine."""
     import docker
-    from swebench.harness import run_evaluation
 
-    force_network_none()
-    rows = {r["instance_id"]: r for r in json.loads(dataset.read_text())}
-    preds = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
     client = docker.from_env()
     missing: dict[str, str] = {}
     for pred in preds:
@@ -117,29 +111,58 @@ def referee(
         except docker.errors.ImageNotFound:
             missing[pred["instance_id"]] = rows[pred["instance_id"]]["image"]
     client.close()
+    return missing
+
+
+def _run_patched(
+    dataset: Path,
+    predictions: Path,
+    patched: list[dict[str, Any]],
+    run_id: str,
+    workers: int,
+    timeout: int,
+    report_dir: Path,
+) -> dict[str, Any]:
+    """swebench's run_evaluation on the predictions with a patch; its run report."""
+    from swebench.harness import run_evaluation
+
+    kept = predictions.with_name(f"{predictions.stem}.patched.jsonl")
+    kept.write_text("".join(json.dumps(p) + "\n" for p in patched))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    report_path = run_evaluation.main(
+        dataset_name=str(dataset),
+        split="test",
+        instance_ids=[p["instance_id"] for p in patched],
+        predictions_path=str(kept),
+        max_workers=workers,
+        open_file_limit=limit,
+        run_id=run_id,
+        timeout=timeout,
+        rewrite_reports=False,
+        modal=False,
+        report_dir=str(report_dir),
+    )
+    report: dict[str, Any] = json.loads(Path(report_path).read_text())
+    return report
+
+
+def referee(
+    dataset: Path, predictions: Path, run_id: str, workers: int, timeout: int, report_dir: Path
+) -> dict[str, Any]:
+    """Run swebench's harness on `predictions` (at most one per instance) and read back its verdicts."""
+    from swebench.harness import run_evaluation
+
+    force_network_none()
+    rows = {r["instance_id"]: r for r in json.loads(dataset.read_text())}
+    preds = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
+    missing = _missing_images(rows, preds)
     runnable = [p for p in preds if p["instance_id"] not in missing]
     patched = [p for p in runnable if p.get("model_patch")]
     empty = [p for p in runnable if not p.get("model_patch")]
     report: dict[str, Any] = {}
     if patched:
-        kept = predictions.with_name(f"{predictions.stem}.patched.jsonl")
-        kept.write_text("".join(json.dumps(p) + "\n" for p in patched))
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        limit = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
-        report_path = run_evaluation.main(
-            dataset_name=str(dataset),
-            split="test",
-            instance_ids=[p["instance_id"] for p in patched],
-            predictions_path=str(kept),
-            max_workers=workers,
-            open_file_limit=limit,
-            run_id=run_id,
-            timeout=timeout,
-            rewrite_reports=False,
-            modal=False,
-            report_dir=str(report_dir),
-        )
-        report = json.loads(Path(report_path).read_text())
+        report = _run_patched(dataset, predictions, patched, run_id, workers, timeout, report_dir)
     if empty:
         instances = [rows[p["instance_id"]] for p in empty]
         by_id = {p["instance_id"]: {**p, "model_patch": ""} for p in empty}

@@ -262,21 +262,7 @@ class E2BSandboxProvider:
             sandbox_env["PATH"] = ":".join(
                 [*env_dir.path_prepend, sandbox_env.get("PATH", "/usr/local/bin:/usr/bin:/bin")]
             )
-        try:
-            async with asyncio.timeout(self.resources.start_timeout_s):
-                sdk_sandbox = await sdk.create(
-                    template=template,
-                    timeout=self.lifetime_s,
-                    envs=dict(sandbox_env),
-                    metadata={"swerl.env": name},
-                    allow_internet_access=False,
-                    api_key=api_key,
-                    request_timeout=self.request_timeout_s,
-                )
-        except InfraError:
-            raise
-        except Exception as exc:
-            raise InfraError(infra_cause(exc, "start"), f"e2b create ({template}): {exc}") from exc
+        sdk_sandbox = await self._create(sdk, template, sandbox_env, name, api_key)
         sandbox = E2BSandbox(
             sdk_sandbox,
             env=sandbox_env,
@@ -295,6 +281,24 @@ class E2BSandboxProvider:
                 ) from exc
             raise
         return sandbox
+
+    async def _create(self, sdk: Any, template: str, sandbox_env: dict[str, str], name: str, api_key: str) -> Any:
+        """The VM from `template`, without internet access; a failure is an InfraError naming its cause."""
+        try:
+            async with asyncio.timeout(self.resources.start_timeout_s):
+                return await sdk.create(
+                    template=template,
+                    timeout=self.lifetime_s,
+                    envs=dict(sandbox_env),
+                    metadata={"swerl.env": name},
+                    allow_internet_access=False,
+                    api_key=api_key,
+                    request_timeout=self.request_timeout_s,
+                )
+        except InfraError:
+            raise
+        except Exception as exc:
+            raise InfraError(infra_cause(exc, "start"), f"e2b create ({template}): {exc}") from exc
 
     def _image_template(self, env: ImageEnvironment) -> str:
         template = self.image_templates.get(env.image)

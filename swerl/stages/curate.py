@@ -369,15 +369,10 @@ def yield_table(reports: Sequence[RepoReport]) -> list[dict[str, Any]]:
 
 def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
     """Synthesize and load tasks, decontaminate, split by repository and write train/eval parquet files."""
-    sources = [e for e in cfg.repos if isinstance(e, RepoSource)]
-    real_specs = resolve_sources(sources)
-    specs = resolve_repos([e for e in cfg.repos if isinstance(e, str)]) + real_specs
-    names = [s.name for s in specs]
-    if duplicates := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(f"repositories listed more than once (by name; set `name` to tell them apart): {duplicates}")
+    specs, real_sources = _repo_specs(cfg)
     micro = micro_specs(cfg.micro) if cfg.micro else []
     _check_micro_names(specs, micro)
-    synthesized, repo_reports = _synthesize_logged(cfg, ctx, specs, micro, dict(zip(real_specs, sources, strict=True)))
+    synthesized, repo_reports = _synthesize_logged(cfg, ctx, specs, micro, real_sources)
     repo_reports = _merge_micro_reports(repo_reports, micro)
     loaded, load_reports = _load_sources(cfg.datasets, cfg.strict_rows)
     # Rows whose image is present: the fix must resolve, the empty patch must not.
@@ -422,22 +417,38 @@ def run_curate(cfg: CurateConfig, ctx: StageContext) -> StageResult:
         metrics |= {f"harbor_rejected.{why}": n for why, n in harbor.report["rejections"].items()}
     ctx.log_metrics(metrics)
     summary = f"{synth['valid']}/{synth['candidates']} candidates valid; {len(train)} train, {len(held_out)} eval tasks"
-    markdown = _markdown(synth, report["split"], decontam_report)
-    if harbor.report:
-        markdown += (
-            f"\nHarbor tasks: {harbor.report['kept']} of {harbor.report['tasks']} kept "
-            f"(rejections: {harbor.report['rejections'] or 'none'})\n"
-        )
-    if gold.report.get("checked"):
-        g = gold.report
-        markdown += (
-            f"\nGold check of loaded rows: {g['checked']} checked in their images, {g['dropped']} dropped "
-            f"({g['causes'] or 'none'}), {g['infra_errors']} infrastructure errors, {g['no_image']} "
-            "without their image (unchecked)\n"
-        )
+    markdown = _markdown(synth, report["split"], decontam_report) + _checked_markdown(harbor.report, gold.report)
     return StageResult(
         metrics=metrics, tables={"yield": yield_table(repo_reports)}, markdown={"curate": markdown}, summary=summary
     )
+
+
+def _repo_specs(cfg: CurateConfig) -> tuple[list[RepoSpec], dict[RepoSpec, RepoSource]]:
+    """The repositories to synthesize from (built-in names, then real sources); each real one's source."""
+    sources = [e for e in cfg.repos if isinstance(e, RepoSource)]
+    real_specs = resolve_sources(sources)
+    specs = resolve_repos([e for e in cfg.repos if isinstance(e, str)]) + real_specs
+    names = [s.name for s in specs]
+    if duplicates := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"repositories listed more than once (by name; set `name` to tell them apart): {duplicates}")
+    return specs, dict(zip(real_specs, sources, strict=True))
+
+
+def _checked_markdown(harbor: dict[str, Any], gold: dict[str, Any]) -> str:
+    """The report's lines on Harbor tasks and on the gold check of loaded rows (none where neither ran)."""
+    markdown = ""
+    if harbor:
+        markdown += (
+            f"\nHarbor tasks: {harbor['kept']} of {harbor['tasks']} kept "
+            f"(rejections: {harbor['rejections'] or 'none'})\n"
+        )
+    if gold.get("checked"):
+        markdown += (
+            f"\nGold check of loaded rows: {gold['checked']} checked in their images, {gold['dropped']} dropped "
+            f"({gold['causes'] or 'none'}), {gold['infra_errors']} infrastructure errors, {gold['no_image']} "
+            "without their image (unchecked)\n"
+        )
+    return markdown
 
 
 def _check_micro_names(specs: Sequence[RepoSpec], micro: Sequence[RepoSpec]) -> None:

@@ -127,23 +127,19 @@ def _harbor_limits(harbor: HarborTask, cfg: CurateConfig) -> dict[str, Any]:
     return limits
 
 
-def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
-    """The `curate.harbor` tasks that pass the gold check, split by `harbor_eval_keys`; the others counted by reason
-    (the stage fails when Harbor tasks are configured and none is kept, saying why for each)."""
-    if not cfg.harbor:
-        return HarborCuration([], [], frozenset(), {})
-    if cfg.sandbox.backend == "local" and cfg.sandbox.runtime == "bubblewrap":
-        raise ValueError(
-            "curate.harbor needs sandboxes that keep /tmp between commands (the verifier's tests and reward live "
-            "there): set curate.sandbox.backend docker, or runtime supervisor (local backend, as root), not bubblewrap"
-        )
-    directories = [directory for entry in cfg.harbor for directory in harbor_task_dirs(entry)]
+def _task_dirs(entries: list[str]) -> list[Path]:
+    """Every Harbor task directory the `curate.harbor` entries name; two with one name (their instance id) refused."""
+    directories = [directory for entry in entries for directory in harbor_task_dirs(entry)]
     by_name: dict[str, list[str]] = {}
     for directory in directories:
         by_name.setdefault(directory.name, []).append(str(directory))
     if clashing := {name: paths for name, paths in by_name.items() if len(paths) > 1}:
         raise ValueError(f"curate.harbor: Harbor tasks share a directory name (their instance id): {clashing}")
-    ctx.log.info("curate: %d Harbor tasks from %s", len(directories), cfg.harbor)
+    return directories
+
+
+def _gold_check_all(cfg: CurateConfig, directories: list[Path]) -> list[_HarborOutcome]:
+    """The gold check of every task directory, validation_workers at a time, in curate's sandboxes."""
     provider = sandbox_provider(cfg.sandbox, git_baseline=True)
     gate = asyncio.Semaphore(cfg.validation_workers)
 
@@ -155,9 +151,24 @@ def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
         return list(await asyncio.gather(*(gated(d) for d in directories)))
 
     try:
-        outcomes = run_async(every())
+        return run_async(every())
     finally:
         release_provider(provider)
+
+
+def curate_harbor(cfg: CurateConfig, ctx: StageContext) -> HarborCuration:
+    """The `curate.harbor` tasks that pass the gold check, split by `harbor_eval_keys`; the others counted by reason
+    (the stage fails when Harbor tasks are configured and none is kept, saying why for each)."""
+    if not cfg.harbor:
+        return HarborCuration([], [], frozenset(), {})
+    if cfg.sandbox.backend == "local" and cfg.sandbox.runtime == "bubblewrap":
+        raise ValueError(
+            "curate.harbor needs sandboxes that keep /tmp between commands (the verifier's tests and reward live "
+            "there): set curate.sandbox.backend docker, or runtime supervisor (local backend, as root), not bubblewrap"
+        )
+    directories = _task_dirs(cfg.harbor)
+    ctx.log.info("curate: %d Harbor tasks from %s", len(directories), cfg.harbor)
+    outcomes = _gold_check_all(cfg, directories)
     wanted = {normalize_repo(r) for r in cfg.eval_repos}
     train: list[TaskInstance] = []
     held_out: list[TaskInstance] = []

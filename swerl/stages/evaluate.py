@@ -44,6 +44,7 @@ from swerl.eval.report import compare_consecutive, log_eval_runs, markdown_repor
 from swerl.eval.stratify import Subset, dataset_fingerprint, stratify, subset_path
 from swerl.grading.verdict import AttemptGrade, grade_attempt
 from swerl.model.loading import load_tokenizer
+from swerl.sandbox.base import SandboxProvider
 from swerl.stages.common import (
     episode_limits,
     episode_with_retries,
@@ -194,40 +195,7 @@ async def evaluate_model(
                 )
                 if cfg.evaluate.grader == "episode" or trajectory.status is EpisodeStatus.INFRA_ERROR:
                     return trajectory
-                return await regrade(task, trajectory, retry)
-
-            async def regrade(task: TaskInstance, trajectory: Trajectory, retry: int) -> Trajectory:
-                try:
-                    graded = await grade_attempt(provider, task, trajectory.patch, cfg.agent.test_timeout_s)
-                except InfraError as exc:  # the attempt is rerun, like any infrastructure failure
-                    return trajectory.model_copy(
-                        update={
-                            "status": EpisodeStatus.INFRA_ERROR,
-                            "reward": None,
-                            "infra_cause": exc.cause,
-                            "infra_message": exc.message,
-                        }
-                    )
-                reward = 1.0 if graded.grade.resolved else 0.0
-                grades.append(
-                    {
-                        "task_id": task.instance_id,
-                        "attempt": attempt,
-                        "retry": retry,
-                        "episode_reward": trajectory.reward,
-                        "reward": reward,
-                        "status": graded.grade.status,
-                        "parser": graded.grade.parser,
-                        "tests": graded.grade.tests,
-                        "infra_reason": graded.grade.infra_reason,
-                        "detail": graded.detail,
-                        **_sealed_fields(graded),
-                    }
-                )
-                status = trajectory.status
-                if status in (EpisodeStatus.RESOLVED, EpisodeStatus.UNRESOLVED):
-                    status = EpisodeStatus.RESOLVED if reward == 1.0 else EpisodeStatus.UNRESOLVED
-                return trajectory.model_copy(update={"reward": reward, "status": status})
+                return await _graded(provider, task, trajectory, cfg, attempt, retry, grades)
 
             async with gate:
                 return await episode_with_retries(once, cfg.agent.infra_retries, counts)
@@ -240,6 +208,50 @@ async def evaluate_model(
         ran = await asyncio.gather(*(one(*jobs[i]) for i in order))
         trajectories = [trajectory for _, trajectory in sorted(zip(order, ran, strict=True), key=lambda p: p[0])]
     return trajectories, grades
+
+
+async def _graded(
+    provider: SandboxProvider,
+    task: TaskInstance,
+    trajectory: Trajectory,
+    cfg: EvaluateStage,
+    attempt: int,
+    retry: int,
+    grades: list[dict[str, Any]],
+) -> Trajectory:
+    """The attempt graded by the grader (evaluate.grader), its grade appended to `grades`; a grading failure makes
+    it an infrastructure error, rerun like any other."""
+    try:
+        graded = await grade_attempt(provider, task, trajectory.patch, cfg.agent.test_timeout_s)
+    except InfraError as exc:  # the attempt is rerun, like any infrastructure failure
+        return trajectory.model_copy(
+            update={
+                "status": EpisodeStatus.INFRA_ERROR,
+                "reward": None,
+                "infra_cause": exc.cause,
+                "infra_message": exc.message,
+            }
+        )
+    reward = 1.0 if graded.grade.resolved else 0.0
+    grades.append(
+        {
+            "task_id": task.instance_id,
+            "attempt": attempt,
+            "retry": retry,
+            "episode_reward": trajectory.reward,
+            "reward": reward,
+            "status": graded.grade.status,
+            "parser": graded.grade.parser,
+            "tests": graded.grade.tests,
+            "infra_reason": graded.grade.infra_reason,
+            "detail": graded.detail,
+            **_sealed_fields(graded),
+        }
+    )
+    status = trajectory.status
+    if status in (EpisodeStatus.RESOLVED, EpisodeStatus.UNRESOLVED):
+        status = EpisodeStatus.RESOLVED if reward == 1.0 else EpisodeStatus.UNRESOLVED
+    return trajectory.model_copy(update={"reward": reward, "status": status})
 
 
 def _sealed_fields(graded: AttemptGrade) -> dict[str, Any]:
@@ -363,6 +375,34 @@ def model_metrics(name: str, summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _evaluate_one(
+    cfg: EvaluateStage, ctx: StageContext, name: str, path: Path, tasks: list[TaskInstance], subset: Subset
+) -> tuple[dict[str, Any], bytes]:
+    """One model's evaluation: its summary (with failures, grading and wall time) and its episodes as JSONL."""
+    model_started = time.monotonic()
+    counts: dict[str, int] = {}
+    trajectories, grades = run_async(evaluate_model(path, tasks, cfg, ctx.seed, counts))
+    summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed, subset)
+    summary |= {
+        "failures": counts,
+        "grading": grading_summary(grades, cfg.evaluate.grader),
+        "wall_s": time.monotonic() - model_started,
+    }
+    ctx.log.info(
+        "evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s",
+        name,
+        summary["pass@1"],
+        summary["ci_low"],
+        summary["ci_high"],
+        summary["tasks"],
+        summary["missing"],
+        cfg.evaluate.attempts,
+        summary["statuses"],
+        summary["wall_s"],
+    )
+    return summary, episodes_jsonl(trajectories, grades)
+
+
 def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     started = time.monotonic()
     torch.set_num_threads(cfg.evaluate.threads)
@@ -384,29 +424,8 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     episodes: dict[str, bytes] = {}
     for done, name in enumerate(names):
         ctx.progress(done, len(names), f"evaluating {name} ({done + 1} of {len(names)})")
-        model_started = time.monotonic()
-        counts: dict[str, int] = {}
-        trajectories, grades = run_async(evaluate_model(paths[name], tasks, cfg, ctx.seed, counts))
-        summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed, subset)
-        summary |= {
-            "failures": counts,
-            "grading": grading_summary(grades, cfg.evaluate.grader),
-            "wall_s": time.monotonic() - model_started,
-        }
-        results[name], episodes[name] = summary, episodes_jsonl(trajectories, grades)
-        metrics |= model_metrics(name, summary)
-        ctx.log.info(
-            "evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s",
-            name,
-            summary["pass@1"],
-            summary["ci_low"],
-            summary["ci_high"],
-            summary["tasks"],
-            summary["missing"],
-            cfg.evaluate.attempts,
-            summary["statuses"],
-            summary["wall_s"],
-        )
+        results[name], episodes[name] = _evaluate_one(cfg, ctx, name, paths[name], tasks, subset)
+        metrics |= model_metrics(name, results[name])
     markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri, source)
     for c in comparisons:
         metrics[f"compare/{c['b']}_vs_{c['a']}/difference"] = float(c["difference"])
@@ -496,6 +515,21 @@ def publish(
     ctx.put_artifact("pass_at_1_by_stratum.png", plot)
     ctx.write_artifact("report.md", markdown.encode())
     ctx.run.log_file(plot)
+    _log_eval_runs(ev, ctx, results, per_task, subset, subset_uri, plot, markdown)
+    return markdown, comparisons
+
+
+def _log_eval_runs(
+    ev: EvaluateConfig,
+    ctx: StageContext,
+    results: dict[str, Any],
+    per_task: dict[str, Any],
+    subset: Subset,
+    subset_uri: str,
+    plot: Path,
+    markdown: str,
+) -> None:
+    """One MLflow eval run per model, linked to its checkpoint and the subset; their ids tagged on the stage run."""
     links = {
         name: {
             "swerl.checkpoint.stage": source_of(name)[0],
@@ -527,4 +561,3 @@ def publish(
         dataset=dataset,
     )
     ctx.run.set_tags({f"swerl.eval.run.{name}": run_id for name, run_id in run_ids.items()})
-    return markdown, comparisons

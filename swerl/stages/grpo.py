@@ -174,27 +174,7 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     sampling = SamplingParams(
         max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=g.rollout.temperature, top_p=g.rollout.top_p
     )
-    trainer: Trainer
-    temperature = logprob_temperature(sampling)
-    if g.distributed.backend != "torch":
-        # N ranks, each loading and sharding while this process opens the engine and the sandboxes.
-        ranks = DistributedTrainer(
-            build_rank_trainer, start_dir, g, temperature, ctx.seed, config=g.distributed, wait=False
-        )
-        ctx.log.info(
-            "grpo: %s trainer, %d ranks on %s (pids %s)",
-            g.distributed.backend,
-            g.distributed.ranks,
-            g.distributed.device,
-            ranks.pids,
-        )
-        trainer = ranks
-    elif g.trainer_process:
-        # The child imports and loads while this process opens the engine and the sandboxes.
-        trainer = TrainerProcess(build_trainer, start_dir, g, temperature, ctx.seed, wait=False)
-        ctx.log.info("grpo: trainer in process %s (%d threads)", trainer.pid, g.threads)
-    else:
-        trainer = build_trainer(start_dir, g, temperature, ctx.seed)
+    trainer = _start_trainer(g, start_dir, logprob_temperature(sampling), ctx)
     try:
         return _run_grpo(
             cfg,
@@ -212,6 +192,30 @@ def run_grpo(cfg: GRPOStage, ctx: StageContext) -> StageResult:
     finally:
         if isinstance(trainer, TrainerProcess | DistributedTrainer):
             trainer.close()
+
+
+def _start_trainer(g: GRPOConfig, start_dir: Path, temperature: float, ctx: StageContext) -> Trainer:
+    """The GRPO trainer (grpo.distributed.backend, grpo.trainer_process): N rank processes or one child started
+    without waiting for them to load, or the trainer in this process."""
+    if g.distributed.backend != "torch":
+        # N ranks, each loading and sharding while this process opens the engine and the sandboxes.
+        ranks = DistributedTrainer(
+            build_rank_trainer, start_dir, g, temperature, ctx.seed, config=g.distributed, wait=False
+        )
+        ctx.log.info(
+            "grpo: %s trainer, %d ranks on %s (pids %s)",
+            g.distributed.backend,
+            g.distributed.ranks,
+            g.distributed.device,
+            ranks.pids,
+        )
+        return ranks
+    if g.trainer_process:
+        # The child imports and loads while this process opens the engine and the sandboxes.
+        child = TrainerProcess(build_trainer, start_dir, g, temperature, ctx.seed, wait=False)
+        ctx.log.info("grpo: trainer in process %s (%d threads)", child.pid, g.threads)
+        return child
+    return build_trainer(start_dir, g, temperature, ctx.seed)
 
 
 def build_trainer(

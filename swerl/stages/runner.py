@@ -459,6 +459,7 @@ def run_stage(
     trains from its inputs; until that epoch publishes, a run without `force` resumes it instead of skipping the
     stage. datasets: (name, uri, sha256, context) of what the stage trains or evaluates on, logged as the run's
     MLflow dataset inputs."""
+    # Over 60 lines: 25 are the signature and docstring; the body is one pass: skip or resume, run, publish.
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
     key = stage_key(stage, cfg, inputs, seed, content)
@@ -466,21 +467,9 @@ def run_stage(
     if force:
         epoch = _open_force_epoch(store, stage, key, attempt, log)
     else:
-        current = read_force_epoch(store, stage, key)
-        epoch = current.epoch if current is not None else ""
-        existing = load_manifest(store, stage, key, log)
-        if existing is not None and existing.force_epoch == epoch:
-            log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
-            return StageOutcome(manifest=existing, skipped=True)
-        if existing is not None:
-            log.warning(
-                "stage %s: the forced run of %s (force epoch %s) did not finish; resuming it (the published "
-                "manifest %s stays until it does)",
-                stage,
-                current.forced_at if current else "?",
-                epoch,
-                existing.uri,
-            )
+        done, epoch = _done_or_epoch(store, stage, key, log)
+        if done is not None:
+            return StageOutcome(manifest=done, skipped=True)
 
     prefix = f"stages/{stage}/{key}/{attempt}"
     started, t0 = _now(), time.monotonic()
@@ -518,6 +507,27 @@ def run_stage(
         _remove_workdir(workdir)
     log.info("stage %s: done in %.1fs (%s)", stage, manifest.duration_s, result.summary or "no summary")
     return StageOutcome(manifest=manifest, skipped=False, result=result)
+
+
+def _done_or_epoch(store: Store, stage: str, key: str, log: logging.Logger) -> tuple[Manifest | None, str]:
+    """Without `force`: the published manifest when the stage is done (in the current force epoch), and the force
+    epoch a run continues ("" where none was ever opened)."""
+    current = read_force_epoch(store, stage, key)
+    epoch = current.epoch if current is not None else ""
+    existing = load_manifest(store, stage, key, log)
+    if existing is not None and existing.force_epoch == epoch:
+        log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
+        return existing, epoch
+    if existing is not None:
+        log.warning(
+            "stage %s: the forced run of %s (force epoch %s) did not finish; resuming it (the published "
+            "manifest %s stays until it does)",
+            stage,
+            current.forced_at if current else "?",
+            epoch,
+            existing.uri,
+        )
+    return None, epoch
 
 
 def _open_force_epoch(store: Store, stage: str, key: str, attempt: str, log: logging.Logger) -> str:

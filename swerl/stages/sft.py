@@ -44,7 +44,7 @@ from swerl.stages.common import (
     trainer_processes,
 )
 from swerl.stages.runner import StageContext, StageResult
-from swerl.train.checkpoint import latest_checkpoint
+from swerl.train.checkpoint import TrainerState, latest_checkpoint
 from swerl.train.distributed import device_of, init_rank, load_sharded_model
 from swerl.train.ranks import SFTRanks
 from swerl.train.sft import SFTTrainer, StepMetrics, run_sft_steps, train_sft
@@ -174,49 +174,11 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     resume_from = latest_checkpoint(durable.local_root) if resume else None
     out = ctx.workdir / "model"
     if s.distributed.backend == "torch":
-        if s.distributed.device == "cuda":
-            torch.nn.Module.to(model, device_of(s.distributed))
-        result = train_sft(
-            model,
-            examples,
-            **sft_arguments(s, ctx.seed, tokenizer),
-            checkpoint_dir=durable.local_root,
-            checkpoint_every=s.checkpoint_every,
-            keep_last=s.keep_checkpoints,
-            resume_from=resume_from,
-            on_step=on_step,
-            stop=budget.stop,
-        )
-        state = result.state
-        train_s = _synced(budget, durable)
-        save_model_and_tokenizer(model, tokenizer, out)  # after the final checkpoint is in the store
-        trainer = trainer_processes(None, s.distributed)
+        trained = _train_here(model, tokenizer, examples, s, ctx, durable, budget, resume_from, on_step, out)
     else:
         start_dir = resume if resume is not None else ctx.workdir / "base"
-        ranks = SFTRanks(build_sft_rank, start_dir, examples, s, ctx.seed, resume_from, config=s.distributed)
-        try:
-            ctx.log.info(
-                "sft: %s trainer, %d ranks on %s (pids %s)",
-                s.distributed.backend,
-                s.distributed.ranks,
-                s.distributed.device,
-                ranks.pids,
-            )
-            run_sft_steps(
-                ranks,
-                s.max_steps,
-                checkpoint_dir=durable.local_root,
-                checkpoint_every=s.checkpoint_every,
-                keep_last=s.keep_checkpoints,
-                on_step=on_step,
-                stop=budget.stop,
-            )
-            state = ranks.trainer_state()
-            train_s = _synced(budget, durable)
-            ranks.save_model(out)  # after the final checkpoint is in the store
-            trainer = trainer_processes(ranks, s.distributed)
-        finally:
-            ranks.close()
+        trained = _train_ranks(start_dir, examples, s, ctx, durable, budget, resume_from, on_step, out)
+    state, train_s, trainer = trained
     if budget.ended_at is not None:
         ctx.run.set_tags({"swerl.sft.ended_by_budget": f"step {budget.ended_at} of {s.max_steps}"})
     put_dir(ctx, "model", out)
@@ -242,6 +204,79 @@ def run_sft(cfg: SFTStage, ctx: StageContext) -> StageResult:
     }
     ctx.write_artifact("sft_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     return _stage_result(cfg, report, curve)
+
+
+_Trained = tuple[TrainerState, float, dict[str, Any]]
+"""What a trainer leaves the stage: its state, the training seconds and where it ran (trainer_processes)."""
+
+
+def _train_here(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[tuple[list[int], list[int]]],
+    s: SFTConfig,
+    ctx: StageContext,
+    durable: DurableCheckpoints,
+    budget: _Budget,
+    resume_from: Path | None,
+    on_step: Callable[[StepMetrics], None],
+    out: Path,
+) -> _Trained:
+    """The torch trainer in this process; the model saved to `out`."""
+    if s.distributed.device == "cuda":
+        torch.nn.Module.to(model, device_of(s.distributed))
+    result = train_sft(
+        model,
+        examples,
+        **sft_arguments(s, ctx.seed, tokenizer),
+        checkpoint_dir=durable.local_root,
+        checkpoint_every=s.checkpoint_every,
+        keep_last=s.keep_checkpoints,
+        resume_from=resume_from,
+        on_step=on_step,
+        stop=budget.stop,
+    )
+    train_s = _synced(budget, durable)
+    save_model_and_tokenizer(model, tokenizer, out)  # after the final checkpoint is in the store
+    return result.state, train_s, trainer_processes(None, s.distributed)
+
+
+def _train_ranks(
+    start_dir: Path,
+    examples: list[tuple[list[int], list[int]]],
+    s: SFTConfig,
+    ctx: StageContext,
+    durable: DurableCheckpoints,
+    budget: _Budget,
+    resume_from: Path | None,
+    on_step: Callable[[StepMetrics], None],
+    out: Path,
+) -> _Trained:
+    """sft.distributed's rank processes, loading from `start_dir`; the model saved to `out`."""
+    ranks = SFTRanks(build_sft_rank, start_dir, examples, s, ctx.seed, resume_from, config=s.distributed)
+    try:
+        ctx.log.info(
+            "sft: %s trainer, %d ranks on %s (pids %s)",
+            s.distributed.backend,
+            s.distributed.ranks,
+            s.distributed.device,
+            ranks.pids,
+        )
+        run_sft_steps(
+            ranks,
+            s.max_steps,
+            checkpoint_dir=durable.local_root,
+            checkpoint_every=s.checkpoint_every,
+            keep_last=s.keep_checkpoints,
+            on_step=on_step,
+            stop=budget.stop,
+        )
+        state = ranks.trainer_state()
+        train_s = _synced(budget, durable)
+        ranks.save_model(out)  # after the final checkpoint is in the store
+        return state, train_s, trainer_processes(ranks, s.distributed)
+    finally:
+        ranks.close()
 
 
 def _synced(budget: _Budget, durable: DurableCheckpoints) -> float:
