@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import time
 from collections import Counter, defaultdict
@@ -33,6 +34,7 @@ from swerl.config.agent import AgentConfig
 from swerl.config.base import StrictModel
 from swerl.config.engine import EngineConfig
 from swerl.config.evaluate import EvaluateConfig
+from swerl.config.load import config_hash
 from swerl.data.environments import environment_order
 from swerl.data.loaders import load_tasks as load_dataset_tasks
 from swerl.data.schema import TaskInstance
@@ -54,10 +56,13 @@ from swerl.stages.common import (
     run_async,
     sandbox_pool,
 )
+from swerl.stages.evaluate_journal import JOURNAL_FOLDER, EvalJournal
 from swerl.stages.runner import Manifest, StageContext, StageResult
 from swerl.storage import Store
 from swerl.tracking import dataset_input
 from swerl.trajectory import EpisodeStatus, Trajectory
+
+_log = logging.getLogger("swerl.evaluate")
 
 
 def source_of(name: str) -> tuple[str, str]:
@@ -164,15 +169,57 @@ def load_or_draw_subset(
 
 
 async def evaluate_model(
-    path: Path, tasks: list[TaskInstance], cfg: EvaluateStage, seed: int, counts: dict[str, int]
+    path: Path,
+    tasks: list[TaskInstance],
+    cfg: EvaluateStage,
+    seed: int,
+    counts: dict[str, int],
+    journal: EvalJournal | None = None,
 ) -> tuple[list[Trajectory], list[dict[str, Any]]]:
-    """k attempts of every task with the model at `path`, each graded (infrastructure errors rerun in budget)."""
+    """k attempts of every task with the model at `path`, each graded (infrastructure errors rerun in budget), in
+    task order. With a journal (the evaluate stage's), the attempts it holds are taken from it, not run, and every
+    other one is written to it as it finishes; with every attempt journaled no engine is started."""
+    n = cfg.evaluate.attempts
+    jobs = [(t, k) for t in tasks for k in range(n)]
+    journaled = journal.load([(t.instance_id, k) for t, k in jobs]).attempts if journal is not None else {}
+    results: dict[int, Trajectory] = {}
+    grades: list[dict[str, Any]] = []
+    for index, (task, attempt) in enumerate(jobs):
+        entry = journaled.get((task.instance_id, attempt))
+        if entry is not None:
+            results[index] = entry.trajectory
+            grades += [entry.grade] if entry.grade is not None else []
+            _add_counts(counts, entry.failures)
+    # Attempts start in environment order (tasks of one image together, in order of first need: its image
+    # prepared once while its attempts run), and come back in task order: the same attempts, rids and grades.
+    order = [i * n + k for i in environment_order(tasks) for k in range(n) if i * n + k not in results]
+    if order:
+        ran = await _run_attempts(path, [jobs[i] for i in order], cfg, seed, counts, grades, journal)
+        results |= dict(zip(order, ran, strict=True))
+    return [results[i] for i in range(len(jobs))], grades
+
+
+def _add_counts(counts: dict[str, int], more: dict[str, int]) -> None:
+    for key, value in more.items():
+        counts[key] = counts.get(key, 0) + value
+
+
+async def _run_attempts(
+    path: Path,
+    jobs: list[tuple[TaskInstance, int]],
+    cfg: EvaluateStage,
+    seed: int,
+    counts: dict[str, int],
+    grades: list[dict[str, Any]],
+    journal: EvalJournal | None,
+) -> list[Trajectory]:
+    """Run (task, attempt) jobs with one engine and sandbox pool, in the order given; each finished attempt's grade
+    appended to `grades` and, with a journal, written to it as it finishes."""
     tokenizer = load_tokenizer(path)  # the engine loads the weights; the episodes need only the tokenizer
     limits = episode_limits(cfg.agent)
     provider = sandbox_pool(cfg.agent.sandbox, git_baseline=True)
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens_per_turn, temperature=cfg.evaluate.temperature)
     gate = asyncio.Semaphore(cfg.evaluate.concurrency)
-    grades: list[dict[str, Any]] = []
     async with (
         provider,
         open_engine(
@@ -181,6 +228,9 @@ async def evaluate_model(
     ):
 
         async def one(task: TaskInstance, attempt: int) -> Trajectory:
+            graded: list[dict[str, Any]] = []  # its grade, when the grader regrades it
+            tries: dict[str, int] = {}  # the infrastructure errors its tries met
+
             async def once(retry: int) -> Trajectory:
                 trajectory = await run_episode(
                     task,
@@ -195,19 +245,34 @@ async def evaluate_model(
                 )
                 if cfg.evaluate.grader == "episode" or trajectory.status is EpisodeStatus.INFRA_ERROR:
                     return trajectory
-                return await _graded(provider, task, trajectory, cfg, attempt, retry, grades)
+                return await _graded(provider, task, trajectory, cfg, attempt, retry, graded)
 
             async with gate:
-                return await episode_with_retries(once, cfg.agent.infra_retries, counts)
+                trajectory = await episode_with_retries(once, cfg.agent.infra_retries, tries)
+            grades.extend(graded)
+            _add_counts(counts, tries)
+            if journal is not None:
+                await _journal(journal, task, attempt, trajectory, graded[-1] if graded else None, tries)
+            return trajectory
 
-        # Attempts start in environment order (tasks of one image together, in order of first need: its image
-        # prepared once while its attempts run), and come back in task order: the same attempts, rids and grades.
-        n = cfg.evaluate.attempts
-        jobs = [(t, k) for t in tasks for k in range(n)]
-        order = [i * n + k for i in environment_order(tasks) for k in range(n)]
-        ran = await asyncio.gather(*(one(*jobs[i]) for i in order))
-        trajectories = [trajectory for _, trajectory in sorted(zip(order, ran, strict=True), key=lambda p: p[0])]
-    return trajectories, grades
+        return list(await asyncio.gather(*(one(task, attempt) for task, attempt in jobs)))
+
+
+async def _journal(
+    journal: EvalJournal,
+    task: TaskInstance,
+    attempt: int,
+    trajectory: Trajectory,
+    grade: dict[str, Any] | None,
+    tries: dict[str, int],
+) -> None:
+    """Write a finished attempt to the journal; a store that fails only costs its rerun after a crash (logged)."""
+    try:
+        await asyncio.to_thread(journal.record, task.instance_id, attempt, trajectory, grade, tries)
+    except InfraError as exc:
+        _log.warning(
+            "evaluation journal: %s/%d not journaled (%s): a rerun would run it again", task.instance_id, attempt, exc
+        )
 
 
 async def _graded(
@@ -375,13 +440,29 @@ def model_metrics(name: str, summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def model_journal(cfg: EvaluateStage, ctx: StageContext, name: str) -> EvalJournal:
+    """The journal of one model's attempts under the stage key (swerl.stages.evaluate_journal), its entries tagged
+    with the model, its checkpoint's manifest fingerprint, the stage config and the seed."""
+    identity = {
+        "model": name,
+        "checkpoint": ctx.inputs[source_of(name)[0]].fingerprint,
+        "config": config_hash(cfg),
+        "seed": ctx.seed,
+    }
+    return EvalJournal(
+        ctx.store, ctx.durable(f"{JOURNAL_FOLDER}/{name}"), identity, ran_by=ctx.prefix.rsplit("/", 1)[-1]
+    )
+
+
 def _evaluate_one(
     cfg: EvaluateStage, ctx: StageContext, name: str, path: Path, tasks: list[TaskInstance], subset: Subset
-) -> tuple[dict[str, Any], bytes]:
-    """One model's evaluation: its summary (with failures, grading and wall time) and its episodes as JSONL."""
+) -> tuple[dict[str, Any], bytes, EvalJournal]:
+    """One model's evaluation: its summary (with failures, grading and wall time), its episodes as JSONL, and its
+    journal (how many attempts it gave back, how many were run)."""
     model_started = time.monotonic()
     counts: dict[str, int] = {}
-    trajectories, grades = run_async(evaluate_model(path, tasks, cfg, ctx.seed, counts))
+    journal = model_journal(cfg, ctx, name)
+    trajectories, grades = run_async(evaluate_model(path, tasks, cfg, ctx.seed, counts, journal))
     summary = summarize(trajectories, tasks, cfg.evaluate, ctx.seed, subset)
     summary |= {
         "failures": counts,
@@ -389,7 +470,8 @@ def _evaluate_one(
         "wall_s": time.monotonic() - model_started,
     }
     ctx.log.info(
-        "evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s",
+        "evaluate %s: pass@1 %.3f [%.3f, %.3f] over %d tasks (%d missing) x %d (%s), %.0f s; %d attempt(s) from "
+        "the journal, %d run",
         name,
         summary["pass@1"],
         summary["ci_low"],
@@ -399,8 +481,10 @@ def _evaluate_one(
         cfg.evaluate.attempts,
         summary["statuses"],
         summary["wall_s"],
+        journal.reused,
+        len(trajectories) - journal.reused,
     )
-    return summary, episodes_jsonl(trajectories, grades)
+    return summary, episodes_jsonl(trajectories, grades), journal
 
 
 def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
@@ -424,8 +508,10 @@ def run_evaluate(cfg: EvaluateStage, ctx: StageContext) -> StageResult:
     episodes: dict[str, bytes] = {}
     for done, name in enumerate(names):
         ctx.progress(done, len(names), f"evaluating {name} ({done + 1} of {len(names)})")
-        results[name], episodes[name] = _evaluate_one(cfg, ctx, name, paths[name], tasks, subset)
+        results[name], episodes[name], journal = _evaluate_one(cfg, ctx, name, paths[name], tasks, subset)
         metrics |= model_metrics(name, results[name])
+        metrics[f"{name}/journal_reused"] = float(journal.reused)
+        metrics[f"{name}/journal_written"] = float(journal.written)
     markdown, comparisons = publish(cfg.evaluate, ctx, results, episodes, subset, subset_uri, source)
     for c in comparisons:
         metrics[f"compare/{c['b']}_vs_{c['a']}/difference"] = float(c["difference"])
