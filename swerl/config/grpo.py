@@ -27,10 +27,31 @@ class GRPOScheduleConfig(StrictModel):
     keep_checkpoints: int = Field(2, ge=1, le=1000)
     """Checkpoints kept, locally and in the store (the newest N; older ones are removed as new ones land)."""
     max_empty_steps: int = Field(3, ge=1, le=1_000_000)
-    """Consecutive batches with nothing trainable (every group dropped: fewer than two valid attempts) before the
-    stage fails; such a batch is never counted as a step."""
+    """Consecutive batches with nothing trainable (every group dropped: fewer than two valid attempts) on the
+    policy's side before the stage fails; such a batch is never counted as a step. A batch in which some group was
+    emptied by infrastructure errors is an outage instead (infra_outage_budget_s) and is not counted here."""
     task_seed_offset: int = Field(0, ge=0, le=2**31 - 1)
     """Shifts the seeded task order (the data position resumes exactly from a checkpoint)."""
+    infra_outage_budget_s: float = Field(900.0, gt=0, le=7 * 86_400)
+    """Longest infrastructure outage a stage waits out: batches with nothing trainable because infrastructure
+    errors emptied their groups (an engine restarting: infra_error(engine_unreachable)) are not counted by
+    max_empty_steps; the loop waits (infra_backoff_*) and samples the same data again, and fails, naming the
+    infra_error causes counted, once the outage (from its first such batch) has lasted this long."""
+    infra_backoff_first_s: float = Field(1.0, gt=0, le=3600)
+    """The first wait after a batch emptied by infrastructure errors."""
+    infra_backoff_max_s: float = Field(60.0, gt=0, le=3600)
+    """The longest wait between batches emptied by infrastructure errors (the waits grow up to it)."""
+    infra_backoff_factor: float = Field(2.0, ge=1, le=10)
+    """Each wait of an outage is the previous one times this (1: constant waits)."""
+
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> GRPOScheduleConfig:
+        if self.infra_backoff_max_s < self.infra_backoff_first_s:
+            raise ValueError(
+                f"infra_backoff_max_s ({self.infra_backoff_max_s}) must be >= infra_backoff_first_s "
+                f"({self.infra_backoff_first_s})"
+            )
+        return self
 
 
 class GRPORolloutConfig(StrictModel):

@@ -31,9 +31,13 @@ from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy, staleness_stats, triage_group
 from swerl.rollout.step import (
     DistributedWeights,
+    MonotonicClock,
+    OutageClock,
+    OutageRule,
     PolicyTrainer,
     StepGuard,
     StepOutcome,
+    emptied_by_infra,
     step_outcome,
     train_and_sync,
 )
@@ -56,7 +60,9 @@ class AsyncSettings:
     checkpoint_every: int
     time_budget_s: float | None
     max_empty_steps: int
-    """Consecutive batches with nothing trainable (every group dropped) before NothingTrainable is raised."""
+    """Consecutive batches with nothing trainable on the policy's side before NothingTrainable is raised."""
+    outage: OutageRule = field(default_factory=OutageRule)
+    """How batches emptied by infrastructure errors are waited out (grpo.schedule.infra_*)."""
 
 
 @dataclass
@@ -98,6 +104,28 @@ def discard_untrainable(batch: Batch, ledger: Ledger, step: int) -> None:
         ledger.add(group.seq, step, "few_valid")
         batch.discarded["few_valid"] += 1
     batch.groups, batch.trained_groups = [], []
+
+
+def requeue_outage(batch: Batch, manager: RolloutManager[Any], ledger: Ledger, step: int) -> None:
+    """A batch infrastructure errors emptied (after the guard's wait): its groups emptied by infrastructure lose
+    their 'trained' marks and run again under their next generation (manager.requeue; journaled as any group, so
+    nothing is skipped and a resumed run finds them); its other groups become 'few_valid' discards."""
+    for kept, group in zip(batch.groups, batch.trained_groups, strict=True):
+        ledger.remove(group.seq, step, "trained")
+        if emptied_by_infra(kept):
+            manager.requeue(group)
+        else:
+            ledger.add(group.seq, step, "few_valid")
+            batch.discarded["few_valid"] += 1
+    batch.groups, batch.trained_groups = [], []
+
+
+def set_aside(batch: Batch, outage: bool, manager: RolloutManager[Any], ledger: Ledger, step: int) -> None:
+    """A batch with nothing trainable: requeue_outage after an outage's wait, else discard_untrainable."""
+    if outage:
+        requeue_outage(batch, manager, ledger, step)
+    else:
+        discard_untrainable(batch, ledger, step)
 
 
 def no_gradient_reason(trajectories: list[Trajectory]) -> str | None:
@@ -176,17 +204,22 @@ async def train_async(
     export_dir: Path,
     infra_counts: dict[str, int] | None = None,
     weights: DistributedWeights | None = None,
+    clock: OutageClock | None = None,
 ) -> AsyncGenerator[StepOutcome]:
     """Run asynchronous GRPO until trainer.step reaches settings.steps (or the time budget is spent), yielding each
     step's outcome (with failures/CAUSE from infra_counts); the rollouts are closed when it ends.
 
-    A batch whose groups were all dropped is not a step (discard_untrainable); settings.max_empty_steps of them
-    in a row raise NothingTrainable. A step's export is loaded by the engine before it is yielded; with `weights`
-    (the weights go over a process group) nothing is exported.
+    A batch with nothing trainable is not a step (StepGuard): after an outage's wait (`clock`: how it is timed and
+    slept; monotonic by default) its groups emptied by infrastructure are requeued, else its groups are discarded
+    (set_aside); settings.max_empty_steps policy-side ones in a row raise NothingTrainable. A step's export is
+    loaded by the engine before it is yielded; with `weights` (the weights go over a process group) nothing is
+    exported.
     """
     started = time.monotonic()
     deadline = None if settings.time_budget_s is None else started + settings.time_budget_s
-    guard = StepGuard("grpo async", settings.steps, settings.max_empty_steps, deadline)
+    guard = StepGuard(
+        "grpo async", settings.steps, settings.max_empty_steps, deadline, settings.outage, clock or MonotonicClock()
+    )
     last_update_s: float | None = None  # the previous step's update: what the next one is expected to take
     totals: collections.Counter[str] = collections.Counter()
     manager.start()
@@ -199,8 +232,9 @@ async def train_async(
                 why = f", waiting for the next batch ({spent}; given back untrained)"
                 _budget_ended(trainer.step, settings.steps, why)
                 return
-            if guard.nothing_trainable(batch.groups, version, f"for step {version + 1}") is not None:
-                discard_untrainable(batch, ledger, version + 1)
+            empty = await guard.empty_batch(batch.groups, version, f"for step {version + 1}")
+            if empty is not None:
+                set_aside(batch, empty.outage, manager, ledger, version + 1)
                 continue
             if last_update_s is not None and _update_would_overrun(deadline, last_update_s):
                 returned = give_back(batch, manager, ledger, version + 1)
@@ -213,7 +247,7 @@ async def train_async(
             last_update_s = update.update_s
             total_s = time.monotonic() - step_started
             timings = dict(time_wait_rollouts_s=waited, time_weight_sync_s=update.sync_s, time_total_s=total_s)
-            stats = update.stats | step_stats(update.stats, timings, batch, manager, totals, version)
+            stats = update.stats | guard.stats() | step_stats(update.stats, timings, batch, manager, totals, version)
             discarded = sum(batch.discarded.values())
             yield step_outcome(
                 trainer.step, batch.groups, stats, update, settings, infra_counts, batch.taken, discarded

@@ -179,12 +179,24 @@ async def train_and_sync(
 
 
 class NothingTrainable(RuntimeError):
-    """Batch after batch had no group to train on (fewer than two valid attempts in every group)."""
+    """Batch after batch had no group to train on (fewer than two valid attempts in every group) on the policy's
+    side: no group of theirs was emptied by infrastructure errors."""
+
+
+class InfraOutage(RuntimeError):
+    """Batches emptied by infrastructure errors kept coming for longer than the outage budget."""
 
 
 def trainable(group: Sequence[Trajectory]) -> bool:
     """Whether a group gives the trainer anything: at least two valid (scored) attempts, its GRPO baseline."""
     return sum(trajectory.reward is not None for trajectory in group) >= 2
+
+
+def emptied_by_infra(group: Sequence[Trajectory]) -> bool:
+    """Whether infrastructure errors made a group untrainable: it has fewer than two valid attempts, and would have
+    had two had its infra_error attempts been scored (a group of one attempt stays the policy's side)."""
+    infra = sum(trajectory.infra_cause is not None for trajectory in group)
+    return infra > 0 and not trainable(group) and len(group) >= 2
 
 
 def nothing_trainable_reason(groups: Sequence[Sequence[Trajectory]]) -> str:
@@ -198,10 +210,61 @@ def nothing_trainable_reason(groups: Sequence[Sequence[Trajectory]]) -> str:
     return f"{len(groups)} groups, every one with fewer than two valid attempts: statuses {counts}"
 
 
+class OutageClock(Protocol):
+    """The clock an outage is timed and waited out by (monotonic seconds and asyncio.sleep; tests inject one)."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """time.monotonic and asyncio.sleep."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class OutageRule:
+    """How long the loops wait out batches emptied by infrastructure errors (grpo.schedule.infra_*)."""
+
+    budget_s: float = 900.0
+    """An outage (from its first infra-emptied batch) lasting this long fails the stage (InfraOutage)."""
+    first_wait_s: float = 1.0
+    max_wait_s: float = 60.0
+    factor: float = 2.0
+
+    def wait(self, index: int) -> float:
+        """The wait after the outage's `index`-th infra-emptied batch (0: its first)."""
+        return min(self.max_wait_s, self.first_wait_s * self.factor ** min(index, 64))
+
+
+@dataclass(frozen=True)
+class EmptyBatch:
+    """A batch with nothing trainable: why, and whether infrastructure emptied it (an outage, waited out)."""
+
+    reason: str
+    outage: bool
+
+
 @dataclass
 class StepGuard:
     """The one rule both loops stop and skip by: no step starts once the time budget is spent, and a batch with
-    nothing trainable is not a step (max_empty_steps of them in a row raise NothingTrainable)."""
+    nothing trainable is not a step.
+
+    Such a batch is an outage batch when some group of it was emptied by infrastructure errors (emptied_by_infra:
+    an engine restarting, sandboxes failing to start): the guard waits (exponential backoff, OutageRule) and the
+    loop samples the same data again (sync: the same data position; async: those groups requeued), so an outage
+    only delays what is trained; InfraOutage, naming the infra_error causes counted, once the outage has lasted
+    outage.budget_s. Otherwise it is empty on the policy's side (every group short of two valid attempts for the
+    policy's reasons, none for infrastructure's): max_empty_steps of those in a row raise NothingTrainable. An
+    outage batch neither counts towards nor resets that count; a policy-side empty batch ends an outage (the
+    infrastructure served it); a trainable batch resets both.
+    """
 
     name: str
     """How the loop names itself in what it logs and raises: grpo (sync) or grpo async."""
@@ -209,7 +272,17 @@ class StepGuard:
     max_empty_steps: int
     deadline: float | None
     """time.monotonic() from which no new step starts; None: no time budget."""
+    outage: OutageRule = field(default_factory=OutageRule)
+    clock: OutageClock = field(default_factory=MonotonicClock)
     empty_in_a_row: int = 0
+    outage_batches: int = 0
+    """Infra-emptied batches in the current outage (0: none going on)."""
+    outage_started: float | None = None
+    outage_causes: dict[str, int] = field(default_factory=dict)
+    """infra_error causes counted over the current outage's batches."""
+    waited_s: float = 0.0
+    """Seconds waited out in outages since the loop started."""
+    waits: int = 0
 
     def budget_spent(self, step: int) -> bool:
         """Whether the time budget is spent (said as a warning): the loop ends at `step`."""
@@ -218,13 +291,19 @@ class StepGuard:
         logger.warning("%s: the time budget ended the stage at step %d of %d", self.name, step, self.steps)
         return True
 
-    def nothing_trainable(self, groups: Sequence[Sequence[Trajectory]], step: int, where: str) -> str | None:
-        """None when some group of the batch is trainable (the count of empty batches starts again); else why
-        not (a warning naming the batch by `where`), and NothingTrainable once max_empty_steps are in a row."""
+    async def empty_batch(self, groups: Sequence[Sequence[Trajectory]], step: int, where: str) -> EmptyBatch | None:
+        """None when some group of the batch is trainable (both counts start again). Else why not (a warning
+        naming the batch by `where`): an outage batch after its wait (InfraOutage once the budget is spent), or a
+        policy-side one (NothingTrainable once max_empty_steps are in a row)."""
         if any(trainable(group) for group in groups):
             self.empty_in_a_row = 0
+            self._end_outage()
             return None
         reason = nothing_trainable_reason(groups)
+        if any(emptied_by_infra(group) for group in groups):
+            await self._wait_out(groups, step, where, reason)
+            return EmptyBatch(reason, True)
+        self._end_outage()
         self.empty_in_a_row += 1
         logger.warning(
             "%s: nothing trainable in the batch %s (%s): not a step (%d in a row, at most %d)",
@@ -239,7 +318,53 @@ class StepGuard:
                 f"{self.name}: {self.empty_in_a_row} batches in a row had nothing to train on (grpo.schedule."
                 f"max_empty_steps = {self.max_empty_steps}) at step {step} of {self.steps}; the last: {reason}"
             )
-        return reason
+        return EmptyBatch(reason, False)
+
+    def _end_outage(self) -> None:
+        if self.outage_batches:
+            logger.warning("%s: the infrastructure is back after %d emptied batches", self.name, self.outage_batches)
+        self.outage_batches, self.outage_started, self.outage_causes = 0, None, {}
+
+    async def _wait_out(self, groups: Sequence[Sequence[Trajectory]], step: int, where: str, reason: str) -> None:
+        """Count an infra-emptied batch into the outage and wait before the loop samples again; InfraOutage once
+        the outage has lasted the budget (the last wait is cut to end at it)."""
+        now = self.clock.now()
+        if self.outage_started is None:
+            self.outage_started = now
+        for group in groups:
+            for trajectory in group:
+                if trajectory.infra_cause is not None:
+                    cause = trajectory.infra_cause
+                    self.outage_causes[cause] = self.outage_causes.get(cause, 0) + 1
+        elapsed = now - self.outage_started
+        causes = ", ".join(f"{cause}: {count}" for cause, count in sorted(self.outage_causes.items()))
+        if elapsed >= self.outage.budget_s:
+            raise InfraOutage(
+                f"{self.name}: infrastructure errors emptied every batch for {elapsed:.0f} s ({self.outage_batches + 1}"
+                f" batches, grpo.schedule.infra_outage_budget_s = {self.outage.budget_s:g}) at step {step} of "
+                f"{self.steps}; infra_error causes counted: {causes}; the last batch: {reason}"
+            )
+        wait = min(self.outage.wait(self.outage_batches), self.outage.budget_s - elapsed)
+        self.outage_batches += 1
+        logger.warning(
+            "%s: infrastructure errors emptied the batch %s (%s): not a step; waiting %.1f s before sampling it "
+            "again (outage batch %d, %.0f s of %g s; causes %s)",
+            self.name,
+            where,
+            reason,
+            wait,
+            self.outage_batches,
+            elapsed,
+            self.outage.budget_s,
+            causes,
+        )
+        await self.clock.sleep(wait)
+        self.waited_s += wait
+        self.waits += 1
+
+    def stats(self) -> dict[str, float]:
+        """What the guard adds to a step's statistics: outage waits since the loop started."""
+        return {"infra_outage/waits": float(self.waits), "infra_outage/waited_s": self.waited_s}
 
 
 @dataclass(frozen=True)

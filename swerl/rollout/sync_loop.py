@@ -22,6 +22,9 @@ from swerl.engine.base import Engine
 from swerl.rollout.groups import EpisodeFn, rollout_groups
 from swerl.rollout.step import (
     DistributedWeights,
+    MonotonicClock,
+    OutageClock,
+    OutageRule,
     PolicyTrainer,
     StepGuard,
     StepOutcome,
@@ -46,7 +49,9 @@ class SyncSettings:
     deadline: float | None
     """time.monotonic() past which no new step starts (the stage's time budget); None: no budget."""
     max_empty_steps: int = 3
-    """Consecutive batches with nothing trainable (every group dropped) before NothingTrainable is raised."""
+    """Consecutive batches with nothing trainable on the policy's side before NothingTrainable is raised."""
+    outage: OutageRule = field(default_factory=OutageRule)
+    """How batches emptied by infrastructure errors are waited out (grpo.schedule.infra_*)."""
 
 
 @dataclass
@@ -76,15 +81,21 @@ async def train_sync(
     progress: SyncProgress | None = None,
     infra_counts: dict[str, int] | None = None,
     weights: DistributedWeights | None = None,
+    clock: OutageClock | None = None,
 ) -> AsyncGenerator[StepOutcome]:
     """Sample, update and sync until trainer.step reaches settings.steps (or the deadline passes), yielding each
     step's outcome (with failures/CAUSE from infra_counts).
 
-    A batch whose groups were all dropped is not a step: no update, trainer.step stays, the data position moves
-    on (progress.skipped_batches); settings.max_empty_steps of them in a row raise NothingTrainable.
+    A batch with nothing trainable is not a step: no update, trainer.step stays (StepGuard). Emptied by
+    infrastructure errors, it is sampled again at the same data position (the same tasks and group ids) after the
+    guard's wait (`clock`: how the wait is timed and slept; monotonic by default), so an outage only delays what is
+    trained; empty on the policy's side, the data position moves on (progress.skipped_batches) and
+    settings.max_empty_steps of them in a row raise NothingTrainable.
     """
     progress = progress if progress is not None else SyncProgress()
-    guard = StepGuard("grpo", settings.steps, settings.max_empty_steps, settings.deadline)
+    guard = StepGuard(
+        "grpo", settings.steps, settings.max_empty_steps, settings.deadline, settings.outage, clock or MonotonicClock()
+    )
     while trainer.step < settings.steps and not guard.budget_spent(trainer.step):
         step_started = time.monotonic()
         position = trainer.step + progress.skipped_batches
@@ -99,16 +110,21 @@ async def train_sync(
             f"s{trainer.step}-{skipped}",
         )
         rollout_s = time.monotonic() - step_started
-        reason = guard.nothing_trainable(groups, trainer.step, f"at data position {position}")
-        if reason is not None:
-            progress.skipped_batches += 1
-            progress.skipped_reasons.append(reason)
+        empty = await guard.empty_batch(groups, trainer.step, f"at data position {position}")
+        if empty is not None:
+            if not empty.outage:
+                progress.skipped_batches += 1
+                progress.skipped_reasons.append(empty.reason)
             continue
         update = await train_and_sync(trainer, engine, groups, export_dir, weights)
         total_s = time.monotonic() - step_started
-        stats = update.stats | {
-            "time_rollout_s": rollout_s,
-            "time_weight_sync_s": update.sync_s,
-            "time_total_s": total_s,
-        }
+        stats = (
+            update.stats
+            | guard.stats()
+            | {
+                "time_rollout_s": rollout_s,
+                "time_weight_sync_s": update.sync_s,
+                "time_total_s": total_s,
+            }
+        )
         yield step_outcome(trainer.step, groups, stats, update, settings, infra_counts)

@@ -51,6 +51,7 @@ from swerl.stages.common import (
     run_async,
     seeded_sample,
 )
+from swerl.stages.grpo_async import outage_rule
 from swerl.stages.grpo_report import record_step, stage_result
 from swerl.stages.grpo_state import GRPOPhaseRef, GRPORun, GRPOStage, PhaseContext, PhaseStart, open_run
 from swerl.stages.runner import StageContext, StageResult
@@ -424,6 +425,7 @@ def _steps(
         checkpoint_every=g.schedule.checkpoint_every,
         deadline=deadline,
         max_empty_steps=g.schedule.max_empty_steps,
+        outage=outage_rule(g.schedule),
     )
     return train_sync(
         trainer,

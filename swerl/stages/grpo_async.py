@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 
-from swerl.config.grpo import GRPOConfig, GRPORolloutConfig
+from swerl.config.grpo import GRPOConfig, GRPORolloutConfig, GRPOScheduleConfig
 from swerl.data.schema import TaskInstance
 from swerl.engine.base import Engine
 from swerl.rollout.async_loop import AsyncSettings, train_async
@@ -18,9 +18,14 @@ from swerl.rollout.journal import Ledger, RolloutJournal
 from swerl.rollout.longtail import write_histograms
 from swerl.rollout.manager import RolloutManager
 from swerl.rollout.staleness import StalenessPolicy
-from swerl.rollout.step import DistributedWeights, StepOutcome
+from swerl.rollout.step import DistributedWeights, OutageRule, StepOutcome
 from swerl.stages.runner import StageContext
 from swerl.train.grpo_step import Trainer
+
+
+def outage_rule(s: GRPOScheduleConfig) -> OutageRule:
+    """How both loops wait out batches emptied by infrastructure errors (grpo.schedule.infra_*)."""
+    return OutageRule(s.infra_outage_budget_s, s.infra_backoff_first_s, s.infra_backoff_max_s, s.infra_backoff_factor)
 
 
 def settings_from_config(g: GRPOConfig) -> AsyncSettings:
@@ -35,6 +40,7 @@ def settings_from_config(g: GRPOConfig) -> AsyncSettings:
         checkpoint_every=g.schedule.checkpoint_every,
         time_budget_s=g.schedule.time_budget_s,
         max_empty_steps=g.schedule.max_empty_steps,
+        outage=outage_rule(g.schedule),
     )
 
 
