@@ -126,6 +126,7 @@ class PipelineSession:
             progress=progress,
             datasets=stage_datasets(stage, inputs or []),
             registered_model=registered_model_name(self.cfg.run.name, self.cfg.tracking.registered_model),
+            outage_waits=self.cfg.storage.start_outage_waits(),
         )
         self.outcomes[stage] = outcome
         self.parent.set_tags(

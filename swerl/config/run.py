@@ -29,6 +29,16 @@ class StorageConfig(StrictModel):
     """Retries (total attempts) for a failing object-storage request before it is an InfraError(storage)."""
     max_pool_connections: int = Field(16, ge=1, le=4096)
     """HTTP connection pool size of the S3 client (named here so no library default decides it)."""
+    start_outage_tries: int = Field(5, ge=1, le=20)
+    """Tries of a stage's first store read (its force-epoch record) while the store is unreachable (an
+    InfraError(storage) after max_attempts): a stage restarted during a storage outage of a few seconds (an S3
+    server restarting) waits for it instead of dying at its start; 1: no retry."""
+    start_outage_first_wait_s: float = Field(0.5, gt=0, le=60)
+    """The wait after that read's first failed try; each later wait doubles (0.5 s with 5 tries: 0.5, 1, 2, 4 s)."""
+
+    def start_outage_waits(self) -> tuple[float, ...]:
+        """The waits between the tries of a stage's first store read (start_outage_*)."""
+        return tuple(self.start_outage_first_wait_s * 2**index for index in range(self.start_outage_tries - 1))
 
     @field_validator("root")
     @classmethod

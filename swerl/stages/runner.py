@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from swerl.config.load import config_hash
+from swerl.config.run import StorageConfig
 from swerl.errors import InfraError
 from swerl.storage import Artifact, CorruptStoreFile, Store
 from swerl.tracking import (
@@ -245,13 +246,12 @@ def durable_root(stage: str, key: str, epoch: str = "") -> str:
     return f"stages/{stage}/{key}/forced/{epoch}" if epoch else f"stages/{stage}/{key}"
 
 
-START_OUTAGE_RETRIES = (0.5, 1.0, 2.0, 4.0)
-"""Waits (s) between tries of a stage's first store read when the store is unreachable: a stage restarted during a
-storage outage of a few seconds (an S3 server restarting) waits for it instead of dying at its start."""
-
-
-def _exists_through_outage(store: Store, rel: str) -> bool:
-    for wait in (*START_OUTAGE_RETRIES, None):
+def _exists_through_outage(store: Store, rel: str, waits: Sequence[float] | None) -> bool:
+    """store.exists(rel), tried again after each of `waits` (s) while the store is unreachable (InfraError storage):
+    a stage restarted during a storage outage of a few seconds (an S3 server restarting) waits for it instead of
+    dying at its start. None: storage.start_outage_* defaults."""
+    waits = StorageConfig().start_outage_waits() if waits is None else waits
+    for wait in (*waits, None):
         try:
             return store.exists(rel)
         except InfraError as exc:
@@ -264,11 +264,14 @@ def _exists_through_outage(store: Store, rel: str) -> bool:
     raise AssertionError("unreachable")
 
 
-def read_force_epoch(store: Store, stage: str, key: str) -> ForceEpoch | None:
+def read_force_epoch(
+    store: Store, stage: str, key: str, outage_waits: Sequence[float] | None = None
+) -> ForceEpoch | None:
     """The key's newest force epoch; None when the key was never forced. A damaged record raises CorruptStoreFile
-    (which attempts' checkpoints to resume from is then unknown: `--force STAGE` starts afresh)."""
+    (which attempts' checkpoints to resume from is then unknown: `--force STAGE` starts afresh). outage_waits: the
+    waits (s) of the first read through a storage outage (StorageConfig.start_outage_waits; None: its defaults)."""
     rel = force_epoch_path(stage, key)
-    if not _exists_through_outage(store, rel):
+    if not _exists_through_outage(store, rel, outage_waits):
         return None
     try:
         return store.read_parsed(rel, ForceEpoch.model_validate_json, "force epoch record")
@@ -450,6 +453,7 @@ def run_stage(
     progress: ProgressFn | None = None,
     datasets: list[tuple[str, str, str, str]] | None = None,
     registered_model: str | None = None,
+    outage_waits: Sequence[float] | None = None,
 ) -> StageOutcome:
     """Run a stage unless its manifest already exists (or `force`), recording it to the store and MLflow.
 
@@ -458,16 +462,17 @@ def run_stage(
     (see the module's doc): a new MLflow run tagged swerl.forced, and durable state (checkpoints) of its own, so it
     trains from its inputs; until that epoch publishes, a run without `force` resumes it instead of skipping the
     stage. datasets: (name, uri, sha256, context) of what the stage trains or evaluates on, logged as the run's
-    MLflow dataset inputs."""
+    MLflow dataset inputs. outage_waits: how the stage's first store read waits through a storage outage
+    (StorageConfig.start_outage_waits; None: its defaults)."""
     # Over 60 lines: 25 are the signature and docstring; the body is one pass: skip or resume, run, publish.
     log = log or logging.getLogger(f"swerl.{stage}")
     inputs = inputs or []
     key = stage_key(stage, cfg, inputs, seed, content)
     attempt = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     if force:
-        epoch = _open_force_epoch(store, stage, key, attempt, log)
+        epoch = _open_force_epoch(store, stage, key, attempt, log, outage_waits)
     else:
-        done, epoch = _done_or_epoch(store, stage, key, log)
+        done, epoch = _done_or_epoch(store, stage, key, log, outage_waits)
         if done is not None:
             return StageOutcome(manifest=done, skipped=True)
 
@@ -509,10 +514,12 @@ def run_stage(
     return StageOutcome(manifest=manifest, skipped=False, result=result)
 
 
-def _done_or_epoch(store: Store, stage: str, key: str, log: logging.Logger) -> tuple[Manifest | None, str]:
+def _done_or_epoch(
+    store: Store, stage: str, key: str, log: logging.Logger, outage_waits: Sequence[float] | None
+) -> tuple[Manifest | None, str]:
     """Without `force`: the published manifest when the stage is done (in the current force epoch), and the force
     epoch a run continues ("" where none was ever opened)."""
-    current = read_force_epoch(store, stage, key)
+    current = read_force_epoch(store, stage, key, outage_waits)
     epoch = current.epoch if current is not None else ""
     existing = load_manifest(store, stage, key, log)
     if existing is not None and existing.force_epoch == epoch:
@@ -530,10 +537,12 @@ def _done_or_epoch(store: Store, stage: str, key: str, log: logging.Logger) -> t
     return None, epoch
 
 
-def _open_force_epoch(store: Store, stage: str, key: str, attempt: str, log: logging.Logger) -> str:
+def _open_force_epoch(
+    store: Store, stage: str, key: str, attempt: str, log: logging.Logger, outage_waits: Sequence[float] | None
+) -> str:
     """Record `attempt` as the key's new force epoch (before it writes anything) and return it."""
     try:
-        previous = read_force_epoch(store, stage, key)
+        previous = read_force_epoch(store, stage, key, outage_waits)
     except CorruptStoreFile as exc:
         log.warning("stage %s: %s; replaced by the new force epoch", stage, exc)
         previous = None
