@@ -13,6 +13,9 @@ Artifacts: eval_tasks.json (the ids), eval_subset.json (strata, allocation, note
 pass@1 with CI and denominator, pass@k, per-stratum / repository / modifier tables, statuses, per-task rewards;
 paired comparisons), episodes_MODEL.jsonl, pass_at_1_by_stratum.png, report.md. MLflow: one eval run per model
 under the stage's run (swerl.eval.report).
+
+Each graded attempt is journaled under the stage key as it finishes (swerl.stages.evaluate_journal), so a rerun after
+a crash runs only the attempts the journal lacks and publishes what an undisturbed run would (greedy evaluation).
 """
 
 from __future__ import annotations
