@@ -88,15 +88,6 @@ def _load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, [*from_env, *(args.set or [])])
 
 
-def _warm_tracking(cfg: PipelineConfig) -> None:
-    from swerl.tracking import get_tracker
-
-    try:
-        get_tracker(cfg.tracking.uri, cfg.tracking.experiment)
-    except Exception as exc:  # noqa: BLE001 - the flow opens it again and reports the error properly
-        log.debug("tracking warm-up failed: %s", exc)
-
-
 def by_phase(problems: dict[str, dict[str, str]]) -> list[str]:
     """Problems found per GRPO phase (stage -> {check: line}), each check once: its first phase's line alone when
     every phase fails it (a machine measured again per phase differs by a few MB), else each failing phase's line
@@ -166,9 +157,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     _prefect_env()
     t0 = time.monotonic()
-    # Open the MLflow store while Prefect imports and starts its API (both take seconds; there are 2 cores).
-    warm = threading.Thread(target=_warm_tracking, args=(cfg,), name="swerl-warm-tracking", daemon=True)
-    warm.start()
+    # No thread opens the MLflow store while Prefect starts: both import sqlalchemy.orm, whose modules import each
+    # other, and two threads importing it at once gave "cannot import name ... from partially initialized module
+    # 'sqlalchemy.orm.util'" in 11 of 31 runs (issue 36). Opening it in the flow costs 1.5-4 s of a 16-28 s start.
     _prefect_project()
     from flows.pipeline import pipeline
 

@@ -33,6 +33,30 @@ class CorruptStoreFile(ValueError):
         super().__init__(f"damaged store file {uri}: {reason}")
 
 
+class DamagedArtifact(CorruptStoreFile):
+    """A published artifact whose bytes are not the ones its manifest records (truncated, overwritten): the message
+    names the file, the stage that wrote it and the command that recomputes it."""
+
+    def __init__(self, uri: str, found: str, stage: str, manifest_uri: str) -> None:
+        self.stage = stage
+        super().__init__(
+            uri,
+            f"{found}; written by stage {stage} (manifest {manifest_uri}); recompute it with "
+            f"`swerl run CONFIG --force {stage}`",
+        )
+
+
+def artifact_mismatch(data: bytes | Path, sha256: str, size: int) -> str | None:
+    """How bytes (or a local file) differ from what a manifest records (size first, then sha256); None if equal."""
+    actual_size = data.stat().st_size if isinstance(data, Path) else len(data)
+    if actual_size != size:
+        return f"{actual_size} bytes where its manifest records {size}"
+    digest = sha256_file(data) if isinstance(data, Path) else hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        return f"sha256 {digest[:16]}... where its manifest records {sha256[:16]}..."
+    return None
+
+
 class StoreFileMissing(FileNotFoundError):
     """A store object that is not there; the message names its URI."""
 
@@ -96,6 +120,15 @@ class Store:
             return bool(self.fs.exists(self._path(rel)))
         except Exception as exc:  # noqa: BLE001 - any backend failure is the infrastructure's
             raise InfraError("storage", f"cannot check {self.uri(rel)}: {exc}") from exc
+
+    def size(self, rel: str) -> int | None:
+        """An object's size in bytes; None when it is not there."""
+        try:
+            return int(self.fs.size(self._path(rel)))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - any backend failure is the infrastructure's
+            raise InfraError("storage", f"cannot stat {self.uri(rel)}: {exc}") from exc
 
     def put_file(self, local: Path, rel: str, name: str | None = None) -> Artifact:
         """Upload a complete local file atomically and return its Artifact."""

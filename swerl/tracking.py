@@ -378,8 +378,8 @@ _TRACKERS_LOCK = threading.Lock()
 def get_tracker(uri: str, experiment: str) -> Tracker:
     """A Tracker shared per (store, experiment) in this process.
 
-    Opening a sqlite store imports MLflow and checks the schema (seconds on 2 cores); `swerl run` does it on a
-    thread while Prefect starts, and the flow then finds it ready (a second caller waits on the lock).
+    Opening a sqlite store imports MLflow and checks the schema (seconds on 2 cores); a second caller (another
+    thread of the flow) waits on the lock. Never opened on a thread while Prefect starts: see cli.cmd_run.
     """
     key = (_prepare_uri(uri), experiment)
     with _TRACKERS_LOCK:

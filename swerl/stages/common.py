@@ -25,8 +25,8 @@ from swerl.sandbox.docker import DockerSandboxProvider
 from swerl.sandbox.e2b import E2BSandboxProvider
 from swerl.sandbox.local import LocalSandboxProvider
 from swerl.sandbox.pool import PoolLimits, SandboxPool
-from swerl.stages.runner import Manifest, StageContext
-from swerl.storage import Store
+from swerl.stages.runner import ArtifactRecord, Manifest, StageContext
+from swerl.storage import DamagedArtifact, Store, artifact_mismatch
 from swerl.train.checkpoint import CheckpointMirror
 from swerl.trajectory import EpisodeStatus, Trajectory
 
@@ -160,7 +160,17 @@ def input_manifest(ctx: StageContext, stage: str) -> Manifest:
 
 
 def read_input(store: Store, manifest: Manifest, name: str) -> bytes:
-    return store.read_bytes(store.rel_of(manifest.artifact(name).uri))
+    """An input artifact's bytes, checked against the size and sha256 its manifest records (DamagedArtifact)."""
+    record = manifest.artifact(name)
+    data = store.read_bytes(store.rel_of(record.uri))
+    _check(data, record, manifest)
+    return data
+
+
+def _check(data: bytes | Path, record: ArtifactRecord, manifest: Manifest) -> None:
+    found = artifact_mismatch(data, record.sha256, record.size)
+    if found is not None:
+        raise DamagedArtifact(record.uri, found, manifest.stage, manifest.uri)
 
 
 def load_tasks(store: Store, manifest: Manifest, name: str) -> list[TaskInstance]:
@@ -183,8 +193,8 @@ def get_dir(store: Store, manifest: Manifest, name: str, local: Path) -> Path:
     records = [a for n, a in manifest.artifacts.items() if n.startswith(prefix)]
     if not records:
         raise ValueError(f"stage {manifest.stage} ({manifest.uri}) published no {name}/ directory")
-    for record in records:
-        store.get_file(store.rel_of(record.uri), local / record.name[len(prefix) :])
+    for record in records:  # each file hashed once, as it arrives (1 GB: about 2 s, docs/benchmarks.md)
+        _check(store.get_file(store.rel_of(record.uri), local / record.name[len(prefix) :]), record, manifest)
     return local
 
 

@@ -333,6 +333,19 @@ def load_manifest(store: Store, stage: str, key: str, log: logging.Logger | None
         return None
 
 
+def damaged_artifacts(store: Store, manifest: Manifest) -> list[str]:
+    """A published manifest's artifacts that are missing or not the size it records ("URI: what"). Sizes only: a
+    store read per artifact, no download; the sha256 is checked by the stage that reads the artifact (read_input,
+    get_dir), once, as it reads it."""
+    found = []
+    for record in manifest.artifacts.values():
+        size = store.size(store.rel_of(record.uri))
+        if size != record.size:
+            what = "missing" if size is None else f"{size} bytes where the manifest records {record.size}"
+            found.append(f"{record.uri}: {what}")
+    return found
+
+
 WORK_ROOT = Path(tempfile.gettempdir()) / "swerl-work"
 """Where stages' scratch workdirs live (one per attempt, with an owner file beside it)."""
 
@@ -523,6 +536,17 @@ def _done_or_epoch(
     epoch = current.epoch if current is not None else ""
     existing = load_manifest(store, stage, key, log)
     if existing is not None and existing.force_epoch == epoch:
+        damaged = damaged_artifacts(store, existing)
+        if damaged:
+            # Rerun rather than fail: the rerun writes a new attempt folder and replaces the manifest only once it
+            # has finished (the damaged files are referenced by nothing after that), resuming from durable state.
+            log.warning(
+                "stage %s: published but its artifacts are damaged (%s); the stage reruns (key %s)",
+                stage,
+                "; ".join(damaged),
+                key,
+            )
+            return None, epoch
         log.info("stage %s: skipped, already done (key %s, manifest %s)", stage, key, existing.uri)
         return existing, epoch
     if existing is not None:
