@@ -412,25 +412,40 @@ def _runtime_checks(local_limits: list[SandboxLimits], machine: dict[str, Any]) 
     return out, needs_bwrap
 
 
+def _no_cgroup_why(limits: SandboxLimits, why: str) -> str:
+    if limits.runtime == "bubblewrap":
+        return "runtime bubblewrap: it runs unprivileged, the cgroups are the root supervisor's"
+    if limits.workspace_quota == "none":
+        return "workspace_quota none: no cgroup is made"
+    return why
+
+
+def _cgroups_line(limits: SandboxLimits) -> str:
+    """What memory_mb and max_processes cap for sandboxes of these limits: the whole sandbox, or each process."""
+    ok, why = cgroups_state()
+    if ok and _local_cgroups(limits):
+        return "memory_mb and max_processes cap each whole sandbox (cgroups)"
+    return (
+        f"NO per-sandbox cgroup ({_no_cgroup_why(limits, why)}): memory_mb caps each process's address space "
+        f"(RLIMIT_AS), not the sandbox: a sandbox of N processes may hold up to N x {limits.memory_mb} MB "
+        f"(max_processes {limits.max_processes}, per uid)"
+    )
+
+
 def _local_checks(cfg: PipelineConfig, machine: dict[str, Any], need: dict[str, Any]) -> list[Check]:
     """The local backend: which runtime runs sandboxes, bubblewrap where it is needed, workspace quotas."""
     local_limits = [limits for _, limits in stage_concurrency(cfg).values() if limits.backend == "local"]
     modes = {limits.workspace_quota for limits in local_limits}
     mountable = bool(machine.get("tmpfs_mount_ok", True))
     out, needs_bwrap = _runtime_checks(local_limits, machine)
-    for limits in local_limits[:1]:
-        ok, why = cgroups_state()
-        out.append(
-            Check(
-                "sandbox_cgroups",
-                True,
-                (
-                    "memory_mb and max_processes cap each whole sandbox (cgroups)"
-                    if ok and _local_cgroups(limits)
-                    else f"NO per-sandbox cgroup ({why}): memory_mb is per process (RLIMIT_AS), max_processes per uid"
-                ),
-            )
-        )
+    # curate's sandboxes and the agent's have limits of their own: one line each where they differ (a runtime, a cap)
+    sections = {"": cfg.curate.sandbox, ".agent": cfg.agent.sandbox}
+    seen: list[str] = []
+    for suffix, limits in sections.items():
+        line = _cgroups_line(limits)
+        if limits.backend == "local" and line not in seen:
+            seen.append(line)
+            out.append(Check("sandbox_cgroups" + suffix, True, line))
     bwrap_ok = bool(machine.get("bwrap_ok"))
     out.append(
         Check(

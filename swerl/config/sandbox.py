@@ -35,7 +35,8 @@ class SandboxLimits(StrictModel):
     timeout_s: float = Field(60.0, gt=0, le=86400)
     """Wall-clock limit for one command (a test-suite run) in a sandbox."""
     memory_mb: int = Field(1024, ge=64, le=1_048_576)
-    """Address-space limit per sandboxed process."""
+    """Memory limit: per sandbox under the supervisor with cgroups (as root) and docker; per process (RLIMIT_AS)
+    under bubblewrap, where N processes may hold up to N x memory_mb (`swerl doctor`'s sandbox_cgroups line)."""
     max_processes: int = Field(256, ge=8, le=1_000_000)
     """Process/thread limit inside one sandbox (fork-bomb guard)."""
     cpu_time_s: int = Field(120, ge=1, le=86400)

@@ -30,7 +30,9 @@ class SandboxResources:
     """
 
     memory_mb: int
-    """Memory per sandbox: local, each process's address space (RLIMIT_AS); docker, the container (no swap)."""
+    """Memory: docker, the container (no swap); local under the supervisor with cgroups, the whole sandbox; local
+    under bubblewrap (or without cgroups), each process's address space (RLIMIT_AS), so N processes may hold up to
+    N x memory_mb (the provider's limits() says which: memory_per_sandbox 1 or 0)."""
     max_processes: int
     """Processes and threads alive in one sandbox at once (the fork-bomb guard)."""
     cpu_time_s: int

@@ -112,7 +112,13 @@ class LocalSandboxProvider(BubblewrapRuntime):
         """Per-sandbox memory and pids cgroups (supervisor runtime), decided at the first start; None: rlimits only."""
 
     def limits(self) -> dict[str, int | float]:
-        """Every limit this provider enforces, for logging at start (workspace_mb 0: the workspace is uncapped)."""
+        """Every limit this provider enforces, for logging at start (workspace_mb 0: the workspace is uncapped), with
+        the runtime decided first: memory_per_sandbox 1 where a cgroup caps each sandbox's memory (the supervisor,
+        as root), 0 where memory_mb caps each process's address space (bubblewrap: N processes, up to N x memory_mb)."""
+        if self._mount is None:  # decided as a first start decides it (which needs the interpreter's directories)
+            if self._python_dirs is None:
+                self._python_dirs = [] if self.rootfs is not None else interpreter_dirs(self.python_executable)
+            self._first_start()
         return {
             **dataclasses.asdict(self.resources),
             "workspace_mb": self.resources.workspace_mb if self._mount is not False else 0,

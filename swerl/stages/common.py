@@ -193,7 +193,7 @@ def get_dir(store: Store, manifest: Manifest, name: str, local: Path) -> Path:
     records = [a for n, a in manifest.artifacts.items() if n.startswith(prefix)]
     if not records:
         raise ValueError(f"stage {manifest.stage} ({manifest.uri}) published no {name}/ directory")
-    for record in records:  # each file hashed once, as it arrives (1 GB: about 2 s, docs/benchmarks.md)
+    for record in records:  # each file hashed once, as it arrives (seconds per GB: docs/benchmarks.md)
         _check(store.get_file(store.rel_of(record.uri), local / record.name[len(prefix) :]), record, manifest)
     return local
 
