@@ -345,6 +345,8 @@ class StepGuard:
                 f"{self.steps}; infra_error causes counted: {causes}; the last batch: {reason}"
             )
         wait = min(self.outage.wait(self.outage_batches), self.outage.budget_s - elapsed)
+        if self.deadline is not None:  # never waits past the stage's time budget (the loop then ends there)
+            wait = max(0.0, min(wait, self.deadline - time.monotonic()))
         self.outage_batches += 1
         logger.warning(
             "%s: infrastructure errors emptied the batch %s (%s): not a step; waiting %.1f s before sampling it "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -128,6 +129,10 @@ def test_the_guard_tells_outage_batches_from_policy_side_ones_and_counts_only_th
     assert asyncio.run(judge([bad, good])) is None and guard.empty_in_a_row == 0
     assert asyncio.run(judge([infra, bad])).outage and clock.slept[-1] == 1.0
     assert guard.stats() == {"infra_outage/waits": 3.0, "infra_outage/waited_s": 4.0}
+    # never past the stage's time budget: with it spent, the wait is none (the loop then ends at its budget check)
+    spent = StepGuard("grpo", 5, 2, deadline=time.monotonic() - 1.0, outage=RULE, clock=(late := FakeClock()))
+    waited = asyncio.run(spent.empty_batch([[infra, infra]], 0, "here"))
+    assert waited is not None and waited.outage and late.slept == [0.0]
 
 
 def test_the_backoff_grows_to_its_cap_and_the_config_names_every_limit() -> None:
