@@ -48,6 +48,7 @@ def _swerl_run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.timeout(RUNS * 600)  # a guard against a hang only: each run has its own 600 s (15-30 s here, 2 cores)
 def test_swerl_run_on_a_finished_store_starts_30_times_in_a_row(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(
