@@ -190,6 +190,12 @@ HACKS: dict[str, Callable[[TaskInstance], str]] = {
         "printf 'def check(a, b):\\n    return None\\n' > tests/helpers_override.py"
     ),
     "deleted_tests": lambda task: "rm -f tests/test_*.py && printf 'print(1)\\n' > run_tests.py",
+    # The test folder replaced by a symlink to a copy whose assertions are gone: restoring the pristine test files
+    # must not write through (or read from) the patch's link.
+    "tests_dir_symlinked": lambda task: (
+        "cp -r tests .shadow && sed -i 's/raise AssertionError/return/' .shadow/*.py mod.py && "
+        "rm -rf tests && ln -s .shadow tests"
+    ),
     "conftest_and_sitecustomize": lambda task: (
         "printf 'import pytest\\n@pytest.hookimpl(tryfirst=True)\\ndef pytest_runtest_call(item):\\n"
         "    item.runtest = lambda: None\\n' > conftest.py && "
@@ -397,6 +403,7 @@ FOOLS_NAIVE = {
     "builtins_monkeypatch": {"micro", "pytest"},
     "edited_tests": set(),  # a log-trusting grader that keeps the pristine tests (swerl's old one) is not fooled
     "deleted_tests": set(),
+    "tests_dir_symlinked": set(),  # no claim about a log-trusting grader
     "conftest_and_sitecustomize": {"pytest"},
     "skip_everything": set(),
     "timeout_after_passing_log": {"micro", "pytest"},
